@@ -1,0 +1,3 @@
+from fsdp_tune.cli import main
+
+main()

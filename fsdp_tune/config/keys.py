@@ -1,0 +1,108 @@
+"""Key tables: how each format and each flag spells a setting, as data (one row per rename).
+
+A value of `None` in a table means "accepted and has no effect on a run" (accelerate writes many keys
+for its own wizard or for TPUs). Every other value is a canonical path `section.field` of RunConfig.
+"""
+
+from __future__ import annotations
+
+# accelerate's ClusterConfig top-level keys.
+ACCELERATE_TOP: dict[str, str | None] = {
+    "distributed_type": "launch.distributed_type",
+    "num_processes": "launch.num_processes",
+    "num_machines": "launch.num_machines",
+    "machine_rank": "launch.machine_rank",
+    "main_process_ip": "launch.main_process_ip",
+    "main_process_port": "launch.main_process_port",
+    "rdzv_backend": "launch.rdzv_backend",
+    "mixed_precision": "launch.mixed_precision",
+    "use_cpu": "launch.use_cpu",
+    "max_restarts": "launch.max_restarts",
+    **dict.fromkeys(
+        (
+            "compute_environment debug gpu_ids same_network main_training_function enable_cpu_affinity "
+            "downcast_bf16 tpu_name tpu_zone tpu_use_cluster tpu_use_sudo command_file commands tpu_vm "
+            "tpu_env dynamo_config dynamo_backend fp8_config mpirun_config ipex_config megatron_lm_config "
+            "deepspeed_config fp16"
+        ).split()
+    ),
+}
+
+# fsdp_config keys, after an optional `fsdp_` prefix is stripped (both tools accept both spellings).
+FSDP_KEYS: dict[str, str | None] = {
+    "version": "fsdp.version",
+    "reshard_after_forward": "fsdp.reshard_after_forward",
+    "sharding_strategy": "fsdp.sharding_strategy",
+    "offload_params": "fsdp.cpu_offload",  # accelerate's name
+    "cpu_offload": "fsdp.cpu_offload",  # transformers' name
+    "auto_wrap_policy": "fsdp.auto_wrap_policy",
+    "transformer_layer_cls_to_wrap": "fsdp.transformer_layer_cls_to_wrap",
+    "transformer_cls_names_to_wrap": "fsdp.transformer_layer_cls_to_wrap",  # the plugin's field name
+    "min_num_params": "fsdp.min_num_params",
+    "state_dict_type": "fsdp.state_dict_type",
+    "cpu_ram_efficient_loading": "fsdp.cpu_ram_efficient_loading",
+    "activation_checkpointing": "fsdp.activation_checkpointing",
+    "activation_checkpointing_offload": "fsdp.activation_checkpointing_offload",
+    "backward_prefetch": "fsdp.backward_prefetch",
+    "forward_prefetch": "fsdp.forward_prefetch",
+    "sync_module_states": "fsdp.sync_module_states",
+    "use_orig_params": "fsdp.use_orig_params",
+    # TPU-only keys of transformers' fsdp_config: accepted; a true `xla` is refused by a rule.
+    "xla": "fsdp.xla",
+    "xla_fsdp_v2": "fsdp.xla",
+    "xla_fsdp_settings": None,
+    "xla_fsdp_grad_ckpt": None,
+    "limit_all_gathers": None,
+}
+
+# Keys that only FSDP1 reads: under FSDP2 they are dropped with a warning saying why.
+FSDP1_ONLY = {
+    "fsdp.sharding_strategy": "use reshard_after_forward (FULL_SHARD -> true, SHARD_GRAD_OP -> false)",
+    "fsdp.backward_prefetch": "FSDP2 always prefetches the next unit in backward",
+    "fsdp.forward_prefetch": "FSDP2 has no forward_prefetch; accelerate refuses it even when false",
+    "fsdp.sync_module_states": "FSDP2 broadcasts from rank 0 when cpu_ram_efficient_loading is on",
+    "fsdp.use_orig_params": "FSDP2 always uses the original parameters",
+}
+
+# FSDP1 sharding strategy -> FSDP2 reshard_after_forward (accelerate's to_fsdp2 table).
+STRATEGY_TO_RESHARD = {
+    "FULL_SHARD": True,
+    "HYBRID_SHARD": True,
+    "SHARD_GRAD_OP": False,
+    "HYBRID_SHARD_ZERO2": False,
+    "NO_SHARD": False,
+}
+STRATEGY_BY_NUMBER = {
+    "1": "FULL_SHARD",
+    "2": "SHARD_GRAD_OP",
+    "3": "NO_SHARD",
+    "4": "HYBRID_SHARD",
+    "5": "HYBRID_SHARD_ZERO2",
+}
+
+PARALLELISM_PREFIX = "parallelism_config_"
+PARALLELISM_KEYS = (
+    "dp_replicate_size dp_shard_size tp_size cp_size cp_backend cp_comm_strategy sp_size sp_backend "
+    "sp_seq_length sp_seq_length_is_variable sp_attn_implementation"
+).split()
+
+# Flag spellings that differ from the field they set. Everything else: a field name of the
+# model/data/lora/quantization/run sections, `launch` fields, `fsdp_<key>`,
+# `parallelism_config_<key>`, or any SFTConfig field.
+FLAG_ALIASES: dict[str, str] = {
+    "max_seq_length": "data.max_seq_len",
+    "max_length": "data.max_seq_len",  # SFTConfig's name: one place for one setting
+    "packing": "data.packing",
+    "dataset_text_field": "data.dataset_text_field",
+    "use_cpu": "launch.use_cpu",
+    "torch_dtype": "model.dtype",
+    "bnb_4bit_quant_storage": "quantization.bnb_4bit_quant_storage_dtype",
+    "load_in_4bit": "quantization.use_4bit_quantization",
+    "load_in_8bit": "quantization.use_8bit_quantization",
+    "bnb_4bit_use_double_quant": "quantization.use_nested_quant",
+    "use_parallelism_config": "parallelism.enabled",
+    "attn_implementation": "model.attn_implementation",
+}
+
+# Recipe sections are the RunConfig sections; `training` takes SFTConfig fields.
+RECIPE_SECTIONS = ("launch", "fsdp", "parallelism", "model", "data", "lora", "quantization", "run", "training")

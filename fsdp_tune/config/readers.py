@@ -1,0 +1,287 @@
+"""Read a config file of any of the three formats into assignments (canonical path, raw value, origin).
+
+Formats are told apart by content, not by file extension: an Accelerate YAML has `distributed_type`
+or `fsdp_config`; a recipe has fsdp-tune's sections; a Transformers `fsdp_config` (JSON, or YAML)
+has FSDP keys at the top level. Values stay raw here; `normalize.py` coerces and checks them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fsdp_tune.config import keys
+from fsdp_tune.config.schema import SECTIONS, Origin, section_fields, training_fields
+from fsdp_tune.errors import Finding, Severity, UsageError
+
+ACCELERATE = "accelerate"
+TRANSFORMERS = "transformers"
+RECIPE = "recipe"
+MANIFEST = "manifest"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    path: str  # canonical `section.field`
+    value: Any
+    origin: Origin
+
+
+@dataclass
+class FileConfig:
+    format: str
+    assignments: list[Assignment]
+    findings: list[Finding]
+
+
+def _line_map(text: str) -> dict[tuple[str, ...], int]:
+    """1-based line of every mapping key, by key path (YAML is a superset of JSON, so both work)."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    path = (*prefix, str(k.value))
+                    lines[path] = k.start_mark.line + 1
+                    walk(v, path)
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _parse(path: Path, text: str) -> Any:
+    if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(
+                f"{path}:{e.lineno}: not valid JSON: {e.msg}", "fix the JSON syntax at that line"
+            ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        raise UsageError(f"{where}: not valid YAML: {problem}", "fix the YAML syntax at that line") from None
+
+
+def detect_format(data: dict[str, Any]) -> str | None:
+    if "fsdp_tune_manifest" in data:
+        return MANIFEST
+    if "distributed_type" in data or "fsdp_config" in data or "compute_environment" in data:
+        return ACCELERATE
+    if set(data) & set(keys.RECIPE_SECTIONS) and all(isinstance(v, dict) or v is None for v in data.values()):
+        return RECIPE
+    stripped = {k.removeprefix("fsdp_") for k in data}
+    if stripped & set(keys.FSDP_KEYS):
+        return TRANSFORMERS
+    return None
+
+
+def read_file(path_str: str) -> FileConfig:
+    path = Path(path_str)
+    if not path.is_file():
+        raise UsageError(
+            f"config file {path_str} does not exist" if not path.exists() else f"{path_str} is not a file",
+            "pass an Accelerate YAML, a Transformers fsdp_config JSON or an fsdp-tune recipe",
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path_str} is not UTF-8 text", "save the config as UTF-8") from None
+    data = _parse(path, text)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path_str}: the top level must be a mapping of keys, got {type(data).__name__}")
+    fmt = detect_format(data) if data else RECIPE
+    if fmt is None:
+        raise UsageError(
+            f"{path_str}: cannot tell which kind of config this is (keys: {', '.join(list(data)[:6])})",
+            "an Accelerate YAML has `distributed_type`, a Transformers fsdp_config has FSDP keys such as "
+            "`reshard_after_forward`, a recipe has sections such as `fsdp:` and `training:`",
+        )
+    reader = _Reader(path_str, _line_map(text))
+    if fmt == ACCELERATE:
+        reader.accelerate(data)
+    elif fmt == TRANSFORMERS:
+        reader.fsdp_section(data, (), default_version=2)
+    elif fmt == MANIFEST:
+        reader.recipe(data.get("resolved_config", {}))
+    else:
+        reader.recipe(data)
+    return FileConfig(fmt, reader.assignments, reader.findings)
+
+
+class _Reader:
+    def __init__(self, filename: str, lines: dict[tuple[str, ...], int]):
+        self.filename = filename
+        self.lines = lines
+        self.assignments: list[Assignment] = []
+        self.findings: list[Finding] = []
+
+    def origin(self, path: tuple[str, ...]) -> Origin:
+        line = self.lines.get(path)
+        return Origin(".".join(path), f"{self.filename}:{line}" if line else self.filename)
+
+    def set(self, canonical: str, value: Any, path: tuple[str, ...]) -> None:
+        self.assignments.append(Assignment(canonical, value, self.origin(path)))
+
+    def unknown(self, path: tuple[str, ...], known: list[str], what: str) -> None:
+        from fsdp_tune.config.suggest import did_you_mean
+
+        key = path[-1]
+        self.findings.append(
+            Finding(
+                "FT001",
+                Severity.ERROR,
+                ".".join(path),
+                self.origin(path).source,
+                f"unknown {what} key `{key}`",
+                did_you_mean(key, known) or f"known keys: {', '.join(sorted(known)[:12])}, ...",
+            )
+        )
+
+    def accelerate(self, data: dict[str, Any]) -> None:
+        if "distributed_type" not in data:
+            self.findings.append(
+                Finding(
+                    "FT002",
+                    Severity.ERROR,
+                    "distributed_type",
+                    self.filename,
+                    "an Accelerate config needs `distributed_type` (accelerate refuses the file without it)",
+                    "add `distributed_type: FSDP`",
+                )
+            )
+        for key, value in data.items():
+            path = (key,)
+            if key == "fsdp_config":
+                if value is not None:
+                    self.fsdp_section(value, path, default_version=1)
+                else:
+                    self.set("fsdp.version", 1, path)
+            elif key == "parallelism_config":
+                self.parallelism_section(value or {}, path)
+            elif key in keys.ACCELERATE_TOP:
+                canonical = keys.ACCELERATE_TOP[key]
+                if canonical:
+                    self.set(canonical, value, path)
+            else:
+                self.unknown(path, list(keys.ACCELERATE_TOP) + ["fsdp_config", "parallelism_config"], "Accelerate")
+        if "fsdp_config" not in data:
+            # accelerate's launcher and plugin default to FSDP1 when nothing says otherwise
+            self.assignments.append(
+                Assignment("fsdp.version", 1, Origin("fsdp_version", f"{self.filename}: absent, accelerate's default"))
+            )
+
+    def fsdp_section(self, data: Any, prefix: tuple[str, ...], default_version: int) -> None:
+        if not isinstance(data, dict):
+            self.findings.append(
+                Finding(
+                    "FT003",
+                    Severity.ERROR,
+                    ".".join(prefix) or "fsdp_config",
+                    self.origin(prefix).source,
+                    "must be a mapping of FSDP keys",
+                )
+            )
+            return
+        has_version = False
+        for key, value in data.items():
+            path = (*prefix, key)
+            name = key.removeprefix("fsdp_")
+            if name not in keys.FSDP_KEYS:
+                self.unknown(path, list(keys.FSDP_KEYS), "FSDP")
+                continue
+            canonical = keys.FSDP_KEYS[name]
+            has_version |= canonical == "fsdp.version"
+            if canonical:
+                self.set(canonical, value, path)
+        if not has_version:
+            what = "accelerate's" if default_version == 1 else "transformers'"
+            self.assignments.insert(
+                0,
+                Assignment(
+                    "fsdp.version", default_version, Origin("fsdp_version", f"{self.filename}: absent, {what} default")
+                ),
+            )
+
+    def parallelism_section(self, data: Any, prefix: tuple[str, ...]) -> None:
+        if not isinstance(data, dict):
+            self.findings.append(
+                Finding(
+                    "FT003",
+                    Severity.ERROR,
+                    ".".join(prefix),
+                    self.origin(prefix).source,
+                    "must be a mapping of parallelism_config_* keys",
+                )
+            )
+            return
+        if data:
+            # accelerate: a non-empty parallelism_config turns the feature on
+            self.set("parallelism.enabled", True, prefix)
+        for key, value in data.items():
+            path = (*prefix, key)
+            name = key.removeprefix(keys.PARALLELISM_PREFIX)
+            if name == key and name in keys.PARALLELISM_KEYS:
+                self.findings.append(
+                    Finding(
+                        "FT004",
+                        Severity.ERROR,
+                        ".".join(path),
+                        self.origin(path).source,
+                        f"`{key}` lacks the `parallelism_config_` prefix: accelerate silently ignores it and runs "
+                        "with every size at 1",
+                        f"rename it to `{keys.PARALLELISM_PREFIX}{key}`",
+                    )
+                )
+            elif name in keys.PARALLELISM_KEYS:
+                self.set(f"parallelism.{name}", value, path)
+            else:
+                self.unknown(path, [keys.PARALLELISM_PREFIX + k for k in keys.PARALLELISM_KEYS], "parallelism_config")
+
+    def recipe(self, data: dict[str, Any]) -> None:
+        for section, body in data.items():
+            if section not in keys.RECIPE_SECTIONS:
+                self.unknown((section,), list(keys.RECIPE_SECTIONS), "recipe section")
+                continue
+            body = body or {}
+            if not isinstance(body, dict):
+                self.findings.append(
+                    Finding(
+                        "FT003",
+                        Severity.ERROR,
+                        section,
+                        self.origin((section,)).source,
+                        "a recipe section must be a mapping",
+                    )
+                )
+                continue
+            if section == "fsdp":
+                self.fsdp_section(body, (section,), default_version=2)
+                continue
+            known = list(training_fields()) if section == "training" else list(section_fields(section))
+            for key, value in body.items():
+                path = (section, key)
+                if section == "training" and key in keys.FLAG_ALIASES:
+                    self.set(keys.FLAG_ALIASES[key], value, path)
+                elif key in known:
+                    self.set(f"{section}.{key}", value, path)
+                else:
+                    self.unknown(path, known, f"`{section}`")
+
+
+assert set(SECTIONS) | {"training"} == set(keys.RECIPE_SECTIONS)

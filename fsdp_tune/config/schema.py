@@ -1,0 +1,254 @@
+"""The typed, frozen launch config that every reader and flag normalizes into.
+
+Each section is a frozen dataclass; field metadata carries what a value may be (`choices`) so that
+coercion and enum checks are driven by this one table. `RunConfig.origins` remembers, for every
+value that was set, how the user spelled the key and where it came from (file:line or flag).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from functools import cache
+from importlib import resources
+from typing import Any
+
+WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+QUANT_STORAGE = ("bfloat16", "float16", "float32", "uint8", "int8", "float64")
+QUANT_TYPES = ("nf4", "fp4")
+CHAT_TEMPLATES = ("chatml", "zephyr", "none")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+
+
+def _f(default: Any, *, choices: tuple[str, ...] | None = None, kind: str | None = None) -> Any:
+    return field(default=default, metadata={"choices": choices, "kind": kind})
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How many processes on how many machines, and how they meet (accelerate's top-level keys)."""
+
+    num_processes: int = _f(1)  # total over all machines, as in accelerate
+    num_machines: int = _f(1)
+    machine_rank: int = _f(0)
+    main_process_ip: str | None = _f(None, kind="str")
+    main_process_port: int = _f(29500)
+    rdzv_backend: str = _f("static", choices=RDZV_BACKENDS)
+    mixed_precision: str = _f("no", choices=MIXED_PRECISION)
+    use_cpu: bool = _f(False)
+    max_restarts: int = _f(0)
+    distributed_type: str = _f("FSDP", kind="str")
+
+    @property
+    def nproc_per_node(self) -> int:
+        return max(self.num_processes // max(self.num_machines, 1), 1)
+
+
+@dataclass(frozen=True)
+class FsdpSettings:
+    """FSDP settings under their FSDP2 names; the FSDP1-only keys are kept so rules can speak of them."""
+
+    version: int = _f(2)
+    reshard_after_forward: bool = _f(True)
+    cpu_offload: bool = _f(False)
+    auto_wrap_policy: str = _f("TRANSFORMER_BASED_WRAP", choices=WRAP_POLICIES)
+    transformer_layer_cls_to_wrap: tuple[str, ...] = _f((), kind="list")
+    min_num_params: int = _f(0)
+    state_dict_type: str = _f("SHARDED_STATE_DICT", choices=STATE_DICT_TYPES)
+    cpu_ram_efficient_loading: bool = _f(True)
+    activation_checkpointing: bool = _f(False)
+    # FSDP1-only; None when the user did not set them.
+    sharding_strategy: str | None = _f(None, choices=SHARDING_STRATEGIES)
+    backward_prefetch: str | None = _f(None, choices=BACKWARD_PREFETCH)
+    forward_prefetch: bool | None = _f(None, kind="bool")
+    sync_module_states: bool | None = _f(None, kind="bool")
+    use_orig_params: bool | None = _f(None, kind="bool")
+    activation_checkpointing_offload: bool = _f(False)
+    xla: bool = _f(False)
+
+
+@dataclass(frozen=True)
+class ParallelismSettings:
+    """accelerate's ParallelismConfig; `enabled` is --use_parallelism_config (or a YAML section)."""
+
+    enabled: bool = _f(False)
+    dp_replicate_size: int = _f(1)
+    dp_shard_size: int | None = _f(None, kind="int")  # None: the rest of the world
+    tp_size: int = _f(1)
+    cp_size: int = _f(1)
+    cp_backend: str = _f("torch", choices=("torch",))
+    cp_comm_strategy: str = _f("allgather", choices=("allgather", "alltoall"))
+    sp_size: int = _f(1)
+    sp_backend: str = _f("deepspeed", choices=("deepspeed",))
+    sp_seq_length: int | None = _f(None, kind="int")
+    sp_seq_length_is_variable: bool = _f(True)
+    sp_attn_implementation: str | None = _f(None, kind="str")
+
+    SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    model_name_or_path: str | None = _f(None, kind="str")
+    use_flash_attn: bool = _f(False)
+    attn_implementation: str | None = _f(None, kind="str")
+    dtype: str | None = _f(None, choices=("bfloat16", "float16", "float32", "auto"))
+    trust_remote_code: bool = _f(False)
+    use_unsloth: bool = _f(False)
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    dataset_name: str | None = _f(None, kind="str")
+    splits: tuple[str, ...] = _f(("train", "test"), kind="list")
+    chat_template_format: str = _f("none", choices=CHAT_TEMPLATES)
+    add_special_tokens: bool = _f(False)
+    append_concat_token: bool = _f(False)
+    max_seq_len: int = _f(2048)
+    dataset_text_field: str = _f("text")
+    packing: bool = _f(False)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    use_peft_lora: bool = _f(False)
+    lora_r: int = _f(64)
+    lora_alpha: float = _f(16.0)
+    lora_dropout: float = _f(0.1)
+    lora_target_modules: tuple[str, ...] = _f(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "down_proj", "up_proj", "gate_proj"), kind="list"
+    )
+    use_dora: bool = _f(False)
+    use_loftq: bool = _f(False)
+
+
+@dataclass(frozen=True)
+class QuantizationSettings:
+    use_4bit_quantization: bool = _f(False)
+    use_8bit_quantization: bool = _f(False)
+    use_nested_quant: bool = _f(False)
+    bnb_4bit_compute_dtype: str = _f("float16", choices=FLOAT_DTYPES)
+    bnb_4bit_quant_type: str = _f("nf4", choices=QUANT_TYPES)
+    # None: follow the dtype the model is loaded in (the only value that FSDP can shard correctly)
+    bnb_4bit_quant_storage_dtype: str | None = _f(None, choices=QUANT_STORAGE)
+
+    @property
+    def enabled(self) -> bool:
+        return self.use_4bit_quantization or self.use_8bit_quantization
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """fsdp-tune's own run options (not SFTConfig fields)."""
+
+    use_reentrant: bool = _f(False)
+    overwrite_output_dir: bool = _f(False)
+    save_on_interrupt: bool = _f(True)
+
+
+@cache
+def training_fields() -> dict[str, dict[str, Any]]:
+    """SFTConfig's fields (kind and default) as data: see scripts/gen_training_fields.py."""
+    text = resources.files("fsdp_tune.config").joinpath("training_fields.json").read_text()
+    return json.loads(text)["fields"]
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """The SFTConfig fields the user set; everything else keeps TRL's default."""
+
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str) -> Any:
+        if name in self.args:
+            return self.args[name]
+        spec = training_fields().get(name)
+        return spec["default"] if spec else None
+
+    def is_set(self, name: str) -> bool:
+        return name in self.args
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from: the key as the user wrote it, and `file:line` or `flag`."""
+
+    key: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.source})"
+
+
+SECTIONS: dict[str, type] = {
+    "launch": LaunchSettings,
+    "fsdp": FsdpSettings,
+    "parallelism": ParallelismSettings,
+    "model": ModelSettings,
+    "data": DataSettings,
+    "lora": LoraSettings,
+    "quantization": QuantizationSettings,
+    "run": RunSettings,
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    launch: LaunchSettings = field(default_factory=LaunchSettings)
+    fsdp: FsdpSettings = field(default_factory=FsdpSettings)
+    parallelism: ParallelismSettings = field(default_factory=ParallelismSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    quantization: QuantizationSettings = field(default_factory=QuantizationSettings)
+    run: RunSettings = field(default_factory=RunSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    origins: dict[str, Origin] = field(default_factory=dict, compare=False)
+    config_path: str | None = field(default=None, compare=False)
+
+    def origin(self, path: str) -> Origin | None:
+        return self.origins.get(path)
+
+    def is_set(self, path: str) -> bool:
+        return path in self.origins
+
+    def where(self, path: str) -> str:
+        """`key (file:line)` as the user wrote it, or the canonical key with `(default)`."""
+        o = self.origins.get(path)
+        return str(o) if o else f"{path.split('.', 1)[1]} (default)"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data, for resolved.json, --json output and the run manifest."""
+        out: dict[str, Any] = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            out[name] = {f.name: _plain(getattr(section, f.name)) for f in fields(section)}
+        out["training"] = dict(self.training.args)
+        return out
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def section_fields(section: str) -> dict[str, Any]:
+    """name -> dataclass Field of one section (not `training`)."""
+    return {f.name: f for f in fields(SECTIONS[section])}
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    """Rebuild a RunConfig from `as_dict()` output (the worker reads resolved.json this way)."""
+    kwargs: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        values = dict(data.get(name, {}))
+        for f in fields(cls):
+            if f.metadata.get("kind") == "list" and isinstance(values.get(f.name), list):
+                values[f.name] = tuple(values[f.name])
+        kwargs[name] = cls(**values)
+    kwargs["training"] = TrainingSettings(dict(data.get("training", {})))
+    return RunConfig(**kwargs)

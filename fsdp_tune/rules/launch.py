@@ -1,0 +1,83 @@
+"""Processes, machines and rendezvous."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.rules import error, finding, rule
+
+
+@rule("FT090", "launch", "process and machine counts")
+def counts(cfg: RunConfig) -> Iterator[Finding]:
+    lc = cfg.launch
+    if lc.num_processes < 1:
+        yield error(
+            cfg,
+            "FT090",
+            "launch.num_processes",
+            f"num_processes must be at least 1, got {lc.num_processes}",
+            "--num_processes N (the total over all machines)",
+        )
+    if lc.num_machines < 1:
+        yield error(cfg, "FT090", "launch.num_machines", f"num_machines must be at least 1, got {lc.num_machines}")
+    elif lc.num_processes >= 1 and lc.num_processes % lc.num_machines:
+        yield error(
+            cfg,
+            "FT090",
+            "launch.num_processes",
+            f"num_processes {lc.num_processes} is not divisible by num_machines {lc.num_machines} "
+            "(accelerate silently floors the per-machine count)",
+            "num_processes counts all machines: use "
+            f"{lc.num_processes // lc.num_machines * lc.num_machines or lc.num_machines}",
+        )
+    if lc.max_restarts < 0:
+        yield error(cfg, "FT090", "launch.max_restarts", f"max_restarts must be >= 0, got {lc.max_restarts}")
+
+
+@rule("FT091", "launch", "machine_rank must be in [0, num_machines)")
+def machine_rank(cfg: RunConfig) -> Iterator[Finding]:
+    lc = cfg.launch
+    if lc.num_machines >= 1 and not 0 <= lc.machine_rank < lc.num_machines:
+        yield error(
+            cfg,
+            "FT091",
+            "launch.machine_rank",
+            f"machine_rank {lc.machine_rank} is outside [0, {lc.num_machines}) for {lc.num_machines} machines",
+            f"--machine_rank 0..{lc.num_machines - 1}",
+        )
+
+
+@rule("FT092", "launch", "multi-node needs the main process address")
+def multinode_address(cfg: RunConfig) -> Iterator[Finding]:
+    lc = cfg.launch
+    if lc.num_machines > 1 and not lc.main_process_ip:
+        yield error(
+            cfg,
+            "FT092",
+            "launch.num_machines",
+            f"{lc.num_machines} machines need main_process_ip, the address of machine 0",
+            "--main_process_ip 10.0.0.1 --main_process_port 29500",
+        )
+    if not 0 < lc.main_process_port < 65536:
+        yield error(
+            cfg,
+            "FT092",
+            "launch.main_process_port",
+            f"port {lc.main_process_port} is not a TCP port",
+            "--main_process_port 29500",
+        )
+
+
+@rule("FT093", "launch", "one process shards nothing")
+def single_process(cfg: RunConfig) -> Iterator[Finding]:
+    if cfg.launch.num_processes == 1 and cfg.launch.num_machines == 1:
+        yield finding(
+            cfg,
+            "FT093",
+            Severity.NOTE,
+            "launch.num_processes",
+            "one process: FSDP runs but shards nothing (useful for tests and the GPU check)",
+            "--num_processes N for N GPUs",
+        )

@@ -1,0 +1,199 @@
+"""accelerate's ParallelismConfig: CP/SP/TP/HSDP sizes against the world size and FSDP version."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from fsdp_tune.config.schema import ParallelismSettings, RunConfig
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.rules import error, finding, rule, warning
+
+
+def mesh_sizes(cfg: RunConfig) -> dict[str, int]:
+    """Sizes of the device mesh; dp_shard_size None takes what the other dimensions leave."""
+    p = cfg.parallelism
+    fixed = {name: getattr(p, name) for name in ParallelismSettings.SIZES if name != "dp_shard_size"}
+    rest = math.prod(fixed.values())
+    shard = p.dp_shard_size if p.dp_shard_size is not None else max(cfg.launch.num_processes // max(rest, 1), 1)
+    return {**fixed, "dp_shard_size": shard}
+
+
+@rule("FT040", "parallelism", "parallelism_config_* flags without --use_parallelism_config are ignored")
+def flags_without_enable(cfg: RunConfig) -> Iterator[Finding]:
+    if cfg.parallelism.enabled:
+        return
+    for name in cfg.parallelism.__dataclass_fields__:
+        path = f"parallelism.{name}"
+        if name != "enabled" and cfg.is_set(path):
+            yield error(
+                cfg,
+                "FT040",
+                path,
+                "accelerate ignores parallelism_config settings unless the feature is switched on: "
+                "this value would be silently dropped",
+                "add --use_parallelism_config",
+            )
+
+
+@rule("FT041", "parallelism", "parallelism sizes must be at least 1")
+def sizes_positive(cfg: RunConfig) -> Iterator[Finding]:
+    for name in ParallelismSettings.SIZES:
+        value = getattr(cfg.parallelism, name)
+        if value is not None and value < 1:
+            yield error(cfg, "FT041", f"parallelism.{name}", f"{name} must be at least 1, got {value}", "use 1 or more")
+
+
+@rule("FT042", "parallelism", "context parallelism and sequence parallelism are exclusive")
+def cp_and_sp(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if p.enabled and p.cp_size > 1 and p.sp_size > 1:
+        yield error(
+            cfg,
+            "FT042",
+            "parallelism.cp_size",
+            f"cp_size={p.cp_size} and sp_size={p.sp_size}: context parallelism (ring attention) and "
+            "Ulysses sequence parallelism are mutually exclusive",
+            "set either cp_size or sp_size to 1",
+        )
+
+
+@rule("FT043", "parallelism", "context parallelism needs FSDP2")
+def cp_needs_fsdp2(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if p.enabled and p.cp_size > 1 and cfg.fsdp.version != 2:
+        yield error(
+            cfg,
+            "FT043",
+            "parallelism.cp_size",
+            f"cp_size={p.cp_size} needs FSDP2; this config is FSDP1",
+            "set `fsdp_version: 2` (fsdp-tune convert --fsdp2)",
+        )
+    if p.enabled and cfg.fsdp.version == 1 and math.prod(mesh_sizes(cfg).values()) > 1 and p.cp_size == 1:
+        yield error(
+            cfg,
+            "FT043",
+            "parallelism.enabled",
+            "a ParallelismConfig mesh works only with FSDP2 (accelerate refuses it with FSDP1)",
+            "set `fsdp_version: 2`",
+        )
+
+
+@rule("FT044", "parallelism", "the mesh must cover the world size exactly")
+def world_size(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if not p.enabled:
+        return
+    sizes = mesh_sizes(cfg)
+    total = math.prod(sizes.values())
+    n = cfg.launch.num_processes
+    if total != n and total != 1:
+        shown = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != 1) or "1"
+        yield error(
+            cfg,
+            "FT044",
+            "parallelism.enabled",
+            f"the parallelism sizes multiply to {total} ({shown}) but the world has {n} processes "
+            f"({cfg.where('launch.num_processes')})",
+            "make dp_replicate x dp_shard x tp x cp x sp equal num_processes",
+        )
+
+
+@rule("FT045", "parallelism", "TP/CP cannot run on pure data parallelism")
+def tp_cp_pure_dp(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    sizes = mesh_sizes(cfg)
+    if p.enabled and (p.tp_size > 1 or p.cp_size > 1) and p.dp_replicate_size > 1 and sizes["dp_shard_size"] == 1:
+        yield error(
+            cfg,
+            "FT045",
+            "parallelism.dp_replicate_size",
+            "tp/cp_size > 1 cannot be combined with pure data parallelism (dp_replicate_size > 1 and "
+            "dp_shard_size == 1)",
+            "shard instead: set dp_shard_size > 1",
+        )
+
+
+@rule("FT046", "parallelism", "sequence parallelism (DeepSpeed Ulysses) is not an FSDP feature")
+def sp_needs_deepspeed(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if p.enabled and p.sp_size > 1:
+        yield error(
+            cfg,
+            "FT046",
+            "parallelism.sp_size",
+            "sp_size > 1 is DeepSpeed's ALST/Ulysses sequence parallelism; fsdp-tune launches FSDP",
+            "use context parallelism instead: --parallelism_config_cp_size N (FSDP2)",
+        )
+
+
+@rule("FT047", "parallelism", "settings that only act when their size is above 1")
+def unused_handlers(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if p.cp_size == 1 and cfg.is_set("parallelism.cp_comm_strategy"):
+        yield warning(cfg, "FT047", "parallelism.cp_comm_strategy", "ignored while cp_size is 1", "remove it")
+    if p.sp_size == 1:
+        for name in ("sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation"):
+            if cfg.is_set(f"parallelism.{name}"):
+                yield warning(cfg, "FT047", f"parallelism.{name}", "ignored while sp_size is 1", "remove it")
+    if p.enabled and p.dp_replicate_size > 1 and p.dp_shard_size == 1 and p.tp_size == p.cp_size == 1:
+        yield warning(
+            cfg,
+            "FT047",
+            "parallelism.dp_replicate_size",
+            "dp_replicate_size > 1 with dp_shard_size 1 is plain replication: nothing is sharded",
+            "use dp_shard_size > 1 (HSDP) or plain DDP",
+        )
+
+
+@rule("FT048", "parallelism", "context parallelism: SDPA attention, divisible lengths, loss-only eval")
+def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if not (p.enabled and p.cp_size > 1):
+        return
+    if cfg.model.use_flash_attn or (cfg.model.attn_implementation or "sdpa") != "sdpa":
+        path = "model.use_flash_attn" if cfg.model.use_flash_attn else "model.attn_implementation"
+        yield error(
+            cfg,
+            "FT048",
+            path,
+            "context parallelism runs only with SDPA attention",
+            "drop --use_flash_attn (or use --attn_implementation sdpa)",
+        )
+    if cfg.data.max_seq_len % (2 * p.cp_size):
+        yield error(
+            cfg,
+            "FT048",
+            "data.max_seq_len",
+            f"max_seq_len {cfg.data.max_seq_len} must be divisible by 2 x cp_size = {2 * p.cp_size} "
+            "(each rank takes two chunks of every sequence)",
+            f"--max_seq_len {cfg.data.max_seq_len // (2 * p.cp_size) * 2 * p.cp_size}",
+        )
+    t = cfg.training
+    metric = t.get("metric_for_best_model")
+    if metric and metric not in ("loss", "eval_loss"):
+        yield error(
+            cfg,
+            "FT048",
+            "training.metric_for_best_model",
+            f"metric {metric!r} needs predictions, but under context parallelism logits stay sharded "
+            "along the sequence",
+            "use eval_loss (the only metric computed under CP)",
+        )
+    if t.get("include_for_metrics") or t.is_set("prediction_loss_only") and not t.get("prediction_loss_only"):
+        path = "training.include_for_metrics" if t.get("include_for_metrics") else "training.prediction_loss_only"
+        yield error(
+            cfg,
+            "FT048",
+            path,
+            "predictions/compute_metrics are not available under context parallelism (logits stay sharded)",
+            "remove it; evaluation reports eval_loss only",
+        )
+    if t.get("eval_strategy") not in (None, "no"):
+        yield finding(
+            cfg,
+            "FT048",
+            Severity.NOTE,
+            "training.eval_strategy",
+            "under context parallelism evaluation reports eval_loss only",
+        )

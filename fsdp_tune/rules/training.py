@@ -1,0 +1,139 @@
+"""Trainer / SFTConfig settings: precision, ranges, save options."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.errors import Finding
+from fsdp_tune.rules import error, rule, warning
+
+
+@rule("FT070", "training", "fp16 and bf16 together")
+def both_precisions(cfg: RunConfig) -> Iterator[Finding]:
+    t = cfg.training
+    if t.get("fp16") and t.get("bf16"):
+        yield error(cfg, "FT070", "training.fp16", "--fp16 and --bf16 are both on", "keep one (bf16 on H100/A100)")
+
+
+@rule("FT071", "training", "flag precision overrides the config's mixed_precision")
+def precision_override(cfg: RunConfig) -> Iterator[Finding]:
+    t = cfg.training
+    mp = cfg.launch.mixed_precision
+    for name, mode in (("bf16", "bf16"), ("fp16", "fp16")):
+        if t.is_set(name) and t.get(name) and cfg.is_set("launch.mixed_precision") and mp not in (mode, "no"):
+            yield warning(
+                cfg,
+                "FT071",
+                f"training.{name}",
+                f"overrides {cfg.where('launch.mixed_precision')} = {mp}: the run uses {mode}",
+                "make them agree",
+            )
+    if mp == "fp8":
+        yield warning(
+            cfg,
+            "FT071",
+            "launch.mixed_precision",
+            "fp8 needs Transformer Engine or MS-AMP on Hopper GPUs",
+            "use bf16 unless fp8 kernels are installed",
+        )
+
+
+_POSITIVE_INT = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+
+
+@rule("FT072", "training", "numeric ranges")
+def numeric_ranges(cfg: RunConfig) -> Iterator[Finding]:
+    t = cfg.training
+    for name in _POSITIVE_INT:
+        value = t.get(name)
+        if value is not None and value < 1:
+            yield error(cfg, "FT072", f"training.{name}", f"{name} must be at least 1, got {value}", f"--{name} 1")
+    if cfg.data.max_seq_len < 1:
+        yield error(
+            cfg,
+            "FT072",
+            "data.max_seq_len",
+            f"max_seq_len must be at least 1, got {cfg.data.max_seq_len}",
+            "--max_seq_len 2048",
+        )
+    lr = t.get("learning_rate")
+    if lr is not None and lr <= 0:
+        yield error(
+            cfg, "FT072", "training.learning_rate", f"learning_rate must be positive, got {lr}", "--learning_rate 1e-4"
+        )
+    elif lr is not None and lr >= 1:
+        yield warning(
+            cfg, "FT072", "training.learning_rate", f"learning_rate {lr} is far above LoRA's usual 1e-5..1e-3"
+        )
+    norm = t.get("max_grad_norm")
+    if norm is not None and norm < 0:
+        yield error(
+            cfg,
+            "FT072",
+            "training.max_grad_norm",
+            f"max_grad_norm must be >= 0 (0 disables clipping), got {norm}",
+            "--max_grad_norm 1.0",
+        )
+    if t.get("max_steps") in (None, -1, 0) and (t.get("num_train_epochs") or 0) <= 0:
+        yield error(
+            cfg,
+            "FT072",
+            "training.num_train_epochs",
+            "nothing to train: num_train_epochs <= 0 and no max_steps",
+            "--num_train_epochs 1 or --max_steps N",
+        )
+    ratio = t.get("warmup_ratio")
+    if ratio is not None and not 0 <= ratio < 1:
+        yield error(cfg, "FT072", "training.warmup_ratio", f"warmup_ratio must be in [0, 1), got {ratio}")
+    steps = t.get("warmup_steps")
+    if isinstance(steps, (int, float)) and steps < 0:
+        yield error(cfg, "FT072", "training.warmup_steps", f"warmup_steps must be >= 0, got {steps}")
+
+
+@rule("FT073", "training", "save_only_model with FSDP")
+def save_only_model(cfg: RunConfig) -> Iterator[Finding]:
+    t = cfg.training
+    if not t.get("save_only_model"):
+        return
+    if t.get("load_best_model_at_end"):
+        yield error(
+            cfg,
+            "FT073",
+            "training.save_only_model",
+            "FSDP can't use save_only_model together with load_best_model_at_end",
+            "drop one of them",
+        )
+    if cfg.fsdp.state_dict_type == "SHARDED_STATE_DICT":
+        yield error(
+            cfg,
+            "FT073",
+            "training.save_only_model",
+            "save_only_model is not compatible with SHARDED_STATE_DICT checkpoints",
+            "drop --save_only_model, or use FULL_STATE_DICT",
+        )
+
+
+@rule("FT074", "training", "settings fsdp-tune owns")
+def owned_settings(cfg: RunConfig) -> Iterator[Finding]:
+    t = cfg.training
+    for name, why in (
+        ("fsdp", "fsdp-tune enables FSDP from the config file"),
+        ("fsdp_config", "put FSDP settings in the config file (or --fsdp_<key> flags)"),
+        ("deepspeed", "fsdp-tune launches FSDP, not DeepSpeed"),
+        ("parallelism_config", "use --use_parallelism_config and --parallelism_config_* flags"),
+    ):
+        if t.is_set(name):
+            yield error(cfg, "FT074", f"training.{name}", f"--{name} cannot be set here: {why}", f"remove --{name}")
+
+
+@rule("FT075", "training", "use_reentrant only affects gradient checkpointing")
+def reentrant(cfg: RunConfig) -> Iterator[Finding]:
+    if cfg.is_set("run.use_reentrant") and cfg.run.use_reentrant and cfg.fsdp.activation_checkpointing:
+        yield warning(
+            cfg,
+            "FT075",
+            "run.use_reentrant",
+            "FSDP's activation checkpointing is non-reentrant; this setting only affects --gradient_checkpointing",
+            "remove it",
+        )

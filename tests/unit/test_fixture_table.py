@@ -1,0 +1,33 @@
+"""Table-driven: every fixture config + flags raises exactly the rule ids its row names (tests/fixtures/cases.yaml)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from fsdp_tune.config import check
+from tests.conftest import FIXTURES
+
+CASES = yaml.safe_load((FIXTURES / "cases.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c['file']}{' ' + ' '.join(map(str, c['flags'])) if c['flags'] else ''}"
+)
+def test_case(case: dict) -> None:
+    checked = check(str(FIXTURES / "configs" / case["file"]), [str(f) for f in case["flags"]])
+    errors = {f.rule for f in checked.errors}
+    warnings = {f.rule for f in checked.warnings}
+    if case["expect"]:
+        assert set(case["expect"]) <= errors, checked.findings
+    else:
+        assert not errors, checked.findings
+    assert set(case.get("warn", [])) <= warnings, checked.findings
+    for f in checked.errors:
+        assert f.key and f.source and f.message, f  # every error names a key, where it came from, and why
+        assert f.hint or f.rule in ("FT072",), f"{f.rule} has no fix: {f}"
+
+
+def test_every_format_is_covered() -> None:
+    names = {c["file"].split("_")[0] for c in CASES}
+    assert names == {"accel", "tf", "recipe"}
