@@ -116,6 +116,48 @@ def validate_config(
     _guard(run, debug)
 
 
+@app.command("train", context_settings=PASSTHROUGH)
+def train(
+    ctx: typer.Context,
+    config: Optional[str] = ConfigOpt,
+    dry_run: bool = typer.Option(False, "--dry_run", "--dry-run", help="Print the plan; start nothing."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Validate, check this machine, then train through torchrun (same flags as validate-config).
+
+    Exit codes: 0 trained, 1 training failed, 2 bad config or pre-flight, 130/143 interrupted.
+    """
+    config, args = _split_config(config, list(ctx.args))
+
+    def run() -> None:
+        from fsdp_tune import launch
+        from fsdp_tune.render import format_findings, format_summary
+        from fsdp_tune.train import describe, plan_run, preflight_error
+
+        checked, plan, machine = plan_run(config, args, lambda m: typer.echo(m, err=True))
+        if checked.findings:
+            typer.echo(format_findings(config or "the command line", checked.findings, _style), err=True)
+        typer.echo(describe(checked.config, plan))
+        if dry_run:
+            if machine:
+                typer.echo("this machine could not start it as it stands:", err=True)
+                typer.echo(format_findings("this launch", machine, _style).split("\n", 1)[-1], err=True)
+            typer.echo("dry run: nothing was started")
+            return
+        error = preflight_error(machine)
+        if error:
+            raise error
+        launch.prepare(checked.config, plan)
+        code = launch.run(plan)
+        if code != 0:
+            raise launch.failure_report(plan, code)
+        summary = launch.read_summary(plan)
+        if summary:
+            typer.echo(format_summary(summary))
+
+    _guard(run, debug)
+
+
 @app.command("rules")
 def rules_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
     """List the rule catalog: every check validate-config runs, with its id."""

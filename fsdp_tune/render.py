@@ -111,3 +111,28 @@ def checked_as_json(checked: Checked) -> dict[str, Any]:
         "sources": {p: {"key": o.key, "source": o.source} for p, o in checked.config.origins.items()},
         "findings": [f.as_dict() for f in checked.findings],
     }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The few lines a user reads after a run."""
+    first, last = summary.get("loss_first"), summary.get("loss_last")
+    loss = f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "-"
+    tps = summary.get("tokens_per_s")
+    ranks = ", ".join(f"rank {i}: {r['peak_rss_mib']:.0f} MiB" for i, r in enumerate(summary.get("per_rank", [])))
+    units = ", ".join(f"{n} x {k}" for k, n in summary.get("fsdp_units", {}).items())
+    lines = [
+        "done: "
+        + f"{summary['steps']} steps in {summary['train_runtime_s']:.1f} s, loss {loss}"
+        + (f", {tps:.0f} tokens/s" if tps else ""),
+        f"  peak memory (RSS): {ranks}",
+        f"  FSDP units: {units or '-'}",
+    ]
+    gpu = [r for r in summary.get("per_rank", []) if "peak_gpu_reserved_mib" in r]
+    if gpu:
+        lines.append("  peak GPU reserved: " + ", ".join(f"{r['peak_gpu_reserved_mib']:.0f} MiB" for r in gpu))
+    check = summary.get("adapter_check")
+    if check:
+        lines.append(f"  adapter: {summary['adapter_dir']} ({check['lora_tensors']} LoRA tensors, whole, trained)")
+    else:
+        lines.append(f"  saved to: {summary['adapter_dir']}")
+    return "\n".join(lines)

@@ -165,8 +165,7 @@ def build_config(assignments: list[Assignment], config_path: str | None = None) 
                         Severity.ERROR,
                         a.origin.key,
                         a.origin.source,
-                        f"FSDP2 reshard_after_forward must be true or false, got {a.value!r} "
-                        "(an FSDP1 strategy name)",
+                        f"FSDP2 reshard_after_forward must be true or false, got {a.value!r} (an FSDP1 strategy name)",
                         f"`{a.origin.key}: {str(keys.STRATEGY_TO_RESHARD[raw]).lower()}`, "
                         "or `fsdp-tune convert --fsdp2`",
                     )

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from fsdp_tune.config import keys
-from fsdp_tune.config.schema import SECTIONS, Origin, section_fields, training_fields
+from fsdp_tune.config.schema import SECTIONS, Origin, section_fields
 from fsdp_tune.errors import Finding, Severity, UsageError
 
 ACCELERATE = "accelerate"
@@ -273,12 +273,21 @@ class _Reader:
             if section == "fsdp":
                 self.fsdp_section(body, (section,), default_version=2)
                 continue
-            known = list(training_fields()) if section == "training" else list(section_fields(section))
+            if section == "training":
+                # `training:` takes anything `train` takes as a flag, so a whole run fits in one file
+                from fsdp_tune.config.flags import flag_table
+
+                table = flag_table()
+                for key, value in body.items():
+                    if key in table:
+                        self.set(table[key], value, (section, key))
+                    else:
+                        self.unknown((section, key), list(table), "`training`")
+                continue
+            known = list(section_fields(section))
             for key, value in body.items():
                 path = (section, key)
-                if section == "training" and key in keys.FLAG_ALIASES:
-                    self.set(keys.FLAG_ALIASES[key], value, path)
-                elif key in known:
+                if key in known:
                     self.set(f"{section}.{key}", value, path)
                 else:
                     self.unknown(path, known, f"`{section}`")

@@ -1,0 +1,34 @@
+"""Chat templates for `--chat_template_format` (the ones PEFT's examples/sft uses), as plain data."""
+
+from __future__ import annotations
+
+CHATML = {
+    "bos_token": "<|im_start|>",
+    "eos_token": "<|im_end|>",
+    "pad_token": "<pad>",
+    "additional_special_tokens": ["<|im_start|>user", "<|im_start|>assistant", "<|im_start|>system"],
+    "template": (
+        "{% for message in messages %}"
+        "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    ),
+}
+
+ZEPHYR = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "pad_token": "</s>",
+    "additional_special_tokens": ["<|user|>", "<|assistant|>", "<|system|>"],
+    "template": (
+        "{% for message in messages %}"
+        "{% if message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + eos_token }}"
+        "{% elif message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + eos_token }}"
+        "{% elif message['role'] == 'assistant' %}{{ '<|assistant|>\n'  + message['content'] + eos_token }}"
+        "{% endif %}"
+        "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+        "{% endfor %}"
+    ),
+}
+
+TEMPLATES = {"chatml": CHATML, "zephyr": ZEPHYR}

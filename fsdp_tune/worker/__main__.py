@@ -1,0 +1,18 @@
+"""Entry point of one rank: `python -m fsdp_tune.worker OUTPUT_DIR/fsdp_tune_resolved.json` (torchrun runs it)."""
+
+from __future__ import annotations
+
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+@record
+def main() -> None:
+    from fsdp_tune.worker.run import run
+
+    run(sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Datasets per rank: load the splits, apply the chat template, hand TRL a text or chat dataset."""
+
+from __future__ import annotations
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.datasource import resolve
+
+
+def load_splits(cfg: RunConfig, tokenizer, seed: int):
+    """(train, eval or None), already rendered to `dataset_text_field` when a chat template is chosen."""
+    from datasets import DatasetDict, load_dataset
+
+    splits = cfg.data.splits or ("train",)
+    source = resolve(cfg.data.dataset_name or "", splits)
+    if source.is_local:
+        files = {split: str(path) for split, path in source.files.items()}
+        loaded = load_dataset(source.loader, data_files=files)
+    else:
+        loaded = DatasetDict({s: load_dataset(source.name, split=s) for s in splits})
+    train = loaded[splits[0]]
+    evaluation = loaded[splits[1]] if len(splits) > 1 and splits[1] in loaded else None
+    render = _renderer(cfg, tokenizer)
+    if render is not None:
+        train = train.map(render, remove_columns=train.column_names, desc="chat template")
+        if evaluation is not None:
+            evaluation = evaluation.map(render, remove_columns=evaluation.column_names, desc="chat template")
+    return train, evaluation
+
+
+def _renderer(cfg: RunConfig, tokenizer):
+    """With --chat_template_format, `messages` become one text per row in dataset_text_field (as PEFT's
+    examples do); otherwise TRL applies the tokenizer's own template to `messages`, or uses the text."""
+    if cfg.data.chat_template_format == "none":
+        return None
+    field = cfg.data.dataset_text_field
+
+    def render(row):
+        if "messages" in row and row["messages"] is not None:
+            return {field: tokenizer.apply_chat_template(row["messages"], tokenize=False)}
+        return {field: row[field]}
+
+    return render

@@ -1,0 +1,133 @@
+"""One rank's run: read the resolved plan, build tokenizer/data/model/trainer, train, save, verify."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from fsdp_tune.config.schema import RunConfig, from_dict
+from fsdp_tune.worker_paths import SUMMARY_NAME
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def run(resolved_path: str) -> None:
+    data = json.loads(Path(resolved_path).read_text())
+    cfg: RunConfig = from_dict(data["config"])
+    plan = data["plan"]
+    output_dir = plan["output_dir"]
+    rank = int(os.environ.get("RANK", "0"))
+
+    from fsdp_tune.worker.logs import setup_rank_log
+
+    setup_rank_log(output_dir, rank)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    print(f"fsdp-tune: rank {rank}/{world} starting on {socket.gethostname()} (pid {os.getpid()})", flush=True)
+    os.environ["ACCELERATE_USE_FSDP"] = "true"
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(cfg.fsdp.cpu_ram_efficient_loading).lower()
+
+    from fsdp_tune.worker import fsdp_wrap
+
+    if plan["on_cpu"]:
+        from fsdp_tune.worker import cpu_fsdp
+
+        cpu_fsdp.install()
+    fsdp_wrap.install()
+
+    from transformers import set_seed
+
+    from fsdp_tune.worker.callbacks import CheckpointMarkerCallback, MetricsCallback, NanGuardCallback
+    from fsdp_tune.worker.data import load_splits
+    from fsdp_tune.worker.model import load_model, load_tokenizer, lora_config
+    from fsdp_tune.worker.trainer import sft_config, trainer_class
+
+    started = time.time()
+    args = sft_config(cfg, on_cpu=plan["on_cpu"])  # also initialises the process group
+    set_seed(args.seed)
+    tokenizer = load_tokenizer(cfg)
+    with args.main_process_first(desc="dataset preparation"):
+        train_ds, eval_ds = load_splits(cfg, tokenizer, args.seed)
+    model = load_model(cfg, tokenizer)
+    metrics = MetricsCallback(output_dir)
+    nan_guard = NanGuardCallback()
+    trainer = trainer_class()(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds if args.eval_strategy != "no" else None,
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg) if cfg.lora.use_peft_lora else None,
+        callbacks=[metrics, CheckpointMarkerCallback(), nan_guard],
+    )
+    result = trainer.train(resume_from_checkpoint=plan.get("resume_from_checkpoint"))
+    if nan_guard.bad_step is not None:
+        raise TrainingDiverged(
+            f"loss became NaN/inf at step {nan_guard.bad_step}; training stopped and no adapter was written "
+            "over the last good checkpoint (lower --learning_rate, or check the data)"
+        )
+
+    from fsdp_tune.worker.save import save_adapter
+    from fsdp_tune.worker.verify import verify_adapter
+
+    expected = _adapter_shapes(trainer)
+    save_adapter(trainer, output_dir)
+    summary = _summary(trainer, result, metrics, started, output_dir, cfg)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(output_dir)
+        trainer.state.save_to_json(str(Path(output_dir) / "trainer_state.json"))
+        if cfg.lora.use_peft_lora:
+            summary["adapter_check"] = verify_adapter(output_dir, expected)
+        Path(output_dir, SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
+    trainer.accelerator.wait_for_everyone()
+
+
+def _adapter_shapes(trainer) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the trainable tensors under their saved names (FSDP2 DTensors report global shapes)."""
+    from fsdp_tune.worker.save import canonical_name
+
+    model = trainer.model_wrapped or trainer.model
+    return {
+        canonical_name(n).replace(".default.", "."): tuple(p.shape)
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def _summary(trainer, result, metrics, started: float, output_dir: str, cfg: RunConfig) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from fsdp_tune.worker.callbacks import peak_rss_mib
+    from fsdp_tune.worker.fsdp_wrap import describe_units
+
+    mine = {"peak_rss_mib": round(peak_rss_mib(), 1)}
+    if torch.cuda.is_available():
+        mine["peak_gpu_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        mine["peak_gpu_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    per_rank = [mine]
+    if dist.is_initialized():
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, mine)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    tokens = max((h.get("num_tokens", 0) for h in trainer.state.log_history), default=0)
+    runtime = result.metrics.get("train_runtime") or (time.time() - started)
+    return {
+        "steps": trainer.state.global_step,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "losses": losses,
+        "train_runtime_s": runtime,
+        "time_to_first_step_s": (metrics.first_step_at - started) if metrics.first_step_at else None,
+        "wall_s": time.time() - started,
+        "tokens": tokens,
+        "tokens_per_s": tokens / runtime if runtime else None,
+        "per_rank": per_rank,
+        "fsdp_units": describe_units(trainer.model_wrapped or trainer.model),
+        "adapter_dir": str(Path(output_dir).resolve()),
+        "use_peft_lora": cfg.lora.use_peft_lora,
+    }

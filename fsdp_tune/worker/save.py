@@ -1,0 +1,76 @@
+"""Save the adapter whole, from any FSDP configuration, so it loads with plain `PeftModel.from_pretrained`.
+
+Trainer.save_model under FSDP2 with a FULL state dict hands PEFT tensors whose storage FSDP has freed
+("Attempted to access the data pointer on an invalid python storage"), and PEFT's save of a sharded
+model writes each rank's shard. Instead every rank joins the gather of the trainable (adapter)
+parameters only, in the same order, and rank 0 writes them: the base weights are never gathered, so a
+70B base does not land in one host's RAM at the end of the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def gather_trainable(model) -> dict:
+    """Full CPU copies of the trainable parameters (FSDP2 DTensors all-gathered); a collective on all ranks."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        tensor = param.detach()
+        if isinstance(tensor, DTensor):
+            mesh_device = tensor.device_mesh.device_type
+            local = tensor.to_local()
+            if local.device.type != mesh_device:  # CPU-offloaded shard, NCCL mesh: gather on the device
+                local = local.to(mesh_device)
+                tensor = DTensor.from_local(
+                    local,
+                    tensor.device_mesh,
+                    tensor.placements,
+                    run_check=False,
+                    shape=tensor.shape,
+                    stride=tensor.stride(),
+                )
+            tensor = tensor.full_tensor()
+        out[canonical_name(name)] = tensor.to("cpu", copy=True).contiguous()
+    return out
+
+
+# Wrappers that activation checkpointing, FSDP1 and torch.compile put into parameter names.
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
+def full_state_dict_fsdp1(model) -> dict:
+    """FSDP1 flattens parameters: gather through torch's distributed state-dict API (all ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {canonical_name(k): v for k, v in state.items()}
+
+
+def save_adapter(trainer, output_dir: str) -> Path | None:
+    """Write adapter_model.safetensors + adapter_config.json to output_dir (rank 0); all ranks must call."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+
+    wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
+    is_fsdp1 = isinstance(wrapped, FSDP1) or any(isinstance(m, FSDP1) for m in wrapped.modules())
+    state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped)
+    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    path = Path(output_dir)
+    if rank0:
+        # PeftModel keeps the adapter entries of `state`; a plain model (full fine-tuning) writes it all
+        peft_model.save_pretrained(output_dir, state_dict=state, is_main_process=True)
+    if dist.is_initialized():
+        dist.barrier()
+    return path if rank0 else None

@@ -1,0 +1,59 @@
+"""LoRA under FSDP2 on 2 CPU ranks: trains, shards by decoder layer, saves an adapter that loads anywhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+
+def _reload(adapter_dir):
+    """Load base + adapter in this process, without FSDP or torch.distributed."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    base = AutoModelForCausalLM.from_pretrained(cfg["base_model_name_or_path"])
+    return PeftModel.from_pretrained(base, str(adapter_dir))
+
+
+def test_lora_fsdp2_two_ranks(train) -> None:
+    run = train()
+    s = run.summary
+    assert s["steps"] == 6
+    assert s["loss_last"] < s["loss_first"], s["losses"]
+    # decoder layers are FSDP units (not one unit for the whole model)
+    assert s["fsdp_units"].get("LlamaDecoderLayer") == 4, s["fsdp_units"]
+    assert len(s["per_rank"]) == 2
+    assert (run.output_dir / "trainer_state.json").exists() and (run.output_dir / "tokenizer.json").exists()
+    console = run.proc.stdout + run.proc.stderr
+    assert "rank 0/2 starting" in console and "rank 1/2 starting" not in console  # console: rank 0 only
+    assert "rank 1/2 starting" in (run.output_dir / "logs" / "rank-1.log").read_text()  # every rank: its log
+
+    import torch
+    from safetensors.torch import load_file
+
+    model = _reload(run.output_dir)
+    saved = load_file(str(run.output_dir / "adapter_model.safetensors"))
+    layers_with_trained_b = set()
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+            a = module.lora_A["default"].weight
+            b = module.lora_B["default"].weight
+            assert a.shape == (8, module.in_features) and b.shape == (module.out_features, 8), name
+            if b.abs().sum() > 0:
+                layers_with_trained_b.add(name.split(".layers.")[1].split(".")[0])
+    assert layers_with_trained_b == {"0", "1", "2", "3"}, layers_with_trained_b
+    # what PEFT loaded is exactly what was written
+    for key, tensor in saved.items():
+        loaded = dict(model.named_parameters())[key.replace(".weight", ".default.weight")]
+        assert torch.equal(loaded.detach(), tensor), key
+
+
+def test_metrics_and_summary_files(train) -> None:
+    run = train("--max_steps", "3")
+    lines = [json.loads(x) for x in (run.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3]
+    assert "done: 3 steps" in run.proc.stdout and "adapter:" in run.proc.stdout
