@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsdp_tune.worker_paths import COMPLETE_MARKER, RESOLVED_NAME
+from fsdp_tune.worker_paths import COMPLETE_MARKER
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -19,22 +19,20 @@ class Checkpoint:
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
-    out = []
+    """Checkpoints by step. fsdp-tune writes a marker into each one after Trainer has written everything;
+    when no checkpoint has a marker (a run of plain Trainer), trainer_state.json, written near the end,
+    stands in for it."""
     root = Path(output_dir)
     if not root.is_dir():
-        return out
+        return []
+    folders = []
     for child in root.iterdir():
         m = _CHECKPOINT.match(child.name)
         if m and child.is_dir():
-            out.append(Checkpoint(child, int(m.group(1)), _is_complete(child)))
-    return sorted(out, key=lambda c: c.step)
-
-
-def _is_complete(folder: Path) -> bool:
-    # fsdp-tune writes the marker after Trainer has written everything; a plain Trainer checkpoint
-    # has none, and counts as complete when its trainer_state.json (written near the end) is there.
-    written_by_us = any(folder.parent.glob(f"*{RESOLVED_NAME}"))
-    return (folder / COMPLETE_MARKER).exists() or (not written_by_us and (folder / "trainer_state.json").exists())
+            folders.append((int(m.group(1)), child))
+    markers = any((f / COMPLETE_MARKER).exists() for _, f in folders)
+    done = COMPLETE_MARKER if markers else "trainer_state.json"
+    return sorted((Checkpoint(f, step, (f / done).exists()) for step, f in folders), key=lambda c: c.step)
 
 
 def latest_complete(output_dir: str | Path) -> tuple[Checkpoint | None, list[Checkpoint]]:

@@ -132,7 +132,7 @@ def _check_file(path: Path, split: str, text_field: str, chat: bool, max_rows: i
         rows = [(0, r) for r in data[:max_rows]] if isinstance(data, list) else []
     elif suffix == ".csv":
         reader = csv.DictReader(text.splitlines())
-        rows = [(n + 2, r) for n, r in zip(range(max_rows), reader)]
+        rows = [(n + 2, r) for n, r in zip(range(max_rows), reader, strict=False)]
     if not rows:
         return [
             Finding(

@@ -228,7 +228,7 @@ class RunConfig:
         for name in SECTIONS:
             section = getattr(self, name)
             out[name] = {f.name: _plain(getattr(section, f.name)) for f in fields(section)}
-        out["training"] = dict(self.training.args)
+        out["training"] = {k: _plain(v) for k, v in self.training.args.items()}
         return out
 
 
@@ -250,5 +250,11 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
             if f.metadata.get("kind") == "list" and isinstance(values.get(f.name), list):
                 values[f.name] = tuple(values[f.name])
         kwargs[name] = cls(**values)
-    kwargs["training"] = TrainingSettings(dict(data.get("training", {})))
+    kinds = training_fields()
+    kwargs["training"] = TrainingSettings(
+        {
+            k: tuple(v) if isinstance(v, list) and kinds.get(k, {}).get("kind") == "list" else v
+            for k, v in data.get("training", {}).items()
+        }
+    )
     return RunConfig(**kwargs)

@@ -74,3 +74,26 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     if dist.is_initialized():
         dist.barrier()
     return path if rank0 else None
+
+
+def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:
+    """Load adapter_model.safetensors of a checkpoint into the sharded model (all ranks). False if absent."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    path = Path(checkpoint_dir) / "adapter_model.safetensors"
+    if not path.exists():
+        return False
+    saved = load_file(str(path), device="cpu")
+    wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
+    adapter = trainer.accelerator.unwrap_model(trainer.model).active_adapter
+    state = {}
+    for name, param in wrapped.named_parameters():
+        if not param.requires_grad:
+            continue
+        key = canonical_name(name).replace(f".{adapter}.", ".")
+        if key not in saved:
+            raise RuntimeError(f"{path} has no tensor {key}: it was written for another model or adapter")
+        state[name] = saved[key]
+    set_model_state_dict(wrapped, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    return True

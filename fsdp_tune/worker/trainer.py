@@ -41,7 +41,7 @@ def sft_config(cfg: RunConfig, on_cpu: bool):
 def trainer_class():
     from trl import SFTTrainer
 
-    from fsdp_tune.worker.save import save_adapter
+    from fsdp_tune.worker.save import load_adapter_into_fsdp, save_adapter
 
     class FsdpTuneTrainer(SFTTrainer):
         """SFTTrainer whose FULL_STATE_DICT saves go through fsdp-tune's gather (see save.py)."""
@@ -54,5 +54,14 @@ def trainer_class():
                     self.processing_class.save_pretrained(output_dir)
                 return
             super().save_model(output_dir, _internal_call)
+
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+            # A FULL checkpoint of ours holds the whole adapter: every rank reads it (it is small) and
+            # torch's state-dict API puts each rank's shard in place. accelerate's FULL path (rank 0
+            # loads, then broadcasts) stalls under FSDP2 on gloo, and PEFT's load_adapter does not
+            # know about DTensor shards.
+            if self.is_fsdp_enabled and load_adapter_into_fsdp(self, resume_from_checkpoint):
+                return
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     return FsdpTuneTrainer

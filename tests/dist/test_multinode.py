@@ -1,0 +1,49 @@
+"""Two `fsdp-tune train` processes on one machine form one 2-"node" job over loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.dist.conftest import BASE, TIMEOUT
+
+pytestmark = pytest.mark.dist
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_loopback(tmp_path, model_cache) -> None:
+    port = _free_port()
+    out = tmp_path / "run"
+    env = dict(os.environ, FSDP_TUNE_CACHE=str(model_cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               HF_DATASETS_CACHE=str(model_cache / "datasets"))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fsdp_tune", "train", "--config", str(BASE), "--output_dir", str(out),
+             "--max_steps", "3", "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
+             "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=TIMEOUT)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n=====\n".join(outputs)
+    assert "2 ranks on 2 machines (1 per machine, this is machine 0)" in outputs[0]
+    assert "this is machine 1" in outputs[1]
+    summary = (out / "fsdp_tune_summary.json").read_text()
+    assert '"steps": 3' in summary
+    assert (out / "logs" / "rank-0.log").exists() and (out / "logs" / "rank-1.log").exists()
+    assert (out / "node0-fsdp_tune_resolved.json").exists() and (out / "node1-fsdp_tune_resolved.json").exists()

@@ -1,0 +1,71 @@
+"""QLoRA (bitsandbytes 4-bit on CPU), DoRA, parity with one process, FULL checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+
+def test_fsdp2_matches_one_process_with_same_global_batch(train, tmp_path) -> None:
+    two = train("--max_steps", "4", output_dir=tmp_path / "two")
+    one = train("--max_steps", "4", "--num_processes", "1", "--per_device_train_batch_size", "8",
+                output_dir=tmp_path / "one")
+    a, b = two.summary["losses"], one.summary["losses"]
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b, strict=True):
+        assert x == pytest.approx(y, rel=2e-4, abs=2e-4), (a, b)
+
+
+def test_qlora_4bit_fsdp2(train) -> None:
+    run = train("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32",
+                "--bnb_4bit_compute_dtype", "float32", "--use_nested_quant", "True", "--max_steps", "4")
+    s = run.summary
+    assert s["adapter_check"]["ok"] and s["loss_last"] < s["loss_first"], s["losses"]
+    assert "QLoRA: 4-bit nf4, storage float32" in run.proc.stdout
+
+
+def test_dora(train) -> None:
+    run = train("--use_dora", "True", "--max_steps", "4")
+    from safetensors import safe_open
+
+    with safe_open(str(run.output_dir / "adapter_model.safetensors"), "pt") as f:
+        magnitudes = [k for k in f.keys() if "lora_magnitude_vector" in k]
+    assert len(magnitudes) == 28  # 7 linear layers x 4 decoder layers, each whole
+    assert "DoRA: r=8" in run.proc.stdout
+
+
+def _adapter(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+@pytest.mark.parametrize("state_dict_type", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
+def test_checkpoint_resume_matches_uninterrupted_run(train, tmp_path, state_dict_type) -> None:
+    """Save every 2 steps; resume a copy of step 4 with `latest`: the final adapter equals the straight run's.
+
+    FULL_STATE_DICT is the path where Trainer.save_model of a PEFT model under FSDP2 on CPU fails, and where
+    accelerate's FULL load stalls: both go through fsdp-tune's own gather/load.
+    """
+    import shutil
+
+    import torch
+
+    flags = ("--fsdp_state_dict_type", state_dict_type, "--save_strategy", "steps", "--save_steps", "2",
+             "--max_steps", "6")
+    straight = train(*flags, output_dir=tmp_path / "straight")
+    assert all((straight.output_dir / f"checkpoint-{n}" / "fsdp_tune_complete").exists() for n in (2, 4, 6))
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(straight.output_dir / "checkpoint-4", resumed_dir / "checkpoint-4")
+    shutil.copytree(straight.output_dir / "checkpoint-2", resumed_dir / "checkpoint-2")
+    (resumed_dir / "checkpoint-4" / "fsdp_tune_complete").unlink()  # an interrupted save: must be skipped
+    resumed = train(*flags, "--resume_from_checkpoint", "latest", output_dir=resumed_dir)
+    assert "skipping incomplete checkpoint" in resumed.proc.stderr and "checkpoint-4" in resumed.proc.stderr
+    assert f"resuming from {resumed_dir / 'checkpoint-2'}" in resumed.proc.stderr
+    assert (resumed_dir / "checkpoint-4").exists()  # skipped, never deleted
+    a, b = _adapter(straight.output_dir), _adapter(resumed_dir)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)

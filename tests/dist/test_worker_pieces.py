@@ -1,0 +1,87 @@
+"""Worker-side pieces that need the HF stack but no processes: the CPU shim, the field table, verify."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsdp_tune.worker import cpu_fsdp
+
+
+def test_training_fields_table_matches_installed_trl() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_training_fields.py"), "--check"], timeout=120)
+    assert out.returncode == 0, "training_fields.json is stale: run scripts/gen_training_fields.py"
+
+
+@pytest.mark.parametrize("version,ok", [("1.12.0", True), ("1.15.0.dev0", True), ("1.11.2", False), ("2.0.0", False)])
+def test_shim_version_guard(version: str, ok: bool) -> None:
+    assert cpu_fsdp.is_supported(version) is ok
+
+
+def test_shim_turns_cpu_fsdp_plugin_into_fsdp_state(monkeypatch) -> None:
+    """Without the shim accelerate keeps MULTI_CPU and drops the plugin; with it, FSDP2 is on."""
+    import os
+
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    monkeypatch.setitem(os.environ, "ACCELERATE_USE_CPU", "true")
+    for var, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "0"}.items():
+        monkeypatch.setenv(var, value)
+    original = AcceleratorState.__init__
+    try:
+        # Only the decision is under test: pretend the process group is up as a 2-rank CPU job.
+        monkeypatch.setattr(PartialState, "__init__", _fake_partial_state)
+        cpu_fsdp.install()
+        assert cpu_fsdp.install() is True  # idempotent
+        acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+        assert acc.state.distributed_type == DistributedType.FSDP
+        assert acc.state.fsdp_plugin.fsdp_version == 2
+    finally:
+        AcceleratorState.__init__ = original
+        AcceleratorState._reset_state(True)
+
+
+def _fake_partial_state(self, cpu=False, **kwargs):
+    import torch
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    self.__dict__ = PartialState._shared_state
+    if not self.__dict__:
+        self.__dict__.update(dict(_cpu=True, backend="gloo", device=torch.device("cpu"),
+                                  distributed_type=DistributedType.MULTI_CPU, num_processes=2, process_index=0,
+                                  local_process_index=0, fork_launched=False, debug=False))
+
+
+def test_verify_rejects_a_shard_and_an_untrained_adapter(tmp_path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from fsdp_tune.worker.verify import AdapterIntegrityError, verify_adapter
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))
+    good = {"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.randn(16, 4)}
+    save_file(good, tmp_path / "adapter_model.safetensors")
+    assert verify_adapter(str(tmp_path), {k: tuple(v.shape) for k, v in good.items()})["ok"]
+    # one rank's half of lora_B rows (what a sharded save writes)
+    save_file({"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.randn(8, 4)},
+              tmp_path / "adapter_model.safetensors")
+    with pytest.raises(AdapterIntegrityError, match="the model has"):
+        verify_adapter(str(tmp_path), {k: tuple(v.shape) for k, v in good.items()})
+    save_file({"m.q.lora_A.weight": torch.randn(2, 16), "m.q.lora_B.weight": torch.zeros(16, 4)},
+              tmp_path / "adapter_model.safetensors")
+    with pytest.raises(AdapterIntegrityError, match="expected"):
+        verify_adapter(str(tmp_path))
+    save_file({"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.zeros(16, 4)},
+              tmp_path / "adapter_model.safetensors")
+    with pytest.raises(AdapterIntegrityError, match="all zeros"):
+        verify_adapter(str(tmp_path))

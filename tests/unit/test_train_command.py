@@ -1,0 +1,172 @@
+"""`fsdp-tune train` up to the moment it would start ranks: dry runs, pre-flight refusals, the plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fsdp_tune.cli import app
+from fsdp_tune.config import check
+from fsdp_tune.plan import make_plan
+from tests.conftest import FIXTURES, REPO, seed_flags
+
+runner = CliRunner()
+BASE = str(FIXTURES / "tiny_lora.yaml")
+
+
+def train(*args: str):
+    return runner.invoke(app, ["train", *args])
+
+
+@pytest.mark.parametrize("script,nproc", [("run_peft_fsdp.sh", 8), ("run_peft_qlora_fsdp.sh", 2)])
+def test_seed_scripts_dry_run(script: str, nproc: int, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the seed's relative --output_dir must not appear in the repo
+    config, flags = seed_flags(script)
+    r = train("--config", str(REPO / config), *flags, "--dry_run")
+    assert r.exit_code == 0, r.output
+    assert f"--nproc_per_node={nproc}" in r.output and "-m fsdp_tune.worker" in r.output
+    assert "dry run: nothing was started" in r.output
+    assert "FSDP1" in r.output and "gradient checkpointing: on" in r.output
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_seed_script_forwards_extra_args(tmp_path) -> None:
+    import subprocess
+
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_peft_qlora_fsdp.sh"), "--dry_run", "--output_dir", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "QLoRA: 4-bit nf4, storage bfloat16, compute bfloat16, nested=true" in out.stdout
+
+
+def test_dry_run_on_demo_writes_nothing(tmp_path) -> None:
+    r = train("--config", str(REPO / "configs" / "demo_cpu.yaml"), "--output_dir", str(tmp_path / "o"), "--dry_run")
+    assert r.exit_code == 0, r.output
+    assert "2 ranks on 1 machine" in r.output and "CPU, gloo" in r.output and "--standalone" in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_config_errors_stop_before_anything(tmp_path) -> None:
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--lora_r", "0")
+    assert r.exit_code == 2 and "FT060" in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def _data(tmp_path, lines: list[str], name: str = "train.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "lines,rule,text",
+    [
+        (['{"messages": [{"role": "user", "content": "hi"}]}', '{"messages": [broken'], "PF012", "train.jsonl:2"),
+        (['{"prompt": "hi"}'], "PF014", "neither `messages` nor `text`"),
+        ([""], "PF013", "empty"),
+    ],
+)
+def test_bad_data_is_caught_before_ranks_start(tmp_path, lines, rule, text) -> None:
+    data = _data(tmp_path, lines)
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--dataset_name", str(data))
+    assert r.exit_code == 2, r.output
+    assert rule in r.output and text in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_utf8_data(tmp_path) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--dataset_name", str(path))
+    assert r.exit_code == 2 and "PF011" in r.output and "train.jsonl:2" in r.output
+
+
+def test_missing_dataset_file(tmp_path) -> None:
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--dataset_name", str(tmp_path / "nope.jsonl"))
+    assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_flash_attn_on_cpu_is_refused(tmp_path) -> None:
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--use_flash_attn", "True")
+    assert r.exit_code == 2 and "PF020" in r.output
+
+
+def test_fsdp1_on_cpu_machine_is_refused(tmp_path) -> None:
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--fsdp_version", "1")
+    assert r.exit_code == 2 and ("FT022" in r.output or "PF022" in r.output) and "convert --fsdp2" in r.output
+
+
+def test_previous_run_is_not_overwritten(tmp_path) -> None:
+    out = tmp_path / "o"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "adapter_model.safetensors").write_text("x")
+    r = train("--config", BASE, "--output_dir", str(out), "--dry_run")
+    assert "PF031" in r.output  # a dry run reports it too
+    r = train("--config", BASE, "--output_dir", str(out))
+    assert r.exit_code == 2 and "--overwrite_output_dir" in r.output and "--resume_from_checkpoint latest" in r.output
+    assert (out / "adapter_model.safetensors").read_text() == "x"
+
+
+def test_push_to_hub_offline_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--push_to_hub")
+    assert r.exit_code == 2 and "PF023" in r.output
+
+
+def test_plan_world_layout() -> None:
+    cfg = check(
+        None,
+        [
+            "--num_processes",
+            "16",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            "1",
+            "--main_process_ip",
+            "10.1.2.3",
+            "--output_dir",
+            "/tmp/x",
+        ],
+    ).config
+    plan = make_plan(cfg, force_cpu=False)
+    args = plan.torchrun_args()
+    assert "--nproc_per_node=8" in args and "--nnodes=2" in args and "--node_rank=1" in args
+    assert "--master_addr=10.1.2.3" in args and "--standalone" not in args and plan.backend == "nccl"
+    cfg = check(
+        None,
+        [
+            "--num_processes",
+            "4",
+            "--num_machines",
+            "2",
+            "--main_process_ip",
+            "h",
+            "--rdzv_backend",
+            "c10d",
+            "--output_dir",
+            "/tmp/x",
+        ],
+    ).config
+    assert "--rdzv_endpoint=h:29500" in make_plan(cfg).torchrun_args()
+
+
+def test_resolved_config_round_trips(tmp_path) -> None:
+    from fsdp_tune.config.schema import from_dict
+
+    cfg = check(BASE, ["--lora_target_modules", "q_proj,v_proj"]).config
+    again = from_dict(json.loads(json.dumps(cfg.as_dict())))
+    assert again == cfg
+
+
+def test_seed_flags_helper_reads_the_script() -> None:
+    config, flags = seed_flags("run_peft_fsdp.sh")
+    assert config == "configs/fsdp_config.yaml" and flags[:2] == ["--seed", "100"]
+    script = (REPO / "scripts" / "run_peft_fsdp.sh").read_text()
+    assert "--push_to_hub" in flags and len([f for f in flags if f.startswith("--")]) == script.count("\n--")
