@@ -148,10 +148,17 @@ def train(
         if error:
             raise error
         launch.prepare(checked.config, plan)
-        code = launch.run(plan)
-        if code != 0:
-            raise launch.failure_report(plan, code)
+        outcome = launch.run(plan)
         summary = launch.read_summary(plan)
+        if outcome.returncode != 0 or outcome.signal is not None:
+            if summary and "interrupted_at_step" in summary:
+                saved = "checkpoint saved" if summary["checkpoint_saved"] else "no checkpoint (checkpoints are off)"
+                typer.echo(
+                    f"stopped at step {summary['interrupted_at_step']}: {saved}; continue with "
+                    "--resume_from_checkpoint latest",
+                    err=True,
+                )
+            raise launch.failure_report(plan, outcome)
         if summary:
             typer.echo(format_summary(summary))
 

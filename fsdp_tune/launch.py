@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
-from dataclasses import replace
+import sys
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import ExitCode, LaunchError
 from fsdp_tune.plan import LaunchPlan
-from fsdp_tune.worker_paths import SUMMARY_NAME
+from fsdp_tune.worker_paths import STOP_FILE, SUMMARY_NAME
 
 
 def prepare(cfg: RunConfig, plan: LaunchPlan) -> RunConfig:
@@ -30,54 +34,120 @@ def prepare(cfg: RunConfig, plan: LaunchPlan) -> RunConfig:
     return cfg
 
 
-def run(plan: LaunchPlan) -> int:
-    """Start torchrun and wait. SIGINT/SIGTERM are passed on to it (it tears the ranks down)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen(plan.command(), env=env)
-
-    def forward(signum, _frame):
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+def _die_with_parent() -> None:
+    """In the torchrun child: get SIGTERM if the launcher dies (even by SIGKILL), so no ranks are orphaned
+    by the new session. Linux only; elsewhere a no-op."""
     try:
-        return proc.wait()
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    signal: int | None  # the first SIGINT/SIGTERM the launcher received, if any
+    torchrun_tail: str  # the end of torchrun's stderr, for the failure report
+
+
+def run(plan: LaunchPlan) -> Outcome:
+    """Start torchrun and wait.
+
+    torchrun runs in its own session so a terminal's Ctrl-C reaches only us. The first SIGINT/SIGTERM
+    writes the stop file: every rank finishes its step, saves a checkpoint and exits. A second one
+    terminates torchrun (and with it the ranks) at once. torchrun's stderr passes through to ours, and
+    its tail is kept for the failure report.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    stop_file = Path(plan.output_dir, STOP_FILE)
+    stop_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        plan.command(), env=env, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent
+    )
+    tail = bytearray()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        out = sys.stderr.buffer
+        while chunk := os.read(proc.stderr.fileno(), 65536):
+            out.write(chunk)
+            out.flush()
+            tail.extend(chunk)
+            del tail[:-65536]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        if len(received) == 1:
+            sys.stderr.write(
+                f"\nfsdp-tune: {signal.Signals(signum).name}: finishing the current step and saving a "
+                "checkpoint; signal again to stop at once\n"
+            )
+            stop_file.write_text(str(signum))
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        reader.join(timeout=5)
+        stop_file.unlink(missing_ok=True)
+    return Outcome(code, received[0] if received else None, tail.decode("utf-8", "replace"))
 
 
-def failure_report(plan: LaunchPlan, returncode: int) -> LaunchError:
-    """One block naming the failing rank, host and root cause, from torchrun's error files."""
-    errors = []
-    for path in sorted(Path(plan.output_dir, "logs", "torchrun").glob("**/error.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        message = data.get("message", {})
-        if isinstance(message, dict):
-            text = message.get("message", "")
-            ts = int(message.get("extraInfo", {}).get("timestamp", 0) or 0)
-        else:
-            text, ts = str(message), 0
-        rank = path.parent.name
-        errors.append((ts, rank, text.strip()))
-    if returncode in (-signal.SIGINT, 130):
-        return LaunchError("interrupted", ExitCode.INTERRUPTED)
-    if returncode in (-signal.SIGTERM, 143):
-        return LaunchError("terminated", ExitCode.TERMINATED)
+def _root_cause(torchrun_stderr: str) -> dict[str, str] | None:
+    """The fields of torchrun's "Root Cause (first observed failure)" block."""
+    _, found, block = torchrun_stderr.rpartition("Root Cause (first observed failure)")
+    if not found:
+        return None
+    fields = dict(re.findall(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$", block, re.M))
+    return fields if "rank" in fields and "exitcode" in fields else None
+
+
+def failure_report(plan: LaunchPlan, outcome: Outcome) -> LaunchError:
+    """One block: which rank and host failed, the root cause, where the full log is, the exit code."""
+    if outcome.signal is not None:
+        code = ExitCode.INTERRUPTED if outcome.signal == signal.SIGINT else ExitCode.TERMINATED
+        return LaunchError(f"stopped by {signal.Signals(outcome.signal).name}", code)
+    root = _root_cause(outcome.torchrun_tail)
     log_dir = Path(plan.output_dir, "logs")
-    if errors:
-        ts, rank, text = sorted(errors)[0]
-        first_line = text.splitlines()[-1] if text else "unknown error"
-        return LaunchError(
-            f"training failed on rank {rank} (exit code {returncode}): {first_line}\n"
-            f"  full log: {log_dir / f'rank-{rank}.log'}"
+    if not root:
+        return LaunchError(f"training failed (torchrun exit code {outcome.returncode}); rank logs: {log_dir}")
+    rank = root["rank"].split()[0]
+    host = root.get("host", "?")
+    code = int(root["exitcode"].split()[0])
+    cause = _cause_from_error_file(root.get("error_file", ""))
+    if cause is None:
+        cause = (
+            f"killed by {signal.Signals(-code).name}" + (" (out of host memory? see dmesg)" if code == -9 else "")
+            if code < 0
+            else f"exited with code {code} without a Python exception"
         )
-    return LaunchError(f"training failed (torchrun exit code {returncode}); rank logs are in {log_dir}")
+    return LaunchError(
+        f"training failed on rank {rank} (host {host}, exit code {code})\n"
+        f"  root cause: {cause}\n"
+        f"  full log:   {log_dir / f'rank-{rank}.log'}"
+    )
+
+
+def _cause_from_error_file(path: str) -> str | None:
+    """`ExceptionType: message` from the error file torchrun's @record writes for a failed rank."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    message = data.get("message", {})
+    text = message.get("message", "") if isinstance(message, dict) else str(message)
+    return text.strip().splitlines()[-1] if text.strip() else None
 
 
 def read_summary(plan: LaunchPlan) -> dict | None:

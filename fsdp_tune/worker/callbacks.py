@@ -1,20 +1,29 @@
-"""Trainer callbacks: metrics.jsonl, completion markers on checkpoints, a NaN guard."""
+"""Trainer callbacks: metrics.jsonl, a NaN guard, stop-on-signal, and test-only fault injection."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import resource
+import signal
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from fsdp_tune.worker_paths import COMPLETE_MARKER
+from fsdp_tune.worker_paths import COMPLETE_MARKER, STOP_FILE
 
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def mark_complete(output_dir: str, step: int) -> None:
+    """Called once Trainer has written every file of checkpoint-`step` (before it rotates old ones)."""
+    folder = Path(output_dir) / f"checkpoint-{step}"
+    if folder.is_dir():
+        (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": step}))
 
 
 class MetricsCallback(TrainerCallback):
@@ -43,27 +52,70 @@ class MetricsCallback(TrainerCallback):
             f.write(json.dumps(record) + "\n")
 
 
-class CheckpointMarkerCallback(TrainerCallback):
-    """Write a marker into each checkpoint once Trainer has finished writing it (on_save runs after
-    model, optimizer, scheduler, RNG and trainer state): `--resume_from_checkpoint latest` trusts only
-    checkpoints that have it."""
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if folder.is_dir():
-                (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": state.global_step}))
-
-
 class NanGuardCallback(TrainerCallback):
-    """Stop on a NaN/inf loss instead of training on garbage; the last checkpoint stays as it was."""
+    """Stop on a NaN/inf loss or gradient norm instead of training on garbage; no checkpoint is written
+    over the last good one. (Trainer's logging_nan_inf_filter would log such a loss as a plausible
+    number; fsdp-tune turns that filter off outside fp16, where a scaler-skipped step is routine.)"""
 
-    def __init__(self):
+    def __init__(self, check_grad_norm: bool):
+        self.check_grad_norm = check_grad_norm
         self.bad_step: int | None = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
+        logs = logs or {}
+        values = [logs.get("loss")] + ([logs.get("grad_norm")] if self.check_grad_norm else [])
+        if any(v is not None and not math.isfinite(float(v)) for v in values):
             self.bad_step = state.global_step
             control.should_training_stop = True
             control.should_save = False
+
+
+class StopOnSignalCallback(TrainerCallback):
+    """Preemption and Ctrl-C: finish the current step, save a checkpoint, stop.
+
+    The launcher asks by writing OUTPUT_DIR/STOP_FILE (torchrun runs in its own session, so a terminal's
+    Ctrl-C reaches only the launcher); a SIGTERM/SIGINT sent to a rank directly (a scheduler
+    preempting the job) asks the same. Ranks agree through an all-reduce at each step end, so all of
+    them stop at the same step and the checkpoint's collectives line up.
+    """
+
+    def __init__(self, output_dir: str, save: bool):
+        self.stop_file = Path(output_dir) / STOP_FILE
+        self.save = save
+        self.requested = False
+        self.stopped_at: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        if self.requested:  # a second signal: stop at once
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+        import torch.distributed as dist
+
+        local = self.requested or self.stop_file.exists()
+        if dist.is_initialized():
+            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            flag = torch.tensor([1 if local else 0], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            local = bool(flag.item())
+        if local:
+            self.stopped_at = state.global_step
+            control.should_training_stop = True
+            control.should_save = self.save
+
+
+class FaultInjectionCallback(TrainerCallback):
+    """Test-only: FSDP_TUNE_TEST_KILL="RANK:STEP" SIGKILLs that rank at that step, first attempt only."""
+
+    def __init__(self):
+        spec = os.environ.get("FSDP_TUNE_TEST_KILL", "")
+        self.rank, self.step = (int(x) for x in spec.split(":")) if spec else (-1, -1)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and state.global_step == self.step and int(os.environ.get("RANK", 0)) == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)

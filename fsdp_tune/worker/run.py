@@ -41,20 +41,31 @@ def run(resolved_path: str) -> None:
 
     from transformers import set_seed
 
-    from fsdp_tune.worker.callbacks import CheckpointMarkerCallback, MetricsCallback, NanGuardCallback
+    from fsdp_tune.worker.callbacks import (
+        FaultInjectionCallback,
+        MetricsCallback,
+        NanGuardCallback,
+        StopOnSignalCallback,
+    )
     from fsdp_tune.worker.data import load_splits
     from fsdp_tune.worker.model import load_model, load_tokenizer, lora_config
     from fsdp_tune.worker.trainer import sft_config, trainer_class
 
     started = time.time()
-    args = sft_config(cfg, on_cpu=plan["on_cpu"])  # also initialises the process group
+    init_process_group(cfg, on_cpu=plan["on_cpu"])
+    args = sft_config(cfg, on_cpu=plan["on_cpu"])
     set_seed(args.seed)
     tokenizer = load_tokenizer(cfg)
     with args.main_process_first(desc="dataset preparation"):
         train_ds, eval_ds = load_splits(cfg, tokenizer, args.seed)
     model = load_model(cfg, tokenizer)
     metrics = MetricsCallback(output_dir)
-    nan_guard = NanGuardCallback()
+    nan_guard = NanGuardCallback(check_grad_norm=not args.fp16)
+    saves = args.save_strategy != "no"
+    stopper = StopOnSignalCallback(output_dir, save=saves and cfg.run.save_on_interrupt)
+    callbacks = [metrics, nan_guard, stopper]
+    if os.environ.get("FSDP_TUNE_TEST_KILL"):
+        callbacks.append(FaultInjectionCallback())
     trainer = trainer_class()(
         model=model,
         args=args,
@@ -62,9 +73,17 @@ def run(resolved_path: str) -> None:
         eval_dataset=eval_ds if args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         peft_config=lora_config(cfg) if cfg.lora.use_peft_lora else None,
-        callbacks=[metrics, CheckpointMarkerCallback(), nan_guard],
+        callbacks=callbacks,
     )
-    result = trainer.train(resume_from_checkpoint=plan.get("resume_from_checkpoint"))
+    result = trainer.train(resume_from_checkpoint=_resume_point(plan, output_dir))
+    if stopper.stopped_at is not None:
+        # interrupted: the checkpoint (if any) is the deliverable; the final adapter is for finished runs
+        if trainer.is_world_process_zero():
+            Path(output_dir, SUMMARY_NAME).write_text(
+                json.dumps({"interrupted_at_step": stopper.stopped_at, "checkpoint_saved": stopper.save})
+            )
+        trainer.accelerator.wait_for_everyone()
+        return
     if nan_guard.bad_step is not None:
         raise TrainingDiverged(
             f"loss became NaN/inf at step {nan_guard.bad_step}; training stopped and no adapter was written "
@@ -84,6 +103,47 @@ def run(resolved_path: str) -> None:
             summary["adapter_check"] = verify_adapter(output_dir, expected)
         Path(output_dir, SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
     trainer.accelerator.wait_for_everyone()
+
+
+def init_process_group(cfg: RunConfig, on_cpu: bool) -> None:
+    """Join the process group under a key prefix of its own per torchrun attempt.
+
+    With torchrun's agent-hosted store, an elastic restart finds the previous attempt's gloo/NCCL
+    addresses still in the store, and the new ranks try to connect to dead peers ("Gloo connectFullMesh
+    failed ... Connection refused"). accelerate/Trainer then find the group initialised and use it.
+    """
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    store, rank, world = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    backend = "gloo" if on_cpu else "nccl"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"fsdp_tune/attempt{attempt}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=int(cfg.training.get("ddp_timeout") or 1800)),
+    )
+
+
+def _resume_point(plan: dict, output_dir: str) -> str | None:
+    """The launcher's choice; after an elastic restart (torchrun --max_restarts), the newest complete
+    checkpoint of this run, so a restarted attempt continues instead of starting over."""
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        from fsdp_tune.checkpoints import latest_complete
+
+        best, _ = latest_complete(output_dir)
+        if best is not None:
+            print(f"fsdp-tune: restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {best.path}")
+            return str(best.path)
+    return plan.get("resume_from_checkpoint")
 
 
 def _adapter_shapes(trainer) -> dict[str, tuple[int, ...]]:

@@ -31,6 +31,8 @@ def sft_config(cfg: RunConfig, on_cpu: bool):
         args["activation_checkpointing_kwargs"] = {"use_reentrant": cfg.run.use_reentrant, **kwargs}
     if on_cpu:
         args["ddp_backend"] = "gloo"
+    if not args["fp16"]:
+        args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
     args.setdefault("report_to", "none")
     for key in ("report_to",):
         if isinstance(args.get(key), tuple):
@@ -39,9 +41,17 @@ def sft_config(cfg: RunConfig, on_cpu: bool):
 
 
 def trainer_class():
+    import os
+
+    from transformers.trainer import rotate_checkpoints
     from trl import SFTTrainer
 
+    from fsdp_tune.worker.callbacks import mark_complete
     from fsdp_tune.worker.save import load_adapter_into_fsdp, save_adapter
+
+    # Test-only fault injection: FSDP_TUNE_TEST_POISON_STEP=N makes the loss of step N NaN.
+    poison = os.environ.get("FSDP_TUNE_TEST_POISON_STEP")
+    poison_step = int(poison) if poison else None
 
     class FsdpTuneTrainer(SFTTrainer):
         """SFTTrainer whose FULL_STATE_DICT saves go through fsdp-tune's gather (see save.py)."""
@@ -54,6 +64,32 @@ def trainer_class():
                     self.processing_class.save_pretrained(output_dir)
                 return
             super().save_model(output_dir, _internal_call)
+
+        def _save_checkpoint(self, model, trial) -> None:
+            # Mark the new checkpoint complete before any old one is deleted (save_total_limit), so at
+            # every moment the newest complete checkpoint, the one `latest` resumes from, exists.
+            limit = self.args.save_total_limit
+            self.args.save_total_limit = None
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self.args.save_total_limit = limit
+            if self.args.should_save:
+                run_dir = self._get_output_dir(trial=trial)
+                mark_complete(run_dir, self.state.global_step)
+                if limit:
+                    rotate_checkpoints(
+                        output_dir=run_dir,
+                        save_total_limit=limit,
+                        use_mtime=True,
+                        best_model_checkpoint=self.state.best_model_checkpoint,
+                    )
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            loss = super().compute_loss(model, inputs, *args, **kwargs)
+            if poison_step is not None and self.state.global_step + 1 == poison_step:
+                loss = loss * float("nan") if not isinstance(loss, tuple) else loss  # test-only: see callbacks
+            return loss
 
         def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
             # A FULL checkpoint of ours holds the whole adapter: every rank reads it (it is small) and

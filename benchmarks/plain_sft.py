@@ -1,0 +1,103 @@
+"""The plain way, for the launcher-overhead benchmark: a hand-written torchrun + SFTTrainer script with the
+same model, data, seed, steps and FSDP2 settings as configs/demo_cpu.yaml.
+
+Run: torchrun --standalone --nproc_per_node 2 benchmarks/plain_sft.py MODEL_DIR OUTPUT_DIR
+On CPU it needs the same accelerate shim as fsdp-tune (without it accelerate silently trains unsharded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+started = time.time()
+
+
+def main() -> None:
+    model_dir, output_dir = sys.argv[1], sys.argv[2]
+    os.environ["ACCELERATE_USE_FSDP"] = "true"
+    from fsdp_tune.worker import cpu_fsdp
+
+    cpu_fsdp.install()
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from fsdp_tune.datasource import resolve
+
+    files = {s: str(p) for s, p in resolve("builtin:demo-chat", ("train",)).files.items()}
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ds = load_dataset("json", data_files=files)["train"]
+    ds = ds.map(
+        lambda r: {"text": tok.apply_chat_template(r["messages"], tokenize=False)}, remove_columns=ds.column_names
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", attn_implementation="sdpa")
+    args = SFTConfig(
+        output_dir=output_dir,
+        max_steps=60,
+        per_device_train_batch_size=8,
+        learning_rate=0.005,
+        lr_scheduler_type="cosine",
+        warmup_steps=5,
+        logging_steps=5,
+        save_strategy="steps",
+        save_steps=30,
+        eval_strategy="no",
+        activation_checkpointing=False,
+        seed=42,
+        report_to="none",
+        bf16=False,
+        use_cpu=True,
+        ddp_backend="gloo",
+        max_length=128,
+        packing=False,
+        dataset_text_field="text",
+        fsdp=True,
+        fsdp_config={
+            "version": 2,
+            "reshard_after_forward": True,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "state_dict_type": "SHARDED_STATE_DICT",
+            "cpu_ram_efficient_loading": False,
+            "activation_checkpointing": False,
+        },
+    )
+    first_step: list[float] = []
+
+    class FirstStep(TrainerCallback):
+        def on_step_end(self, *a, **k):
+            if not first_step:
+                first_step.append(time.time())
+
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+        ),
+        callbacks=[FirstStep()],
+    )
+    result = trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(os.path.join(output_dir, "plain_summary.json"), "w") as f:
+            json.dump(
+                {
+                    "losses": losses,
+                    "train_runtime_s": result.metrics["train_runtime"],
+                    "time_to_first_step_s": first_step[0] - started,
+                    "peak_rss_mib_rank0": rss,
+                },
+                f,
+            )
+
+
+if __name__ == "__main__":
+    main()
