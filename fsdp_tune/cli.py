@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 # typer imports rich (~80 ms) for coloured help when it is installed; our output is plain text with
@@ -74,6 +75,12 @@ def _guard(fn, debug: bool):
         _fail(err, debug)
     except KeyboardInterrupt:
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    except Exception as err:  # a bug or an environment problem, not the user's input: say so, briefly
+        if debug:
+            raise
+        typer.echo(_style("error:", fg="red", bold=True) + f" {type(err).__name__}: {err}", err=True)
+        typer.echo("  hint: run again with --debug for the traceback", err=True)
+        raise typer.Exit(int(ExitCode.TRAINING_FAILED)) from None
 
 
 @app.command("validate-config", context_settings=PASSTHROUGH)
@@ -147,8 +154,12 @@ def train(
         error = preflight_error(machine)
         if error:
             raise error
-        launch.prepare(checked.config, plan)
+        from fsdp_tune import manifest
+
+        resolved = launch.prepare(checked.config, plan)
+        manifest.write_start(resolved, plan)
         outcome = launch.run(plan)
+        manifest.write_end(plan, outcome.returncode)
         summary = launch.read_summary(plan)
         if outcome.returncode != 0 or outcome.signal is not None:
             if summary and "interrupted_at_step" in summary:
@@ -161,8 +172,96 @@ def train(
             raise launch.failure_report(plan, outcome)
         if summary:
             typer.echo(format_summary(summary))
+        if plan.node_rank == 0:
+            from fsdp_tune.report import plot
+
+            typer.echo(f"  loss plot: {plot([plan.output_dir], Path(plan.output_dir) / 'loss.png')}")
 
     _guard(run, debug)
+
+
+@app.command("convert")
+def convert_cmd(
+    src: str = typer.Argument(..., help="Accelerate YAML, Transformers fsdp_config JSON, or recipe."),
+    to: Optional[str] = typer.Option(None, "--to", help="accelerate | transformers | recipe (default: same)."),
+    fsdp2: bool = typer.Option(False, "--fsdp2", help="Migrate FSDP1 settings to FSDP2."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Output file (default: beside SRC)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Convert between config formats through the typed config; --fsdp2 migrates FSDP1 to FSDP2."""
+
+    def run() -> None:
+        from fsdp_tune.convert import convert
+
+        out, notes, diff = convert(src, to, fsdp2, output, force)
+        for note in notes:
+            typer.echo(f"note: {note}")
+        if diff:
+            typer.echo("changed settings:")
+            typer.echo("\n".join(diff))
+        typer.echo(_style("ok:", fg="green", bold=True) + f" wrote {out} (validates with fsdp-tune validate-config)")
+
+    _guard(run, debug)
+
+
+@app.command("merge")
+def merge_cmd(
+    adapter: str = typer.Option(..., "--adapter", help="The adapter folder (a run's output dir)."),
+    output: str = typer.Option(..., "-o", "--output", help="Folder for the merged model."),
+    base: Optional[str] = typer.Option(None, "--base", help="Base model (default: the adapter's record)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp32"),
+    max_shard_size: str = typer.Option("5GB", "--max_shard_size", "--max-shard-size"),
+    device: str = typer.Option("cpu", "--device", help="cpu, or one GPU such as cuda:0"),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty output folder."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Merge a LoRA/DoRA adapter into its base model, outside FSDP, and check the logits match."""
+
+    def run() -> None:
+        from fsdp_tune.merge import merge
+
+        r = merge(adapter, base, output, dtype, max_shard_size, device, force)
+        if r["quantized_adapter"]:
+            typer.echo(
+                f"note: QLoRA adapter: the base was loaded unquantized in {r['dtype']} (merging into 4-bit "
+                "weights would round the update away)"
+            )
+        typer.echo(
+            _style("ok:", fg="green", bold=True) + f" merged {r['base']} + {adapter} -> {r['output']}; "
+            f"logits match base+adapter (max relative difference {r['max_rel_logit_diff']:.1e}, "
+            f"tolerance {r['tolerance']:.0e})"
+        )
+
+    _guard(run, debug)
+
+
+@app.command("report")
+def report_cmd(
+    runs: list[str] = typer.Argument(..., help="One or more run output dirs."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Plot file (default: RUN/loss.png)."),
+) -> None:
+    """Print a run's summary again and redraw loss.png; several runs share one figure."""
+    from pathlib import Path
+
+    from fsdp_tune.report import format_rows, plot, summary_rows
+
+    missing = [r for r in runs if not (Path(r) / "metrics.jsonl").exists()]
+    if missing:
+        typer.echo(f"error: no metrics.jsonl in {', '.join(missing)}", err=True)
+        raise typer.Exit(int(ExitCode.BAD_CONFIG))
+    typer.echo(format_rows(summary_rows(runs)))
+    out = plot(runs, output or (Path(runs[0]) / "loss.png" if len(runs) == 1 else "loss.png"))
+    typer.echo(f"plot: {out}")
+
+
+@app.command("env")
+def env_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Print what a bug report needs: versions, CUDA/NCCL, GPUs, bitsandbytes, flash-attn, CPUs, RAM."""
+    from fsdp_tune.envinfo import collect, format_info
+
+    info = collect()
+    typer.echo(json.dumps(info, indent=2) if as_json else format_info(info))
 
 
 @app.command("rules")

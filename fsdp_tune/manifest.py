@@ -1,0 +1,88 @@
+"""OUTPUT_DIR/fsdp_tune_run.json: what ran, how, with which versions, and how it ended.
+
+`fsdp-tune train --config OUTPUT_DIR/fsdp_tune_run.json` reads it back as a recipe and reproduces the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from fsdp_tune import __version__
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.plan import LaunchPlan
+
+MANIFEST_NAME = "fsdp_tune_run.json"
+PACKAGES = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"fsdp-tune": __version__, "python": sys.version.split()[0]}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit(cwd: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=cwd, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=cwd, timeout=5)
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def reproducible_config(cfg: RunConfig) -> dict:
+    """The run as a recipe (explicit and non-default settings only, so it validates like the original)."""
+    from fsdp_tune.config.writers import to_recipe
+
+    data = to_recipe(cfg)
+    data.get("training", {}).pop("resume_from_checkpoint", None)  # a reproduction starts from step 0
+    return data
+
+
+def write_start(cfg: RunConfig, plan: LaunchPlan) -> Path:
+    path = Path(plan.output_dir) / MANIFEST_NAME
+    data = {
+        "fsdp_tune_manifest": 1,
+        "command": sys.argv,
+        "cwd": os.getcwd(),
+        "git_commit": git_commit(),
+        "versions": versions(),
+        "world": {
+            k: getattr(plan, k) for k in ("world_size", "nnodes", "nproc_per_node", "node_rank", "backend", "on_cpu")
+        },
+        "resumed_from": plan.resume_from_checkpoint,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "ended_at": None,
+        "exit_status": None,
+        "resolved_config": reproducible_config(cfg),
+    }
+    _write(path, data)
+    return path
+
+
+def write_end(plan: LaunchPlan, exit_status: int) -> None:
+    path = Path(plan.output_dir) / MANIFEST_NAME
+    if not path.exists():
+        return
+    data = json.loads(path.read_text())
+    data["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    data["exit_status"] = exit_status
+    _write(path, data)
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,57 @@
+"""After a run: manifest reproduces it, merge folds the adapter in (LoRA and QLoRA), loss.png, env."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+
+def _merge(adapter, out, *extra):
+    return subprocess.run([sys.executable, "-m", "fsdp_tune", "merge", "--adapter", str(adapter), "-o", str(out),
+                           *extra], capture_output=True, text=True, timeout=300)
+
+
+def test_manifest_reproduces_run_and_merge_and_plot(train, tmp_path) -> None:
+    first = train("--max_steps", "4", output_dir=tmp_path / "first")
+    manifest = json.loads((first.output_dir / "fsdp_tune_run.json").read_text())
+    assert manifest["exit_status"] == 0 and manifest["versions"]["torch"] and manifest["world"]["world_size"] == 2
+    assert "--max_steps" in manifest["command"]
+    again = train(config=first.output_dir / "fsdp_tune_run.json", output_dir=tmp_path / "again")
+    assert again.summary["losses"] == pytest.approx(first.summary["losses"], rel=1e-5)
+
+    png = first.output_dir / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from fsdp_tune.report import load_metrics, series
+
+    steps, _ = series(load_metrics(first.output_dir), "loss")
+    assert steps == [1, 2, 3, 4]  # the points the plot draws
+
+    merged = tmp_path / "merged"
+    r = _merge(first.output_dir, merged, "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "logits match base+adapter" in r.stdout
+    assert (merged / "model.safetensors").exists() and (merged / "tokenizer.json").exists()
+    r = _merge(first.output_dir, merged, "--dtype", "fp32")
+    assert r.returncode == 2 and "--force" in r.stderr  # never overwrites silently
+
+
+def test_qlora_adapter_merges_into_unquantized_base(train, tmp_path) -> None:
+    run = train("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32",
+                "--bnb_4bit_compute_dtype", "float32", "--max_steps", "2")
+    r = _merge(run.output_dir, tmp_path / "merged", "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "QLoRA adapter: the base was loaded unquantized" in r.stdout
+    config = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert "quantization_config" not in config
+
+
+def test_env_json() -> None:
+    r = subprocess.run([sys.executable, "-m", "fsdp_tune", "env", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    info = json.loads(r.stdout)
+    assert info["versions"]["torch"] and info["cpu_count"] >= 1 and "cuda_available" in info
