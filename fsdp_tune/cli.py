@@ -75,6 +75,8 @@ def _guard(fn, debug: bool):
         _fail(err, debug)
     except KeyboardInterrupt:
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    except (typer.Exit, typer.Abort):
+        raise
     except Exception as err:  # a bug or an environment problem, not the user's input: say so, briefly
         if debug:
             raise
