@@ -19,9 +19,12 @@ started = time.time()
 def main() -> None:
     model_dir, output_dir = sys.argv[1], sys.argv[2]
     os.environ["ACCELERATE_USE_FSDP"] = "true"
-    from fsdp_tune.worker import cpu_fsdp
+    # What a careful user would have to write by hand: accelerate's FSDP path on CPU, and decoder-layer
+    # wrapping under FSDP2 (Trainer's PEFT policy would otherwise leave one unit for the whole model).
+    from fsdp_tune.worker import cpu_fsdp, fsdp_wrap
 
     cpu_fsdp.install()
+    fsdp_wrap.install()
     from datasets import load_dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback

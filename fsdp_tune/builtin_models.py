@@ -28,7 +28,7 @@ PRESETS = {
         vocab_size=32000,
     ),
 }
-VERSION = 1  # bump when a preset or the tokenizer recipe changes: the cache key changes with it
+VERSION = 2  # bump when a preset or the tokenizer recipe changes: the cache key changes with it
 
 
 def cache_dir() -> Path:

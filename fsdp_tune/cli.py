@@ -148,6 +148,7 @@ def train(
             typer.echo(format_findings(config or "the command line", checked.findings, _style), err=True)
         typer.echo(describe(checked.config, plan))
         if dry_run:
+            _dry_run_memory(checked.config, plan)
             if machine:
                 typer.echo("this machine could not start it as it stands:", err=True)
                 typer.echo(format_findings("this launch", machine, _style).split("\n", 1)[-1], err=True)
@@ -175,9 +176,32 @@ def train(
         if summary:
             typer.echo(format_summary(summary))
         if plan.node_rank == 0:
-            from fsdp_tune.report import plot
+            _plot(plan.output_dir)
 
-            typer.echo(f"  loss plot: {plot([plan.output_dir], Path(plan.output_dir) / 'loss.png')}")
+    _guard(run, debug)
+
+
+@app.command("plan", context_settings=PASSTHROUGH)
+def plan_cmd(
+    ctx: typer.Context,
+    config: Optional[str] = ConfigOpt,
+    gpu: str = typer.Option("h100", "--gpu", help="h100 | h200 | a100 | 4090 (memory, TFLOP/s, link)."),
+    gpu_memory: Optional[str] = typer.Option(None, "--gpu_memory", "--gpu-memory", help="e.g. 80GiB, 24GB."),
+    cpu: bool = typer.Option(False, "--cpu", help="Plan a CPU run (host memory per rank)."),
+    as_json: bool = typer.Option(False, "--json"),
+    debug: bool = DebugOpt,
+) -> None:
+    """Predict per-GPU and host memory and step time before launch, and what would make it fit."""
+    config, args = _split_config(config, list(ctx.args))
+
+    def run() -> None:
+        from fsdp_tune.config import load
+        from fsdp_tune.planner import make_plan
+        from fsdp_tune.render import format_plan
+
+        cfg = load(config, args).config
+        result = make_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu)
+        typer.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
     _guard(run, debug)
 
@@ -264,6 +288,33 @@ def env_cmd(as_json: bool = typer.Option(False, "--json")) -> None:
 
     info = collect()
     typer.echo(json.dumps(info, indent=2) if as_json else format_info(info))
+
+
+def _plot(output_dir: str) -> None:
+    """loss.png after a run; a plotting problem is a warning, the run itself succeeded."""
+    from fsdp_tune.report import plot
+
+    try:
+        typer.echo(f"  loss plot: {plot([output_dir], Path(output_dir) / 'loss.png')}")
+    except Exception as err:  # noqa: BLE001
+        typer.echo(
+            f"warning: loss.png not drawn ({type(err).__name__}: {err}); try `fsdp-tune report {output_dir}`", err=True
+        )
+
+
+def _dry_run_memory(cfg, plan) -> None:
+    """The planner's memory summary for a dry run; a model it cannot see is a note, not a failure."""
+    from fsdp_tune.errors import UsageError
+    from fsdp_tune.planner import make_plan
+    from fsdp_tune.render import format_plan
+
+    try:
+        result = make_plan(cfg, on_cpu=plan.on_cpu)
+    except UsageError as err:
+        typer.echo(f"note: no memory plan: {err}")
+        return
+    typer.echo("memory plan (fsdp-tune plan):")
+    typer.echo("\n".join("  " + line for line in format_plan(result).splitlines()))
 
 
 @app.command("rules")

@@ -136,3 +136,41 @@ def format_summary(summary: dict[str, Any]) -> str:
     else:
         lines.append(f"  saved to: {summary['adapter_dir']}")
     return "\n".join(lines)
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    m = plan["model"]
+    lines = [
+        f"model: {m['name']} ({plan['total_params'] / 1e9:.2f}B parameters, {m['layers']} x {m['layer_class']}); "
+        f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
+    ]
+    if plan["per_gpu_memory_gib"] is not None:
+        verdict = "fits" if plan["fits"] else "does NOT fit"
+        lines.append(
+            f"per-GPU memory: {plan['per_gpu_memory_gib']:.1f} GiB of {plan['gpu_memory_gib']:.1f} GiB: {verdict}"
+        )
+    else:
+        lines.append(f"per-rank peak host memory (CPU run): {plan['per_rank_host_peak_gib']:.2f} GiB")
+    for name, gib in plan["components"].items():
+        if gib:
+            lines.append(f"  {name:<40} {gib:8.2f} GiB")
+    lines.append(f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB")
+    for name, gib in plan["host_components"].items():
+        if gib:
+            lines.append(f"  {name:<40} {gib:8.2f} GiB")
+    st = plan.get("step_time")
+    if st:
+        lines.append(
+            f"step: {st['tflops_per_step_per_gpu']:.0f} TFLOP and {st['comm_gb_per_step_per_gpu']:.1f} GB of "
+            f"all-gather per GPU -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
+            f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
+        )
+    for note in plan.get("notes", []):
+        lines.append(f"note: {note}")
+    if plan["advice"]:
+        lines.append("cheapest changes that make it fit:")
+        for a in plan["advice"]:
+            lines.append(f"  - {a['change']}: {a['per_gpu_memory_gib']:.1f} GiB")
+    elif plan["per_gpu_memory_gib"] is not None and not plan["fits"]:
+        lines.append("no single change makes it fit: combine them, or use more GPUs")
+    return "\n".join(lines)

@@ -16,7 +16,7 @@ class TrainingDiverged(RuntimeError):
     pass
 
 
-def run(resolved_path: str) -> None:
+def run(resolved_path: str, started: float | None = None) -> None:
     data = json.loads(Path(resolved_path).read_text())
     cfg: RunConfig = from_dict(data["config"])
     plan = data["plan"]
@@ -51,7 +51,7 @@ def run(resolved_path: str) -> None:
     from fsdp_tune.worker.model import load_model, load_tokenizer, lora_config
     from fsdp_tune.worker.trainer import sft_config, trainer_class
 
-    started = time.time()
+    started = started or time.time()
     init_process_group(cfg, on_cpu=plan["on_cpu"])
     args = sft_config(cfg, on_cpu=plan["on_cpu"])
     set_seed(args.seed)

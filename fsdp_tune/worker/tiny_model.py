@@ -64,7 +64,9 @@ def build(name: str, out_dir: str) -> Path:
         raise SystemExit(f"unknown builtin model {name!r}; known: {', '.join(PRESETS)}")
     preset = dict(PRESETS[name])
     tokenizer = build_tokenizer(preset["vocab_size"])
-    preset["vocab_size"] = max(len(tokenizer), 8)
+    # the preset's vocabulary size is the model's (rows past the tokenizer's merges stay unused, as in
+    # real models), so the planner's count from the preset is exact
+    preset["vocab_size"] = max(len(tokenizer), preset["vocab_size"])
     config = LlamaConfig(
         **preset,
         max_position_embeddings=2048,

@@ -1,0 +1,202 @@
+"""The planner's arithmetic: bytes per component for one rank, from the typed config and a model shape.
+
+Pure (no torch). Every constant below is a named, documented assumption; the components are summed per
+phase (loading, training) and the peak is the larger phase, because the loading copy is freed before
+training starts.
+
+Sources for the model: the FSDP2 design (all-gather one unit, free after use, prefetch the next),
+Korthikanti et al. 2022 for what a transformer layer keeps for backward (adapted to Llama: RMSNorm,
+rotary, SwiGLU; with SDPA/flash attention no s^2 term), bitsandbytes' 4-bit layout (blocksize 64,
+fp32 absmax, or 8-bit absmax + fp32 second level with nested quantization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.model_shape import ModelShape
+from fsdp_tune.rules.quant import compute_precision, model_dtype, quant_storage
+
+GiB = 2**30
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+# --- assumptions (see the module docstring) -------------------------------------------------------------
+FOUR_BIT_BYTES = 0.5  # packed NF4/FP4 values, whatever the storage dtype (bf16 storage packs 4 per element)
+QUANT_CONST_BYTES = 4 / 64  # fp32 absmax per block of 64
+NESTED_CONST_BYTES = 1 / 64 + 4 / (64 * 256)  # 8-bit absmax + fp32 per 256 blocks
+ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
+LORA_PARAM_BYTES = 4  # PEFT keeps adapters in fp32 (autocast_adapter_dtype)
+PREFETCH_UNITS = 2  # the unit computing and the one being all-gathered
+LOSS_BYTES_PER_LOGIT = 8  # fp32 upcast of the logits in the loss + its gradient (on top of the logits)
+CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspaces, NCCL buffers
+ALLOCATOR_OVERHEAD = 0.25  # caching-allocator fragmentation under FSDP (reserved / allocated - 1)
+HOST_RUNTIME_GIB = {"cuda": 3.0, "cpu": 0.53}  # a rank's process with torch & the HF stack imported
+CPU_ALLOCATOR_OVERHEAD = 0.05
+LOAD_RSS_FACTOR = 2  # model tensors + the mmapped checkpoint while from_pretrained copies one into the other
+
+
+@dataclass
+class Estimate:
+    """Bytes per component for one rank on the device (GPU, or host for a CPU run), and per node on host."""
+
+    device: dict[str, float] = field(default_factory=dict)
+    host_node: dict[str, float] = field(default_factory=dict)
+    load_per_rank: float = 0.0
+    trainable_params: int = 0
+    total_params: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device_bytes(self) -> float:
+        return sum(self.device.values())
+
+    @property
+    def host_node_bytes(self) -> float:
+        return sum(self.host_node.values())
+
+    def cpu_rank_peak_bytes(self) -> float:
+        """A CPU rank's peak RSS: its runtime plus the larger of its loading phase and its training memory.
+        While loading, the model's tensors and the checkpoint's memory-mapped pages (which RSS counts,
+        though the kernel can reclaim them) are both resident: twice the model."""
+        runtime = self.device.get("runtime (python, torch, HF stack)", 0.0)
+        training = self.device_bytes - runtime
+        return runtime + max(training, LOAD_RSS_FACTOR * self.load_per_rank)
+
+
+def lora_params(cfg: RunConfig, shape: ModelShape) -> int:
+    if not cfg.lora.use_peft_lora:
+        return 0
+    targets = cfg.lora.lora_target_modules
+    every = targets == ("all-linear",)
+    r = cfg.lora.lora_r
+    per_layer = 0
+    for lin in shape.layer_linears:
+        if every or lin.name.split(".")[-1] in targets:
+            per_layer += r * (lin.in_features + lin.out_features) + (lin.out_features if cfg.lora.use_dora else 0)
+    return per_layer * shape.n_layers
+
+
+def base_bytes(cfg: RunConfig, shape: ModelShape) -> tuple[float, float]:
+    """(all base weights as stored, one decoder layer as stored)."""
+    dtype = DTYPE_BYTES[model_dtype(cfg)]
+    if cfg.quantization.use_4bit_quantization:
+        const = NESTED_CONST_BYTES if cfg.quantization.use_nested_quant else QUANT_CONST_BYTES
+        per_linear = FOUR_BIT_BYTES + const
+        layer_linear = sum(lin.in_features * lin.out_features for lin in shape.layer_linears)
+        layer = layer_linear * per_linear + (shape.layer_params - layer_linear) * DTYPE_BYTES[quant_storage(cfg)]
+        rest = shape.total_params - shape.n_layers * shape.layer_params
+        return layer * shape.n_layers + rest * DTYPE_BYTES[quant_storage(cfg)], layer
+    return shape.total_params * dtype, shape.layer_params * dtype
+
+
+def activation_bytes_per_token(cfg: RunConfig, shape: ModelShape) -> tuple[float, float]:
+    """(kept per layer under activation checkpointing, kept per layer without it), per token."""
+    act = 2 if compute_precision(cfg) in ("bf16", "fp16", "fp8") else 4
+    h, i = shape.hidden_size, shape.intermediate_size
+    kv = h * shape.n_kv_heads // shape.n_heads
+    # RMSNorm inputs (2h), rotary q/k (h + kv), attention q, k, v, out (2h + 2kv), SwiGLU gate, up, silu, product (4i)
+    elements = 6 * h + 3 * kv + 4 * i
+    if cfg.lora.use_peft_lora and cfg.lora.lora_dropout > 0:
+        elements += 6 * h + i  # each LoRA module keeps its own dropped-out input (q, k, v, o, gate, up: h; down: i)
+    full = elements * act
+    if cfg.lora.use_peft_lora and cfg.lora.lora_dropout > 0:
+        full += 6 * h + i  # dropout masks, one byte per element
+    return h * act, full
+
+
+def estimate(cfg: RunConfig, shape: ModelShape, on_cpu: bool = False) -> Estimate:
+    world = max(cfg.launch.num_processes, 1)
+    local = cfg.launch.nproc_per_node
+    est = Estimate(total_params=shape.total_params)
+    n_lora = lora_params(cfg, shape)
+    est.trainable_params = n_lora if cfg.lora.use_peft_lora else shape.total_params
+    all_base, layer = base_bytes(cfg, shape)
+    compute_bytes = 2 if compute_precision(cfg) in ("bf16", "fp16", "fp8") else DTYPE_BYTES[model_dtype(cfg)]
+    offload = cfg.fsdp.cpu_offload and not on_cpu
+
+    # weights: this rank's shard, and the full units gathered around it
+    shard = all_base / world
+    unit = layer if cfg.quantization.use_4bit_quantization else shape.layer_params * compute_bytes
+    edge_unit = max(shape.embedding_params, shape.head_params) * compute_bytes  # embedding / lm_head units
+    in_flight = PREFETCH_UNITS if cfg.fsdp.reshard_after_forward else shape.n_layers
+    gathered = max(unit * in_flight, edge_unit + unit)
+    if cfg.fsdp.version == 1:
+        # FSDP1's root unit (embeddings, final norm, lm_head: not decoder layers) is not resharded after
+        # forward: it stays gathered for the whole step
+        root = (shape.embedding_params + shape.head_params + shape.other_params) * compute_bytes
+        gathered = unit * in_flight + root
+    if world == 1:
+        gathered = 0.0  # nothing to gather: the "shard" is the whole model
+    # trainable state: LoRA weights + grads + AdamW, sharded (full fine-tuning: every weight)
+    if cfg.lora.use_peft_lora:
+        train_state = n_lora * (LORA_PARAM_BYTES * 2 + ADAM_BYTES) / world
+    else:
+        train_state = shape.total_params * (4 + 4 + ADAM_BYTES) / world  # fp32 master, grads, AdamW
+        if not cfg.quantization.use_4bit_quantization:
+            shard = 0.0  # the fp32 master copy is the weights
+    # activations
+    tokens = int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len
+    kept, full_layer = activation_bytes_per_token(cfg, shape)
+    checkpointing = cfg.fsdp.activation_checkpointing or _gradient_checkpointing(cfg)
+    if checkpointing:
+        activations = tokens * (kept * shape.n_layers + full_layer)
+    else:
+        activations = tokens * full_layer * shape.n_layers
+    logits = tokens * shape.vocab_size * (compute_bytes + LOSS_BYTES_PER_LOGIT)
+    dequant = 0.0
+    if cfg.quantization.use_4bit_quantization:
+        biggest = max(lin.in_features * lin.out_features for lin in shape.layer_linears)
+        dequant = 2 * biggest * DTYPE_BYTES[cfg.quantization.bnb_4bit_compute_dtype]  # weight dequantized for matmul
+
+    dev = est.device
+    dev["sharded base weights"] = 0.0 if offload else shard
+    dev["gathered FSDP units"] = gathered
+    dev["trainable params, grads, optimizer"] = 0.0 if offload else train_state
+    dev["activations"] = activations
+    dev["logits and loss"] = logits
+    if dequant:
+        dev["4-bit dequantization buffers"] = dequant
+    allocated = sum(dev.values())
+    if on_cpu:
+        dev["allocator overhead"] = allocated * CPU_ALLOCATOR_OVERHEAD
+        dev["runtime (python, torch, HF stack)"] = HOST_RUNTIME_GIB["cpu"] * GiB
+    else:
+        dev["allocator overhead"] = allocated * ALLOCATOR_OVERHEAD
+        dev["CUDA context"] = CUDA_CONTEXT_GIB * GiB
+
+    # loading: every local rank reads the checkpoint, or only local rank 0 (cpu_ram_efficient_loading)
+    load_dtype = DTYPE_BYTES[model_dtype(cfg)] if not cfg.quantization.use_4bit_quantization else None
+    full_model = shape.total_params * load_dtype if load_dtype else all_base
+    loaders = 1 if cfg.fsdp.cpu_ram_efficient_loading and world > 1 else local
+    est.load_per_rank = full_model  # the worst rank (local rank 0) holds a full copy while loading
+    host = est.host_node
+    host["runtime (python, torch, HF stack)"] = HOST_RUNTIME_GIB["cpu" if on_cpu else "cuda"] * GiB * local
+    host["loading (peak, freed before training)"] = full_model * loaders
+    if offload:
+        # offloaded shards are pinned; the caching host allocator rounds each block up to a power of two
+        host["offloaded weight shards"] = shard * local * _pow2_rounding(layer / world)
+        host["offloaded trainable state"] = train_state * local
+    if on_cpu:
+        # the device is the host: training memory of every local rank, after the loading copies are freed
+        training = sum(v for k, v in dev.items() if k != "runtime (python, torch, HF stack)") * local
+        host["loading (peak, freed before training)"] = max(full_model * loaders, training)
+    if offload:
+        est.notes.append("cpu_offload: sharded weights and trainable state live in host RAM")
+    return est
+
+
+def _pow2_rounding(block: float) -> float:
+    """How much a pinned block of `block` bytes grows when rounded up to a power of two."""
+    if block <= 0:
+        return 1.0
+    size = 1
+    while size < block:
+        size *= 2
+    return size / block
+
+
+def _gradient_checkpointing(cfg: RunConfig) -> bool:
+    from fsdp_tune.resolve import gradient_checkpointing
+
+    return gradient_checkpointing(cfg)
