@@ -309,7 +309,8 @@ def _dry_run_memory(cfg, plan) -> None:
     from fsdp_tune.render import format_plan
 
     try:
-        result = make_plan(cfg, on_cpu=plan.on_cpu)
+        # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan
+        result = make_plan(cfg, on_cpu=cfg.launch.use_cpu)
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")
         return

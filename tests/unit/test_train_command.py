@@ -20,38 +20,6 @@ def train(*args: str):
     return runner.invoke(app, ["train", *args])
 
 
-@pytest.mark.parametrize("script,nproc", [("run_peft_fsdp.sh", 8), ("run_peft_qlora_fsdp.sh", 2)])
-def test_seed_scripts_dry_run(script: str, nproc: int, tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)  # the seed's relative --output_dir must not appear in the repo
-    config, flags = seed_flags(script)
-    r = train("--config", str(REPO / config), *flags, "--dry_run")
-    assert r.exit_code == 0, r.output
-    assert f"--nproc_per_node={nproc}" in r.output and "-m fsdp_tune.worker" in r.output
-    assert "dry run: nothing was started" in r.output
-    assert "FSDP1" in r.output and "gradient checkpointing: on" in r.output
-    assert not any(tmp_path.iterdir())  # nothing written
-
-
-def test_seed_script_forwards_extra_args(tmp_path) -> None:
-    import subprocess
-
-    out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "run_peft_qlora_fsdp.sh"), "--dry_run", "--output_dir", str(tmp_path / "x")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "QLoRA: 4-bit nf4, storage bfloat16, compute bfloat16, nested=true" in out.stdout
-
-
-def test_dry_run_on_demo_writes_nothing(tmp_path) -> None:
-    r = train("--config", str(REPO / "configs" / "demo_cpu.yaml"), "--output_dir", str(tmp_path / "o"), "--dry_run")
-    assert r.exit_code == 0, r.output
-    assert "2 ranks on 1 machine" in r.output and "CPU, gloo" in r.output and "--standalone" in r.output
-    assert not (tmp_path / "o").exists()
-
-
 def test_config_errors_stop_before_anything(tmp_path) -> None:
     r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--lora_r", "0")
     assert r.exit_code == 2 and "FT060" in r.output
@@ -106,8 +74,6 @@ def test_previous_run_is_not_overwritten(tmp_path) -> None:
     out = tmp_path / "o"
     (out / "checkpoint-5").mkdir(parents=True)
     (out / "adapter_model.safetensors").write_text("x")
-    r = train("--config", BASE, "--output_dir", str(out), "--dry_run")
-    assert "PF031" in r.output  # a dry run reports it too
     r = train("--config", BASE, "--output_dir", str(out))
     assert r.exit_code == 2 and "--overwrite_output_dir" in r.output and "--resume_from_checkpoint latest" in r.output
     assert (out / "adapter_model.safetensors").read_text() == "x"
