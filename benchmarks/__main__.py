@@ -1,4 +1,4 @@
-"""`python -m benchmarks [cli|overhead|all]` (or `make bench`): prints a table, writes results/latest.json."""
+"""`python -m benchmarks [cli|overhead|memory|all]` (or `make bench`): prints a table, writes results/latest.json."""
 
 from __future__ import annotations
 
@@ -48,6 +48,22 @@ def main(argv: list[str]) -> None:
             + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_fsdp_tune_over_plain"].items())
         )
         print(f"  overhead on wall time: {r['overhead_wall_pct']:+.1f}%; final loss agrees: {r['final_loss_agrees']}")
+    if which in ("memory", "all"):
+        from benchmarks import memory
+
+        r = results["memory"] = memory.run()
+        print("Memory of sharding on CPU: ~125M-parameter Llama, 2 ranks (peak RSS per rank, MiB)")
+        for label, v in r.items():
+            if isinstance(v, dict) and "peak_rss_mib" in v:
+                pred = f"{v['predicted_mib']:.0f}" if v["predicted_mib"] else "-"
+                print(
+                    f"  {label:<36} measured {', '.join(f'{m:.0f}' for m in v['peak_rss_mib']):<12} "
+                    f"planned {pred:>6}   final loss {v['loss_last']}"
+                )
+        print(
+            f"  FSDP2 / DDP peak RSS (rank 0): {r['fsdp2_over_ddp_rank0']:.2f}; plan error: "
+            + ", ".join(f"{k} {e:.0%}" for k, e in r["plan_error"].items())
+        )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")

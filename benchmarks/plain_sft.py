@@ -3,6 +3,8 @@ same model, data, seed, steps and FSDP2 settings as configs/demo_cpu.yaml.
 
 Run: torchrun --standalone --nproc_per_node 2 benchmarks/plain_sft.py MODEL_DIR OUTPUT_DIR
 On CPU it needs the same accelerate shim as fsdp-tune (without it accelerate silently trains unsharded).
+PLAIN_MODE=ddp trains the same model with plain DDP (no sharding) for the memory comparison;
+PLAIN_STEPS / PLAIN_BATCH / PLAIN_SEQ change the run's length and shape.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ started = time.time()
 
 def main() -> None:
     model_dir, output_dir = sys.argv[1], sys.argv[2]
-    os.environ["ACCELERATE_USE_FSDP"] = "true"
+    ddp = os.environ.get("PLAIN_MODE") == "ddp"
+    steps = int(os.environ.get("PLAIN_STEPS", "60"))
+    batch = int(os.environ.get("PLAIN_BATCH", "8"))
+    seq = int(os.environ.get("PLAIN_SEQ", "128"))
+    if not ddp:
+        os.environ["ACCELERATE_USE_FSDP"] = "true"
     # What a careful user would have to write by hand: accelerate's FSDP path on CPU, and decoder-layer
     # wrapping under FSDP2 (Trainer's PEFT policy would otherwise leave one unit for the whole model).
     from fsdp_tune.worker import cpu_fsdp, fsdp_wrap
@@ -39,15 +46,30 @@ def main() -> None:
         lambda r: {"text": tok.apply_chat_template(r["messages"], tokenize=False)}, remove_columns=ds.column_names
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", attn_implementation="sdpa")
+    fsdp = (
+        {}
+        if ddp
+        else dict(
+            fsdp=True,
+            fsdp_config={
+                "version": 2,
+                "reshard_after_forward": True,
+                "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "state_dict_type": "SHARDED_STATE_DICT",
+                "cpu_ram_efficient_loading": False,
+                "activation_checkpointing": False,
+            },
+        )
+    )
     args = SFTConfig(
         output_dir=output_dir,
-        max_steps=60,
-        per_device_train_batch_size=8,
+        max_steps=steps,
+        per_device_train_batch_size=batch,
         learning_rate=0.005,
         lr_scheduler_type="cosine",
         warmup_steps=5,
         logging_steps=5,
-        save_strategy="steps",
+        save_strategy="steps" if not ddp else "no",
         save_steps=30,
         eval_strategy="no",
         activation_checkpointing=False,
@@ -56,18 +78,10 @@ def main() -> None:
         bf16=False,
         use_cpu=True,
         ddp_backend="gloo",
-        max_length=128,
+        max_length=seq,
         packing=False,
         dataset_text_field="text",
-        fsdp=True,
-        fsdp_config={
-            "version": 2,
-            "reshard_after_forward": True,
-            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "state_dict_type": "SHARDED_STATE_DICT",
-            "cpu_ram_efficient_loading": False,
-            "activation_checkpointing": False,
-        },
+        **fsdp,
     )
     first_step: list[float] = []
 

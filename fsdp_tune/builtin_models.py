@@ -19,6 +19,24 @@ PRESETS = {
         vocab_size=512,
     ),
     # ~120M parameters: big enough that sharding shows in RSS
+    # ~1.2B parameters (Llama-3.2-1B's shape with a 32k vocabulary): the GPU check's model
+    "llama-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+    ),
+    # ~7.5B parameters (Llama-3-8B's shape with a 32k vocabulary): the GPU check's 8B-class model
+    "llama-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+    ),
     "small-llama": dict(
         hidden_size=768,
         intermediate_size=2048,

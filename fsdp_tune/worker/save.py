@@ -69,11 +69,34 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     path = Path(output_dir)
     if rank0:
-        # PeftModel keeps the adapter entries of `state`; a plain model (full fine-tuning) writes it all
-        peft_model.save_pretrained(output_dir, state_dict=state, is_main_process=True)
+        if hasattr(peft_model, "peft_config"):
+            write_peft_adapter(peft_model, state, path)
+        else:  # full fine-tuning: the model's own format
+            peft_model.save_pretrained(output_dir, state_dict=state, is_main_process=True)
     if dist.is_initialized():
         dist.barrier()
     return path if rank0 else None
+
+
+def write_peft_adapter(peft_model, state: dict, output_dir: Path) -> None:
+    """adapter_model.safetensors + adapter_config.json in PEFT's layout (adapter name dropped from keys).
+
+    Written directly rather than through PeftModel.save_pretrained(state_dict=...), which with FSDP's
+    activation-checkpoint wrappers in the model filters every LoRA tensor out and writes an empty file.
+    """
+    import copy
+
+    from safetensors.torch import save_file
+
+    adapter = peft_model.active_adapter
+    tensors = {k.replace(f".{adapter}.", "."): v for k, v in state.items()}
+    config = copy.deepcopy(peft_model.peft_config[adapter])
+    config.inference_mode = True
+    if config.base_model_name_or_path is None:
+        config.base_model_name_or_path = peft_model.base_model.model.name_or_path
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(output_dir))
+    save_file(tensors, str(output_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:

@@ -77,7 +77,13 @@ def build(name: str, out_dir: str) -> Path:
         dtype="float32",
     )
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config)
+    if torch.cuda.is_available() and preset["hidden_size"] >= 2048:
+        # billion-parameter presets: initialise in bf16 on the GPU (seconds) instead of fp32 on CPU (minutes)
+        config.dtype = "bfloat16"
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(config).to(torch.bfloat16)
+    else:
+        model = LlamaForCausalLM(config)
     out = Path(out_dir)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)

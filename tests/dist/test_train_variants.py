@@ -69,3 +69,27 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, tmp_path, state_dict
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--fsdp_state_dict_type", "FULL_STATE_DICT"),
+        ("--num_processes", "1", "--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32",
+         "--bnb_4bit_compute_dtype", "float32"),
+    ],
+    ids=["2 ranks FULL checkpoints", "1 rank QLoRA"],
+)
+def test_saves_with_fsdp_activation_checkpointing(train, extra) -> None:
+    """FSDP's activation checkpointing wraps the layers: names change, and PEFT's own save wrote an empty file."""
+    run = train("--fsdp_activation_checkpointing", "true", "--gradient_checkpointing", "false", "--save_strategy",
+                "steps", "--save_steps", "2", "--max_steps", "4", *extra)
+    assert run.summary["adapter_check"]["lora_tensors"] == 56
+    assert "activation checkpointing: FSDP" in run.proc.stdout
+    checkpoint = run.output_dir / "checkpoint-2"
+    assert (checkpoint / "fsdp_tune_complete").exists()
+    if "FULL_STATE_DICT" in extra:
+        from safetensors import safe_open
+
+        with safe_open(str(checkpoint / "adapter_model.safetensors"), "pt") as f:
+            assert len(list(f.keys())) == 56
