@@ -28,6 +28,10 @@ def prepare(cfg: RunConfig, plan: LaunchPlan) -> RunConfig:
         cfg = replace(cfg, model=replace(cfg.model, model_name_or_path=str(materialize(name.removeprefix("builtin:")))))
     out = Path(plan.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # a summary is this run's or none; an overwritten run's metrics are kept aside, a resumed run appends
+    (out / SUMMARY_NAME).unlink(missing_ok=True)
+    if not plan.resume_from_checkpoint and (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").replace(out / "metrics.previous.jsonl")
     tmp = Path(plan.resolved_path + ".tmp")
     tmp.write_text(json.dumps({"config": cfg.as_dict(), "plan": plan.as_dict()}, indent=2))
     tmp.replace(plan.resolved_path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.errors import Finding
-from fsdp_tune.rules import error, rule, warning
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.rules import error, finding, rule, warning
 
 
 @rule("FT070", "training", "fp16 and bf16 together")
@@ -137,3 +137,14 @@ def reentrant(cfg: RunConfig) -> Iterator[Finding]:
             "FSDP's activation checkpointing is non-reentrant; this setting only affects --gradient_checkpointing",
             "remove it",
         )
+
+
+@rule("FT076", "training", "PEFT-example packing options that TRL 1.x decides itself")
+def packing_token_options(cfg: RunConfig) -> Iterator[Finding]:
+    for name, what in (
+        ("append_concat_token", "TRL appends the EOS token to every sample (eos_token decides which)"),
+        ("add_special_tokens", "TRL tokenizes rendered text without adding BOS a second time"),
+    ):
+        if cfg.is_set(f"data.{name}"):
+            yield finding(cfg, "FT076", Severity.NOTE, f"data.{name}",
+                          f"accepted for PEFT's examples/sft; with TRL 1.x it has no effect: {what}")
