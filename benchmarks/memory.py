@@ -27,6 +27,8 @@ def run() -> dict:
         str(REPO / "configs/demo_cpu.yaml"),
         "--model_name_or_path",
         "builtin:small-llama",
+        "--logging_steps",
+        "1",
         "--max_steps",
         str(STEPS),
         "--per_device_train_batch_size",

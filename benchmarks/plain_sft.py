@@ -68,7 +68,7 @@ def main() -> None:
         learning_rate=0.005,
         lr_scheduler_type="cosine",
         warmup_steps=5,
-        logging_steps=5,
+        logging_steps=min(5, steps),
         save_strategy="steps" if not ddp else "no",
         save_steps=30,
         eval_strategy="no",
