@@ -55,7 +55,9 @@ class ConfigError(FsdpTuneError):
         self.subject = subject
         self.findings = findings
         errors = [f for f in findings if f.severity is Severity.ERROR]
-        super().__init__(f"{subject} is not a valid launch config ({len(errors)} problems)")
+        super().__init__(
+            f"{subject} is not a valid launch config ({len(errors)} problem{'s' if len(errors) != 1 else ''})"
+        )
 
 
 class UsageError(FsdpTuneError):
@@ -71,7 +73,8 @@ class PreflightError(FsdpTuneError):
 
     def __init__(self, findings: list[Finding]):
         self.findings = findings
-        super().__init__(f"pre-flight checks failed ({len(findings)} problems); no process was started")
+        n = len(findings)
+        super().__init__(f"pre-flight checks failed ({n} problem{'s' if n != 1 else ''}); no process was started")
 
 
 class LaunchError(FsdpTuneError):

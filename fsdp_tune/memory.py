@@ -33,11 +33,12 @@ CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspaces, NCCL buffers
 ALLOCATOR_OVERHEAD = 0.25  # caching-allocator fragmentation under FSDP (reserved / allocated - 1)
 HOST_RUNTIME_GIB = {"cuda": 3.0, "cpu": 0.53}  # a rank's process with torch & the HF stack imported
 CPU_ALLOCATOR_OVERHEAD = 0.05
-# While loading on CPU, RSS holds the model about three times: the tensors from_pretrained materialises, the
-# memory-mapped checkpoint pages it copies from (RSS counts them, though the kernel can reclaim them), and a
-# transient copy during the conversion. Measured with transformers 5.24 on a 125M-parameter Llama (2 ranks):
-# 1.77-2.0 GiB peak against a 0.55 GiB runtime and a 0.46 GiB fp32 model. GPU host-RAM plans count one copy.
-LOAD_RSS_FACTOR = 3
+# While loading on CPU, RSS holds the model two to three times: the tensors from_pretrained materialises,
+# the memory-mapped checkpoint pages it copies from (RSS counts them once faulted in, though the kernel can
+# reclaim them), and a transient copy as fully_shard replaces parameters with shards. Measured with
+# transformers 5.24 on a 125M-parameter Llama (2 ranks, 0.46 GiB in fp32, 0.53 GiB runtime): 1.52 to 1.95
+# GiB peak per rank across runs. The planner takes the middle. GPU host-RAM plans count one copy.
+LOAD_RSS_FACTOR = 2.5
 
 
 @dataclass

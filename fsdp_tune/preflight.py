@@ -158,6 +158,18 @@ def _libraries(cfg: RunConfig, plan: LaunchPlan) -> list[Finding]:
                 f"fsdp-tune convert --fsdp2 {cfg.config_path or 'CONFIG'} (or --fsdp_version 2)",
             )
         )
+    report_to = cfg.training.get("report_to") or ()
+    report_to = (report_to,) if isinstance(report_to, str) else report_to
+    for tracker, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
+        if tracker in report_to and importlib.util.find_spec(module) is None:
+            findings.append(
+                _err(
+                    "PF024",
+                    "--report_to",
+                    f"{tracker} is not installed; the trainer would fail at start",
+                    f"pip install {module}, or drop it from --report_to",
+                )
+            )
     if cfg.training.get("push_to_hub"):
         token = os.environ.get("HF_TOKEN") or Path("~/.cache/huggingface/token").expanduser().exists()
         if _offline():

@@ -10,7 +10,6 @@ from fsdp_tune.config import Checked, load
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, PreflightError, Severity, UsageError
 from fsdp_tune.plan import LaunchPlan, make_plan
-from fsdp_tune.resolve import fsdp_config
 from fsdp_tune.rules.quant import compute_precision, model_dtype, quant_storage
 
 Echo = Callable[[str], None]
@@ -90,10 +89,6 @@ def plan_run(config: str | None, argv: list[str], echo: Echo) -> tuple[Checked, 
     plan = make_plan(cfg, resume)
     machine = check_machine(cfg, plan, resume_requested=bool(cfg.training.get("resume_from_checkpoint")))
     return checked, plan, machine
-
-
-def fsdp_settings(cfg: RunConfig) -> dict:
-    return fsdp_config(cfg)
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:

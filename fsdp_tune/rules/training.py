@@ -146,5 +146,10 @@ def packing_token_options(cfg: RunConfig) -> Iterator[Finding]:
         ("add_special_tokens", "TRL tokenizes rendered text without adding BOS a second time"),
     ):
         if cfg.is_set(f"data.{name}"):
-            yield finding(cfg, "FT076", Severity.NOTE, f"data.{name}",
-                          f"accepted for PEFT's examples/sft; with TRL 1.x it has no effect: {what}")
+            yield finding(
+                cfg,
+                "FT076",
+                Severity.NOTE,
+                f"data.{name}",
+                f"accepted for PEFT's examples/sft; with TRL 1.x it has no effect: {what}",
+            )

@@ -136,3 +136,12 @@ def test_seed_flags_helper_reads_the_script() -> None:
     assert config == "configs/fsdp_config.yaml" and flags[:2] == ["--seed", "100"]
     script = (REPO / "scripts" / "run_peft_fsdp.sh").read_text()
     assert "--push_to_hub" in flags and len([f for f in flags if f.startswith("--")]) == script.count("\n--")
+
+
+def test_missing_tracker_is_refused(tmp_path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here")
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--report_to", "tensorboard")
+    assert r.exit_code == 2 and "PF024" in r.output and "pip install tensorboard" in r.output
