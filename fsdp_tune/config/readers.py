@@ -168,10 +168,7 @@ class _Reader:
         for key, value in data.items():
             path = (key,)
             if key == "fsdp_config":
-                if value is not None:
-                    self.fsdp_section(value, path, default_version=1)
-                else:
-                    self.set("fsdp.version", 1, path)
+                self.fsdp_section(value if value is not None else {}, path, default_version=1)
             elif key == "parallelism_config":
                 self.parallelism_section(value or {}, path)
             elif key in keys.ACCELERATE_TOP:
@@ -182,9 +179,7 @@ class _Reader:
                 self.unknown(path, list(keys.ACCELERATE_TOP) + ["fsdp_config", "parallelism_config"], "Accelerate")
         if "fsdp_config" not in data:
             # accelerate's launcher and plugin default to FSDP1 when nothing says otherwise
-            self.assignments.append(
-                Assignment("fsdp.version", 1, Origin("fsdp_version", f"{self.filename}: absent, accelerate's default"))
-            )
+            self.fsdp_section({}, ("fsdp_config",), default_version=1)
 
     def fsdp_section(self, data: Any, prefix: tuple[str, ...], default_version: int) -> None:
         if not isinstance(data, dict):
