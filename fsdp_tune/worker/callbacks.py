@@ -108,14 +108,37 @@ class StopOnSignalCallback(TrainerCallback):
             control.should_save = self.save
 
 
+class HeartbeatCallback(TrainerCallback):
+    """Each rank writes the step it is working on to OUTPUT_DIR/logs/rank-K.step, so a failure report can
+    name the rank that fell behind (a hung rank makes the others time out in a collective, and it is
+    their error that torchrun reports first)."""
+
+    def __init__(self, output_dir: str, rank: int):
+        self.path = Path(output_dir) / "logs" / f"rank-{rank}.step"
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.path.write_text(str(state.global_step + 1))
+
+
 class FaultInjectionCallback(TrainerCallback):
-    """Test-only: FSDP_TUNE_TEST_KILL="RANK:STEP" SIGKILLs that rank at that step, first attempt only."""
+    """Test-only: FSDP_TUNE_TEST_KILL="RANK:STEP" SIGKILLs that rank at that step (first attempt only);
+    FSDP_TUNE_TEST_HANG="RANK:STEP" makes it stop responding there instead."""
 
     def __init__(self):
-        spec = os.environ.get("FSDP_TUNE_TEST_KILL", "")
-        self.rank, self.step = (int(x) for x in spec.split(":")) if spec else (-1, -1)
+        self.kill = self._spec("FSDP_TUNE_TEST_KILL")
+        self.hang = self._spec("FSDP_TUNE_TEST_HANG")
+
+    @staticmethod
+    def _spec(name: str) -> tuple[int, int]:
+        spec = os.environ.get(name, "")
+        rank, step = spec.split(":") if spec else (-1, -1)
+        return int(rank), int(step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if first_attempt and state.global_step == self.step and int(os.environ.get("RANK", 0)) == self.rank:
+        here = (int(os.environ.get("RANK", 0)), state.global_step)
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return
+        if here == self.kill:
             os.kill(os.getpid(), signal.SIGKILL)
+        if here == self.hang:
+            time.sleep(3600)

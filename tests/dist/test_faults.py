@@ -87,3 +87,13 @@ def test_crash_in_a_rank_names_the_exception(train, tmp_path) -> None:
                 check=False)
     assert run.proc.returncode == 1
     assert "training failed on rank" in run.proc.stderr and "root cause: NoMatchingPeftModuleError" in run.proc.stderr
+
+
+def test_hung_rank_times_out_and_is_named(train) -> None:
+    start = time.monotonic()
+    run = train("--max_steps", "6", "--ddp_timeout", "20", env={"FSDP_TUNE_TEST_HANG": "1:3"}, check=False,
+                timeout=240)
+    assert run.proc.returncode == 1, run.logs()
+    assert time.monotonic() - start < 180  # bounded by --ddp_timeout, not hanging forever
+    err = run.proc.stderr
+    assert "training failed on rank 0" in err and "rank 1 never started step 4" in err, err[-3000:]
