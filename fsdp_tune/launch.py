@@ -30,8 +30,6 @@ def prepare(cfg: RunConfig, plan: LaunchPlan) -> RunConfig:
     out.mkdir(parents=True, exist_ok=True)
     # a summary is this run's or none; an overwritten run's metrics are kept aside, a resumed run appends
     (out / SUMMARY_NAME).unlink(missing_ok=True)
-    for heartbeat in out.glob("logs/rank-*.step"):
-        heartbeat.unlink()
     if not plan.resume_from_checkpoint and (out / "metrics.jsonl").exists():
         (out / "metrics.jsonl").replace(out / "metrics.previous.jsonl")
     tmp = Path(plan.resolved_path + ".tmp")
@@ -141,23 +139,27 @@ def failure_report(plan: LaunchPlan, outcome: Outcome) -> LaunchError:
     return LaunchError(
         f"training failed on rank {rank} (host {host}, exit code {code})\n"
         f"  root cause: {cause}\n"
-        f"  full log:   {log_dir / f'rank-{rank}.log'}" + _stragglers(log_dir)
+        f"  full log:   {log_dir / f'rank-{rank}.log'}" + _silent_peers(outcome.torchrun_tail, rank, cause)
     )
 
 
-def _stragglers(log_dir: Path) -> str:
-    """A line naming the ranks that fell behind the others (from their heartbeat files), if any did."""
-    steps = {}
-    for path in log_dir.glob("rank-*.step"):
-        with contextlib.suppress(ValueError, OSError):
-            steps[int(path.stem.split("-")[1])] = int(path.read_text())
-    if len(steps) < 2 or len(set(steps.values())) == 1:
+def _silent_peers(torchrun_stderr: str, root_rank: str, cause: str) -> str:
+    """When the root cause is a collective timeout, the rank to look at is one that never answered: it
+    raised nothing itself and torchrun had to terminate it."""
+    if "timed out" not in cause.lower() and "timeout" not in cause.lower():
         return ""
-    ahead = max(steps.values())
-    behind = sorted(r for r, s in steps.items() if s < ahead)
-    return (f"\n  behind:     rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never started step "
-            f"{ahead}, which the others reached: hung or stuck in step {min(steps[r] for r in behind)} "
-            f"(see {log_dir / f'rank-{behind[0]}.log'})")
+    failures = torchrun_stderr.rpartition("Failures:")[2].partition("Root Cause")[0]
+    killed = [
+        r
+        for r, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", failures, re.S)
+        if r != root_rank and int(code) < 0
+    ]
+    if not killed:
+        return ""
+    return (
+        f"\n  waiting on: rank{'s' if len(killed) > 1 else ''} {', '.join(killed)}, which raised no error and "
+        "had to be terminated: hung or stuck (its log shows where)"
+    )
 
 
 def _cause_from_error_file(path: str) -> str | None:

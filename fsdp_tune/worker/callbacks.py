@@ -108,18 +108,6 @@ class StopOnSignalCallback(TrainerCallback):
             control.should_save = self.save
 
 
-class HeartbeatCallback(TrainerCallback):
-    """Each rank writes the step it is working on to OUTPUT_DIR/logs/rank-K.step, so a failure report can
-    name the rank that fell behind (a hung rank makes the others time out in a collective, and it is
-    their error that torchrun reports first)."""
-
-    def __init__(self, output_dir: str, rank: int):
-        self.path = Path(output_dir) / "logs" / f"rank-{rank}.step"
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.path.write_text(str(state.global_step + 1))
-
-
 class FaultInjectionCallback(TrainerCallback):
     """Test-only: FSDP_TUNE_TEST_KILL="RANK:STEP" SIGKILLs that rank at that step (first attempt only);
     FSDP_TUNE_TEST_HANG="RANK:STEP" makes it stop responding there instead."""

@@ -43,7 +43,6 @@ def run(resolved_path: str, started: float | None = None) -> None:
 
     from fsdp_tune.worker.callbacks import (
         FaultInjectionCallback,
-        HeartbeatCallback,
         MetricsCallback,
         NanGuardCallback,
         StopOnSignalCallback,
@@ -64,7 +63,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     nan_guard = NanGuardCallback(check_grad_norm=not args.fp16)
     saves = args.save_strategy != "no"
     stopper = StopOnSignalCallback(output_dir, save=saves and cfg.run.save_on_interrupt)
-    callbacks = [metrics, nan_guard, stopper, HeartbeatCallback(output_dir, rank)]
+    callbacks = [metrics, nan_guard, stopper]
     if os.environ.get("FSDP_TUNE_TEST_KILL") or os.environ.get("FSDP_TUNE_TEST_HANG"):
         callbacks.append(FaultInjectionCallback())
     trainer = trainer_class()(
