@@ -96,7 +96,9 @@ def validate_config(
     """Check a launch (config file + training flags) in well under a second, without importing torch.
 
     Every problem is reported at once, with the key, where it came from and a fix. Flags override the file.
-    Exit codes: 0 valid (warnings allowed), 2 invalid config or usage.
+    Flags: the seed launches' (--lora_r 8, --bf16 True, bare --push_to_hub; _ or -), any SFTConfig field,
+    --fsdp_<key>, --parallelism_config_<key>, accelerate's --num_processes/--num_machines/--machine_rank/
+    --main_process_ip/--main_process_port. Exit codes: 0 valid (warnings allowed), 2 invalid config or usage.
     """
     config, args = _split_config(config, list(ctx.args))
 
@@ -134,7 +136,9 @@ def train(
 ) -> None:
     """Validate, check this machine, then train through torchrun (same flags as validate-config).
 
-    Exit codes: 0 trained, 1 training failed, 2 bad config or pre-flight, 130/143 interrupted.
+    Also: --resume_from_checkpoint latest|PATH, --overwrite_output_dir, --max_restarts N, --ddp_timeout S,
+    --save_on_interrupt false. Exit codes: 0 trained, 1 training failed, 2 bad config or pre-flight,
+    130/143 interrupted.
     """
     config, args = _split_config(config, list(ctx.args))
 
