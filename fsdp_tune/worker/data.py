@@ -6,7 +6,7 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.datasource import resolve
 
 
-def load_splits(cfg: RunConfig, tokenizer, seed: int):
+def load_splits(cfg: RunConfig, tokenizer):
     """(train, eval or None), already rendered to `dataset_text_field` when a chat template is chosen."""
     from datasets import DatasetDict, load_dataset
 

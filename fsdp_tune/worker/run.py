@@ -57,7 +57,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     set_seed(args.seed)
     tokenizer = load_tokenizer(cfg)
     with args.main_process_first(desc="dataset preparation"):
-        train_ds, eval_ds = load_splits(cfg, tokenizer, args.seed)
+        train_ds, eval_ds = load_splits(cfg, tokenizer)
     model = load_model(cfg, tokenizer)
     metrics = MetricsCallback(output_dir)
     nan_guard = NanGuardCallback(check_grad_norm=not args.fp16)
