@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -11,6 +10,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks import plain_sft
+from benchmarks.timing import offline_env
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -28,7 +30,7 @@ def run(repeats: int = 3) -> dict:
     from fsdp_tune.builtin_models import materialize
 
     model_dir = str(materialize("tiny-llama"))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = offline_env()
     work = Path(tempfile.mkdtemp(prefix="fsdp-tune-bench-"))
     rows: dict[str, list[dict]] = {"fsdp-tune": [], "plain": []}
     try:
@@ -58,16 +60,7 @@ def run(repeats: int = 3) -> dict:
             out = work / f"plain{i}"
             out.mkdir()
             wall = _timed(
-                [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--standalone",
-                    "--nproc_per_node=2",
-                    str(REPO / "benchmarks/plain_sft.py"),
-                    model_dir,
-                    str(out),
-                ],
+                plain_sft.command(model_dir, str(out)),
                 env,
             )
             p = json.loads((out / "plain_summary.json").read_text())

@@ -4,12 +4,14 @@ against plain DDP, with cpu_ram_efficient_loading on and off, each next to `fsdp
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks import plain_sft
+from benchmarks.timing import offline_env
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -20,7 +22,7 @@ def run() -> dict:
     from fsdp_tune.builtin_models import materialize
 
     model_dir = str(materialize("small-llama"))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = offline_env()
     work = Path(tempfile.mkdtemp(prefix="fsdp-tune-mem-"))
     common = [
         "--config",
@@ -71,16 +73,7 @@ def run() -> dict:
         d = work / "ddp"
         d.mkdir()
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node=2",
-                str(REPO / "benchmarks/plain_sft.py"),
-                model_dir,
-                str(d),
-            ],
+            plain_sft.command(model_dir, str(d)),
             capture_output=True,
             text=True,
             env=dict(env, PLAIN_MODE="ddp", PLAIN_STEPS=str(STEPS), PLAIN_BATCH=str(BATCH), PLAIN_SEQ=str(SEQ)),

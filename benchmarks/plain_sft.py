@@ -18,6 +18,20 @@ import time
 started = time.time()
 
 
+def command(model_dir: str, output_dir: str, nproc: int = 2) -> list[str]:
+    """The torchrun command line that runs this script (used by the benchmarks)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        __file__,
+        model_dir,
+        output_dir,
+    ]
+
+
 def main() -> None:
     model_dir, output_dir = sys.argv[1], sys.argv[2]
     ddp = os.environ.get("PLAIN_MODE") == "ddp"

@@ -30,3 +30,10 @@ def alternate(commands: dict[str, Sequence[str]], repeats: int, env: dict | None
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    """The environment every benchmarked command runs in: offline, no tokenizer thread pools."""
+    import os
+
+    return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)

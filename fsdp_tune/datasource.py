@@ -146,32 +146,21 @@ def _check_file(path: Path, split: str, text_field: str, chat: bool, max_rows: i
         ]
     for lineno, row in rows:
         where = f"{path}:{lineno}" if lineno else str(path)
+
+        def bad(message: str, hint: str = "fix that row", where: str = where) -> list[Finding]:
+            return [Finding("PF014", Severity.ERROR, split, where, message, hint)]
+
         if not isinstance(row, dict):
-            return [Finding("PF014", Severity.ERROR, split, where, "a row is not an object", _field_hint(text_field))]
+            return bad("a row is not an object", _field_hint(text_field))
         if "messages" in row:
             msgs = row["messages"]
             if not isinstance(msgs, list) or not all(isinstance(m, dict) and "content" in m for m in msgs):
-                return [
-                    Finding(
-                        "PF014",
-                        Severity.ERROR,
-                        split,
-                        where,
-                        "`messages` must be a list of {role, content} objects",
-                        "fix that row",
-                    )
-                ]
+                return bad("`messages` must be a list of {role, content} objects")
         elif text_field not in row:
-            return [
-                Finding(
-                    "PF014",
-                    Severity.ERROR,
-                    split,
-                    where,
-                    f"row has neither `messages` nor `{text_field}` (it has: {', '.join(list(row)[:6])})",
-                    _field_hint(text_field),
-                )
-            ]
+            return bad(
+                f"row has neither `messages` nor `{text_field}` (it has: {', '.join(list(row)[:6])})",
+                _field_hint(text_field),
+            )
         elif not isinstance(row[text_field], str):
-            return [Finding("PF014", Severity.ERROR, split, where, f"`{text_field}` is not a string")]
+            return bad(f"`{text_field}` is not a string")
     return []
