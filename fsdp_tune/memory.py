@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.model_shape import ModelShape
+from fsdp_tune.resolve import gradient_checkpointing
 from fsdp_tune.rules.quant import compute_precision, model_dtype, quant_storage
 
 GiB = 2**30
@@ -142,7 +143,7 @@ def estimate(cfg: RunConfig, shape: ModelShape, on_cpu: bool = False) -> Estimat
     # activations
     tokens = int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len
     kept, full_layer = activation_bytes_per_token(cfg, shape)
-    checkpointing = cfg.fsdp.activation_checkpointing or _gradient_checkpointing(cfg)
+    checkpointing = cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg)
     if checkpointing:
         activations = tokens * (kept * shape.n_layers + full_layer)
     else:
@@ -198,9 +199,3 @@ def _pow2_rounding(block: float) -> float:
     while size < block:
         size *= 2
     return size / block
-
-
-def _gradient_checkpointing(cfg: RunConfig) -> bool:
-    from fsdp_tune.resolve import gradient_checkpointing
-
-    return gradient_checkpointing(cfg)

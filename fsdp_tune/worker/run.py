@@ -93,7 +93,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     from fsdp_tune.worker.save import save_adapter
     from fsdp_tune.worker.verify import verify_adapter
 
-    expected = _adapter_shapes(trainer)
+    expected = _adapter_shapes(trainer) if cfg.lora.use_peft_lora else None
     save_adapter(trainer, output_dir)
     summary = _summary(trainer, result, metrics, started, output_dir, cfg)
     if trainer.is_world_process_zero():
@@ -148,14 +148,11 @@ def _resume_point(plan: dict, output_dir: str) -> str | None:
 
 def _adapter_shapes(trainer) -> dict[str, tuple[int, ...]]:
     """Global shapes of the trainable tensors under their saved names (FSDP2 DTensors report global shapes)."""
-    from fsdp_tune.worker.save import canonical_name
+    from fsdp_tune.worker.save import saved_name
 
     model = trainer.model_wrapped or trainer.model
-    return {
-        canonical_name(n).replace(".default.", "."): tuple(p.shape)
-        for n, p in model.named_parameters()
-        if p.requires_grad
-    }
+    adapter = trainer.accelerator.unwrap_model(trainer.model).active_adapter
+    return {saved_name(n, adapter): tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _summary(trainer, result, metrics, started: float, output_dir: str, cfg: RunConfig) -> dict:

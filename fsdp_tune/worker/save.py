@@ -49,6 +49,11 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def saved_name(name: str, adapter: str) -> str:
+    """The key PEFT's adapter file uses for a model parameter: no wrapper parts, no adapter name."""
+    return canonical_name(name).replace(f".{adapter}.", ".")
+
+
 def full_state_dict_fsdp1(model) -> dict:
     """FSDP1 flattens parameters: gather through torch's distributed state-dict API (all ranks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -89,7 +94,7 @@ def write_peft_adapter(peft_model, state: dict, output_dir: Path) -> None:
     from safetensors.torch import save_file
 
     adapter = peft_model.active_adapter
-    tensors = {k.replace(f".{adapter}.", "."): v for k, v in state.items()}
+    tensors = {saved_name(k, adapter): v for k, v in state.items()}
     config = copy.deepcopy(peft_model.peft_config[adapter])
     config.inference_mode = True
     if config.base_model_name_or_path is None:
@@ -114,7 +119,7 @@ def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:
     for name, param in wrapped.named_parameters():
         if not param.requires_grad:
             continue
-        key = canonical_name(name).replace(f".{adapter}.", ".")
+        key = saved_name(name, adapter)
         if key not in saved:
             raise RuntimeError(f"{path} has no tensor {key}: it was written for another model or adapter")
         state[name] = saved[key]

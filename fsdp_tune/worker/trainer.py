@@ -88,7 +88,7 @@ def trainer_class():
         def compute_loss(self, model, inputs, *args, **kwargs):
             loss = super().compute_loss(model, inputs, *args, **kwargs)
             if poison_step is not None and self.state.global_step + 1 == poison_step:
-                loss = loss * float("nan") if not isinstance(loss, tuple) else loss  # test-only: see callbacks
+                loss = loss * float("nan")  # test-only fault injection (training calls return the loss alone)
             return loss
 
         def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
