@@ -164,9 +164,11 @@ def train(
         from fsdp_tune import manifest
 
         resolved = launch.prepare(checked.config, plan)
-        manifest.write_start(resolved, plan)
+        if plan.node_rank == 0:  # one manifest per run, even when the nodes share the output folder
+            manifest.write_start(resolved, plan)
         outcome = launch.run(plan)
-        manifest.write_end(plan, outcome.returncode)
+        if plan.node_rank == 0:
+            manifest.write_end(plan, outcome.returncode)
         summary = launch.read_summary(plan)
         if outcome.returncode != 0 or outcome.signal is not None:
             if summary and "interrupted_at_step" in summary:

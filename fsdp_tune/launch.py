@@ -15,8 +15,12 @@ from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import ExitCode, LaunchError
+from fsdp_tune.files import write_atomic
 from fsdp_tune.plan import LaunchPlan
 from fsdp_tune.worker_paths import STOP_FILE, SUMMARY_NAME
+
+# torchrun's default wait for every node to join (static and c10d rendezvous alike)
+RENDEZVOUS_TIMEOUT_S = 600
 
 
 def prepare(cfg: RunConfig, plan: LaunchPlan) -> RunConfig:
@@ -28,13 +32,13 @@ def prepare(cfg: RunConfig, plan: LaunchPlan) -> RunConfig:
         cfg = replace(cfg, model=replace(cfg.model, model_name_or_path=str(materialize(name.removeprefix("builtin:")))))
     out = Path(plan.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # a summary is this run's or none; an overwritten run's metrics are kept aside, a resumed run appends
-    (out / SUMMARY_NAME).unlink(missing_ok=True)
-    if not plan.resume_from_checkpoint and (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").replace(out / "metrics.previous.jsonl")
-    tmp = Path(plan.resolved_path + ".tmp")
-    tmp.write_text(json.dumps({"config": cfg.as_dict(), "plan": plan.as_dict()}, indent=2))
-    tmp.replace(plan.resolved_path)
+    if plan.node_rank == 0:
+        # a summary is this run's or none; an overwritten run's metrics are kept aside, a resumed run appends.
+        # Node 0 only: on a shared filesystem the other nodes see the same folder.
+        (out / SUMMARY_NAME).unlink(missing_ok=True)
+        if not plan.resume_from_checkpoint and (out / "metrics.jsonl").exists():
+            (out / "metrics.jsonl").replace(out / "metrics.previous.jsonl")
+    write_atomic(plan.resolved_path, json.dumps({"config": cfg.as_dict(), "plan": plan.as_dict()}, indent=2))
     return cfg
 
 
@@ -67,6 +71,14 @@ def run(plan: LaunchPlan) -> Outcome:
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     stop_file = Path(plan.output_dir, STOP_FILE)
     stop_file.unlink(missing_ok=True)
+    if plan.nnodes > 1:
+        # otherwise a machine whose launch failed looks, from the others, like a silent hang
+        print(
+            f"waiting for all {plan.nnodes} machines to join at {plan.master_addr}:{plan.master_port} "
+            f"(torchrun gives up after {RENDEZVOUS_TIMEOUT_S} s if one never starts)",
+            file=sys.stderr,
+            flush=True,
+        )
     proc = subprocess.Popen(
         plan.command(), env=env, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent
     )

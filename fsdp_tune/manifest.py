@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fsdp_tune import __version__
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.files import write_atomic
 from fsdp_tune.plan import LaunchPlan
 
 MANIFEST_NAME = "fsdp_tune_run.json"
@@ -83,6 +84,4 @@ def write_end(plan: LaunchPlan, exit_status: int) -> None:
 
 
 def _write(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")

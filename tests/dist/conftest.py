@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import FIXTURES
 
 BASE = FIXTURES / "tiny_lora.yaml"
-TIMEOUT = 300
+TIMEOUT = int(os.environ.get("FSDP_TUNE_TEST_TIMEOUT", "300"))
 
 
 @dataclass
