@@ -173,6 +173,7 @@ def make_plan(cfg: RunConfig, gpu_key: str = "h100", gpu_memory: str | None = No
         "gpu_memory_gib": None if on_cpu else round(budget, 1),
         "fits": True if on_cpu else per_device <= budget,
         "host_memory_gib_per_node": round(est.host_node_bytes / GiB, 2),
+        "host_memory_gib_per_node_steady": round(est.host_node_steady_bytes / GiB, 2),
         "components": {k: round(v / GiB, 3) for k, v in est.device.items()},
         "host_components": {k: round(v / GiB, 3) for k, v in est.host_node.items()},
         "notes": est.notes,

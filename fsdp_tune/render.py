@@ -153,11 +153,14 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append(f"per-rank peak host memory (CPU run): {plan['per_rank_host_peak_gib']:.2f} GiB")
     for name, gib in plan["components"].items():
         if gib:
-            lines.append(f"  {name:<40} {gib:8.2f} GiB")
-    lines.append(f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB")
+            lines.append(f"  {name:<46} {gib:8.2f} GiB")
+    host = f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB at peak"
+    if plan["host_memory_gib_per_node_steady"] < plan["host_memory_gib_per_node"] - 0.05:
+        host += f", {plan['host_memory_gib_per_node_steady']:.1f} GiB once training runs"
+    lines.append(host + " (the larger of the loading and training phases)")
     for name, gib in plan["host_components"].items():
         if gib:
-            lines.append(f"  {name:<40} {gib:8.2f} GiB")
+            lines.append(f"  {name:<46} {gib:8.2f} GiB")
     st = plan.get("step_time")
     if st:
         lines.append(
