@@ -1,4 +1,4 @@
-"""`python -m benchmarks [cli|overhead|memory|all]` (or `make bench`): prints a table, writes results/latest.json."""
+"""`python -m benchmarks [cli|overhead|memory|plan|all]` (or `make bench`): prints a table, writes results/latest.json."""
 
 from __future__ import annotations
 
@@ -64,6 +64,16 @@ def main(argv: list[str]) -> None:
             f"  FSDP2 / DDP peak RSS (rank 0): {r['fsdp2_over_ddp_rank0']:.2f}; plan error: "
             + ", ".join(f"{k} {e:.0%}" for k, e in r["plan_error"].items())
         )
+    if which in ("plan", "all"):
+        from benchmarks import plan_accuracy
+
+        r = results["plan_accuracy"] = plan_accuracy.run()
+        print("fsdp-tune plan against the PEFT FSDP guide's published figures (GiB; no training)")
+        for row in r["rows"]:
+            low, high = row["published"]
+            published = f"{low:g}" if low == high else f"{low:g}-{high:g}"
+            print(f"  {row['scenario']:<44} planned {row['planned_gib']:7.1f}  published {published:>6}  "
+                  f"error {row['error']:+.0%}")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")
