@@ -1,0 +1,82 @@
+"""Settings that name parts of the model: checked against the model's own architecture when its config.json
+is on this machine (see model_source: a local folder, a shipped reference config, the Hugging Face cache).
+Otherwise these rules say nothing; the worker meets the problem after loading the model."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+
+from fsdp_tune import model_source
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.errors import Finding
+from fsdp_tune.rules import error, rule, warning
+
+# torch.nn classes a user may list beside the model's own (accelerate matches class names anywhere in the tree)
+TORCH_MODULES = frozenset({"Embedding", "Linear", "LayerNorm", "RMSNorm", "ModuleList", "Sequential", "Conv1d"})
+
+
+@rule("FT080", "model", "layer classes to wrap must exist in the model")
+def layer_classes(cfg: RunConfig) -> Iterator[Finding]:
+    wanted = cfg.fsdp.transformer_layer_cls_to_wrap
+    if not wanted or cfg.fsdp.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
+        return
+    src = model_source.for_model(cfg.model.model_name_or_path)
+    if src is None:
+        return
+    missing = [c for c in wanted if c not in src.classes and c not in TORCH_MODULES]
+    if not missing:
+        return
+    layers = src.no_split_modules or tuple(sorted(c for c in src.classes if c.endswith("DecoderLayer")))
+    hint = (
+        f"the {src.model_type} decoder layer is {', '.join(layers)}: set fsdp_transformer_layer_cls_to_wrap to it, "
+        "or leave it out (the model's own _no_split_modules are used)"
+        if layers
+        else "leave it out: the model's own _no_split_modules are used"
+    )
+    yield error(
+        cfg,
+        "FT080",
+        "fsdp.transformer_layer_cls_to_wrap",
+        f"{', '.join(missing)}: no such class in {cfg.model.model_name_or_path} ({src.model_type}); accelerate "
+        f"would stop with 'Could not find the transformer layer class' after loading the model",
+        hint,
+    )
+
+
+@rule("FT081", "model", "LoRA target modules must exist in the model")
+def lora_targets(cfg: RunConfig) -> Iterator[Finding]:
+    targets = cfg.lora.lora_target_modules
+    if not cfg.lora.use_peft_lora or not targets or targets == ("all-linear",):
+        return
+    src = model_source.for_model(cfg.model.model_name_or_path)
+    if src is None:
+        return
+    missing = [t for t in targets if t.split(".")[-1] not in src.submodules]
+    if not missing:
+        return
+    guesses = sorted({g for t in missing for g in difflib.get_close_matches(t.split(".")[-1], src.linears, n=2)})
+    if guesses:
+        hint = f"did you mean {', '.join(guesses)}? or --lora_target_modules all-linear"
+    else:
+        linears = sorted(src.linears - {"lm_head"})
+        hint = f"{src.model_type} has {', '.join(linears)}; or --lora_target_modules all-linear"
+    where = f"in {cfg.model.model_name_or_path} ({src.model_type})"
+    if len(missing) == len(targets):
+        yield error(
+            cfg,
+            "FT081",
+            "lora.lora_target_modules",
+            f"none of {', '.join(targets)} is a module {where}: PEFT would stop with 'Target modules ... not "
+            "found in the base model' after loading it",
+            hint,
+        )
+    else:
+        yield warning(
+            cfg,
+            "FT081",
+            "lora.lora_target_modules",
+            f"{', '.join(missing)}: no such module {where}; PEFT silently adapts only "
+            f"{', '.join(t for t in targets if t not in missing)}",
+            hint,
+        )
