@@ -18,7 +18,7 @@ def distributed_type(cfg: RunConfig) -> Iterator[Finding]:
             "FT020",
             "launch.distributed_type",
             f"distributed_type is {cfg.launch.distributed_type!r}: fsdp-tune launches FSDP runs only",
-            "set `distributed_type: FSDP`",
+            "set `distributed_type: FSDP` with `fsdp_config: {fsdp_version: 2}`",
         )
 
 
@@ -36,8 +36,8 @@ def version(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT022", "fsdp", "FSDP1 is deprecated; on CPU it cannot run at all")
 def fsdp1(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.fsdp.version != 1:
-        return
+    if cfg.fsdp.version != 1 or cfg.launch.distributed_type.upper() != "FSDP":
+        return  # not an FSDP config at all: FT020 says so, and its fix names FSDP2
     if cfg.launch.use_cpu:
         yield error(
             cfg,
