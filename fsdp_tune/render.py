@@ -127,6 +127,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  peak memory (RSS): {ranks}",
         f"  FSDP units: {units or '-'}",
     ]
+    cut = summary.get("truncated_sequences") or {}
+    if cut.get("cut"):
+        lines.append(
+            f"  data: {cut['cut']} of {cut['total']} sequences were cut at max_seq_len {cut['max_seq_len']}"
+        )
     gpu = [r for r in summary.get("per_rank", []) if "peak_gpu_reserved_mib" in r]
     if gpu:
         lines.append("  peak GPU reserved: " + ", ".join(f"{r['peak_gpu_reserved_mib']:.0f} MiB" for r in gpu))

@@ -40,3 +40,19 @@ def _renderer(cfg: RunConfig, tokenizer):
         return {field: row[field]}
 
     return render
+
+
+def truncated_rows(dataset, max_len: int, packing: bool) -> tuple[int, int]:
+    """(sequences cut at max_len, all sequences) in the dataset as TRL prepared it.
+
+    TRL cuts every sequence longer than max_length, silently (without packing it truncates the row; with
+    BFD packing it truncates the sequence before packing it). A sequence that is now exactly max_len long
+    was cut or fitted exactly; either way the data meets the limit, so it is counted.
+    """
+    if packing and "seq_lengths" in dataset.column_names:
+        lengths = [n for row in dataset["seq_lengths"] for n in row]
+    elif "input_ids" in dataset.column_names:
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+    else:
+        return 0, 0
+    return sum(n >= max_len for n in lengths), len(lengths)

@@ -75,6 +75,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
         peft_config=lora_config(cfg) if cfg.lora.use_peft_lora else None,
         callbacks=callbacks,
     )
+    truncation = _report_truncation(trainer, cfg)
     result = trainer.train(resume_from_checkpoint=_resume_point(plan, output_dir))
     if stopper.stopped_at is not None:
         # interrupted: the checkpoint (if any) is the deliverable; the final adapter is for finished runs
@@ -96,6 +97,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     expected = _adapter_shapes(trainer) if cfg.lora.use_peft_lora else None
     save_adapter(trainer, output_dir)
     summary = _summary(trainer, result, metrics, started, output_dir, cfg)
+    summary["truncated_sequences"] = truncation
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
         trainer.state.save_to_json(str(Path(output_dir) / "trainer_state.json"))
@@ -103,6 +105,24 @@ def run(resolved_path: str, started: float | None = None) -> None:
             summary["adapter_check"] = verify_adapter(output_dir, expected)
         Path(output_dir, SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
     trainer.accelerator.wait_for_everyone()
+
+
+def _report_truncation(trainer, cfg: RunConfig) -> dict | None:
+    """Say how much of the data TRL cuts at max_seq_len, which it does without a word."""
+    from fsdp_tune.worker.data import truncated_rows
+
+    try:
+        cut, total = truncated_rows(trainer.train_dataset, cfg.data.max_seq_len, cfg.data.packing)
+    except (TypeError, KeyError, AttributeError):  # an iterable (streamed) dataset: not counted
+        return None
+    if cut and trainer.is_world_process_zero():
+        print(
+            f"fsdp-tune: warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
+            f"{cfg.data.max_seq_len} and are cut there; tokens past it are not trained on (raise --max_seq_len "
+            "to keep them)",
+            flush=True,
+        )
+    return {"cut": cut, "total": total, "max_seq_len": cfg.data.max_seq_len}
 
 
 def init_process_group(cfg: RunConfig, on_cpu: bool) -> None:

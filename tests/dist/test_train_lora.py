@@ -27,6 +27,7 @@ def test_lora_fsdp2_two_ranks(train) -> None:
     # decoder layers are FSDP units (not one unit for the whole model)
     assert s["fsdp_units"].get("LlamaDecoderLayer") == 4, s["fsdp_units"]
     assert len(s["per_rank"]) == 2
+    assert s["truncated_sequences"] == {"cut": 0, "total": 640, "max_seq_len": 96}  # the demo data fits
     assert (run.output_dir / "trainer_state.json").exists() and (run.output_dir / "tokenizer.json").exists()
     console = run.proc.stdout + run.proc.stderr
     assert "rank 0/2 starting" in console and "rank 1/2 starting" not in console  # console: rank 0 only

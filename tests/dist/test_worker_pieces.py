@@ -85,3 +85,16 @@ def test_verify_rejects_a_shard_and_an_untrained_adapter(tmp_path) -> None:
               tmp_path / "adapter_model.safetensors")
     with pytest.raises(AdapterIntegrityError, match="all zeros"):
         verify_adapter(str(tmp_path))
+
+
+def test_truncated_rows_counts_what_trl_cut() -> None:
+    """TRL truncates silently: rows (no packing) or sequences inside packed rows (BFD) at max_length."""
+    from datasets import Dataset
+
+    from fsdp_tune.worker.data import truncated_rows
+
+    rows = Dataset.from_dict({"input_ids": [[1] * 8, [1] * 3, [1] * 8, [1] * 5]})
+    assert truncated_rows(rows, 8, packing=False) == (2, 4)
+    packed = Dataset.from_dict({"input_ids": [[1] * 8, [1] * 8], "seq_lengths": [[8], [3, 5]]})
+    assert truncated_rows(packed, 8, packing=True) == (1, 3)
+    assert truncated_rows(Dataset.from_dict({"text": ["a"]}), 8, packing=False) == (0, 0)
