@@ -19,10 +19,22 @@ TORCH_MODULES = frozenset({"Embedding", "Linear", "LayerNorm", "RMSNorm", "Modul
 @rule("FT080", "model", "layer classes to wrap must exist in the model")
 def layer_classes(cfg: RunConfig) -> Iterator[Finding]:
     wanted = cfg.fsdp.transformer_layer_cls_to_wrap
-    if not wanted or cfg.fsdp.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
+    if cfg.fsdp.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
         return
     src = model_source.for_model(cfg.model.model_name_or_path)
     if src is None:
+        return
+    if not wanted:
+        if not src.no_split_modules:
+            layers = sorted(c for c in src.classes if c.endswith(("DecoderLayer", "Block")))
+            yield warning(
+                cfg,
+                "FT080",
+                "fsdp.transformer_layer_cls_to_wrap",
+                f"{src.model_type} models declare no _no_split_modules, which TRANSFORMER_BASED_WRAP uses when "
+                "no layer class is named: accelerate would find nothing to wrap",
+                f"name the layer class: --fsdp_transformer_layer_cls_to_wrap {layers[0] if layers else 'CLASS'}",
+            )
         return
     missing = [c for c in wanted if c not in src.classes and c not in TORCH_MODULES]
     if not missing:

@@ -38,3 +38,14 @@ def test_unknown_or_remote_code_models_are_not_guessed(tmp_path, monkeypatch) ->
     checked = check(None, ["--model_name_or_path", "acme/custom", "--use_peft_lora", "True",
                            "--lora_target_modules", "wqkv"])
     assert not [f for f in checked.findings if f.rule in ("FT080", "FT081")]
+
+
+def test_a_model_without_no_split_modules_needs_its_layer_named(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    _cache_model(tmp_path, "microsoft/biogpt", {"model_type": "biogpt"})
+    checked = check(None, ["--model_name_or_path", "microsoft/biogpt", "--fsdp_version", "2"])
+    [found] = [f for f in checked.findings if f.rule == "FT080"]
+    assert found.severity.name == "WARNING" and "BioGptDecoderLayer" in found.hint
+    named = check(None, ["--model_name_or_path", "microsoft/biogpt", "--fsdp_version", "2",
+                         "--fsdp_transformer_layer_cls_to_wrap", "BioGptDecoderLayer"])
+    assert not [f for f in named.findings if f.rule == "FT080"]
