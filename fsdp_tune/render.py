@@ -127,6 +127,13 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  peak memory (RSS): {ranks}",
         f"  FSDP units: {units or '-'}",
     ]
+    grew = summary.get("vocab_grew")
+    if grew:
+        lines.append(
+            f"  vocabulary: {grew['from']} -> {grew['tokenizer']} tokens (the chat template's); the adapter carries "
+            f"the embedding layers ({grew['rows']} rows): load it onto a base resized with "
+            "resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8) (fsdp-tune merge does)"
+        )
     cut = summary.get("truncated_sequences") or {}
     if cut.get("cut"):
         lines.append(

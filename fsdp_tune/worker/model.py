@@ -53,7 +53,9 @@ def load_model(cfg: RunConfig, tokenizer):
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         # mean_resizing reads the weights, which sit on the meta device on ranks > 0 under
         # cpu_ram_efficient_loading ("Cannot copy out of meta tensor"): new rows are initialised plainly.
+        base_vocab = model.get_input_embeddings().weight.shape[0]
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)
+        model.fsdp_tune_vocab_grew_from = base_vocab  # the final save then carries the embedding layers
     model.config.use_cache = False
     return model
 

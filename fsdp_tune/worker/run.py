@@ -98,6 +98,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     save_adapter(trainer, output_dir)
     summary = _summary(trainer, result, metrics, started, output_dir, cfg)
     summary["truncated_sequences"] = truncation
+    summary["vocab_grew"] = _vocab_growth(trainer, tokenizer)
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
         trainer.state.save_to_json(str(Path(output_dir) / "trainer_state.json"))
@@ -123,6 +124,17 @@ def _report_truncation(trainer, cfg: RunConfig) -> dict | None:
             flush=True,
         )
     return {"cut": cut, "total": total, "max_seq_len": cfg.data.max_seq_len}
+
+
+def _vocab_growth(trainer, tokenizer) -> dict | None:
+    """Tokens the chat template added: the adapter then carries the embedding layers (see save.py), and
+    the base must be resized the same way before the adapter loads onto it."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    grew_from = getattr(base, "fsdp_tune_vocab_grew_from", None)
+    if grew_from is None:
+        return None
+    return {"from": grew_from, "tokenizer": len(tokenizer), "rows": base.get_input_embeddings().weight.shape[0]}
 
 
 def init_process_group(cfg: RunConfig, on_cpu: bool) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def gather_trainable(model) -> dict:
-    """Full CPU copies of the trainable parameters (FSDP2 DTensors all-gathered); a collective on all ranks."""
+def gather_trainable(model, also: frozenset[str] = frozenset()) -> dict:
+    """Full CPU copies of the trainable parameters, and of the frozen ones named in `also` (canonical names):
+    FSDP2 DTensors all-gathered; a collective on all ranks."""
     from torch.distributed.tensor import DTensor
 
     out = {}
     for name, param in model.named_parameters():
-        if not param.requires_grad:
+        if not param.requires_grad and canonical_name(name) not in also:
             continue
         tensor = param.detach()
         if isinstance(tensor, DTensor):
@@ -68,19 +69,50 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 
     wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
-    is_fsdp1 = isinstance(wrapped, FSDP1) or any(isinstance(m, FSDP1) for m in wrapped.modules())
-    state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped)
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    is_peft = hasattr(peft_model, "peft_config")
+    embeddings = resized_embedding_names(peft_model) if is_peft else frozenset()
+    is_fsdp1 = isinstance(wrapped, FSDP1) or any(isinstance(m, FSDP1) for m in wrapped.modules())
+    state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped, also=embeddings)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     path = Path(output_dir)
     if rank0:
-        if hasattr(peft_model, "peft_config"):
+        if is_peft:
+            if is_fsdp1:
+                state = adapter_subset(peft_model, state, embeddings)
             write_peft_adapter(peft_model, state, path)
         else:  # full fine-tuning: the model's own format
             peft_model.save_pretrained(output_dir, state_dict=state, is_main_process=True)
     if dist.is_initialized():
         dist.barrier()
     return path if rank0 else None
+
+
+def adapter_subset(peft_model, state: dict, embeddings: frozenset[str]) -> dict:
+    """From a whole model's state dict (FSDP1 gathers everything), the adapter's tensors and the resized
+    embedding layers: the base weights must not end up in adapter_model.safetensors."""
+    trainable = {canonical_name(n) for n, p in peft_model.named_parameters() if p.requires_grad}
+    adapter = peft_model.active_adapter
+    return {
+        k: v for k, v in state.items() if k in trainable or k in embeddings or f".{adapter}." in k and ".lora_" in k
+    }
+
+
+def resized_embedding_names(peft_model) -> frozenset[str]:
+    """The input and output embedding weights, when the run added tokens to the vocabulary.
+
+    Their new rows exist only in this run, so the adapter must carry both layers (as PEFT's own
+    save_pretrained does when it sees the vocabulary changed), or it loads onto a resized base with
+    different rows for the new tokens. load_model marks the model it resized."""
+    base = peft_model.get_base_model()
+    if getattr(base, "fsdp_tune_vocab_grew_from", None) is None:
+        return frozenset()
+    layers = {id(m) for m in (base.get_input_embeddings(), base.get_output_embeddings()) if m is not None}
+    names = set()
+    for name, module in peft_model.named_modules():
+        if id(module) in layers:
+            names.add(canonical_name(f"{name}.weight"))
+    return frozenset(names)
 
 
 def write_peft_adapter(peft_model, state: dict, output_dir: Path) -> None:

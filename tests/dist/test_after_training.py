@@ -50,6 +50,37 @@ def test_qlora_adapter_merges_into_unquantized_base(train, tmp_path) -> None:
     assert "quantization_config" not in config
 
 
+def test_added_tokens_travel_with_the_adapter(train, tmp_path) -> None:
+    """The zephyr template adds <s> and </s>, which the demo tokenizer lacks (512 -> 514, padded to 520 rows).
+
+    Their embedding rows exist only in this run: the adapter must carry both embedding layers, load onto a
+    base resized the same way, and merge."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run = train("--chat_template_format", "zephyr", "--max_steps", "2")
+    assert run.summary["vocab_grew"] == {"from": 512, "tokenizer": 514, "rows": 520}
+    assert "vocabulary: 512 -> 514 tokens" in run.proc.stdout
+    saved = load_file(str(run.output_dir / "adapter_model.safetensors"))
+    embed, head = saved["base_model.model.model.embed_tokens.weight"], saved["base_model.model.lm_head.weight"]
+    assert embed.shape == head.shape == (520, 128)
+
+    tokenizer = AutoTokenizer.from_pretrained(run.output_dir)
+    base_dir = json.loads((run.output_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    base.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)
+    model = PeftModel.from_pretrained(base, str(run.output_dir))
+    assert torch.equal(model.get_base_model().get_input_embeddings().weight, embed)
+    assert torch.equal(model.get_base_model().get_output_embeddings().weight, head)
+
+    r = _merge(run.output_dir, tmp_path / "merged", "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr[-3000:]
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert torch.equal(merged.get_input_embeddings().weight, embed)
+
+
 def test_env_json() -> None:
     r = subprocess.run([sys.executable, "-m", "fsdp_tune", "env", "--json"], capture_output=True, text=True,
                        timeout=120)

@@ -98,3 +98,24 @@ def test_truncated_rows_counts_what_trl_cut() -> None:
     packed = Dataset.from_dict({"input_ids": [[1] * 8, [1] * 8], "seq_lengths": [[8], [3, 5]]})
     assert truncated_rows(packed, 8, packing=True) == (1, 3)
     assert truncated_rows(Dataset.from_dict({"text": ["a"]}), 8, packing=False) == (0, 0)
+
+
+def test_fsdp1_full_state_is_cut_down_to_the_adapter() -> None:
+    """FSDP1's final save gathers the whole model's state; only the adapter (and resized embeddings) is written."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fsdp_tune.worker.save import adapter_subset, resized_embedding_names, saved_name
+
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4))
+    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear"))
+    state = model.state_dict()
+    lora = {k for k in state if ".lora_" in k}
+    assert set(adapter_subset(model, state, frozenset())) == lora
+    assert resized_embedding_names(model) == frozenset()
+    model.get_base_model().fsdp_tune_vocab_grew_from = 60
+    grown = resized_embedding_names(model)
+    assert grown == {"base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"}
+    assert set(adapter_subset(model, state, grown)) == lora | grown
+    assert {saved_name(k, "default") for k in lora} == {k.replace(".default.", ".") for k in lora}
