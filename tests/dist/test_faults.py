@@ -79,14 +79,22 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(train) -> None:
     assert not (run.output_dir / "adapter_model.safetensors").exists()
 
 
-def test_crash_in_a_rank_names_the_exception(train, tmp_path) -> None:
-    bad = tmp_path / "train.jsonl"
-    bad.write_text('{"text": "fine"}\n')
-    # valid for the pre-flight, fatal in the ranks: a target module the model does not have
-    run = train("--dataset_name", str(bad), "--chat_template_format", "none", "--lora_target_modules", "nope_proj",
-                check=False)
-    assert run.proc.returncode == 1
-    assert "training failed on rank" in run.proc.stderr and "root cause: NoMatchingPeftModuleError" in run.proc.stderr
+def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monkeypatch) -> None:
+    """Valid for validate-config and the pre-flight, fatal in the ranks: a model folder whose weights file
+    is cut short (an interrupted download)."""
+    import shutil
+
+    from fsdp_tune.builtin_models import materialize
+
+    monkeypatch.setenv("FSDP_TUNE_CACHE", str(model_cache))
+    broken = tmp_path / "broken-model"
+    shutil.copytree(materialize("tiny-llama"), broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    run = train("--model_name_or_path", str(broken), check=False)
+    assert run.proc.returncode == 1, run.logs()
+    assert "training failed on rank" in run.proc.stderr and "root cause: " in run.proc.stderr
+    assert "root cause: SafetensorError: Error while deserializing header" in run.proc.stderr, run.logs()
 
 
 def test_hung_rank_times_out_and_is_named(train) -> None:
