@@ -18,13 +18,14 @@ class Gpu:
     memory_gib: float
     bf16_tflops: float  # dense, public spec sheets
     link_gbs: float  # per-GPU collective bandwidth within a node (NVLink, or PCIe), GB/s
+    host_gbs: float  # host <-> GPU copies (PCIe, one direction, pinned memory), GB/s: what cpu_offload pays
 
 
 GPUS = {
-    "h100": Gpu("H100 80GB SXM", 79.6, 989.0, 450.0),
-    "h200": Gpu("H200 141GB SXM", 139.8, 989.0, 450.0),
-    "a100": Gpu("A100 80GB SXM", 79.2, 312.0, 300.0),
-    "4090": Gpu("RTX 4090 24GB", 23.6, 165.0, 25.0),
+    "h100": Gpu("H100 80GB SXM", 79.6, 989.0, 450.0, 50.0),  # PCIe Gen5 x16
+    "h200": Gpu("H200 141GB SXM", 139.8, 989.0, 450.0, 50.0),
+    "a100": Gpu("A100 80GB SXM", 79.2, 312.0, 300.0, 25.0),  # PCIe Gen4 x16
+    "4090": Gpu("RTX 4090 24GB", 23.6, 165.0, 25.0, 25.0),
 }
 ASSUMED_MFU = 0.45  # the fraction of peak a well-fed bf16 LoRA step reaches; a stated assumption, not a measurement
 
@@ -57,18 +58,28 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     comm = weight_bytes * gathers * (world - 1) / world if world > 1 else 0.0
     if not lora:
         comm += n * 4 * (world - 1) / world  # reduce-scatter of fp32 gradients
+    host = 0.0
+    if cfg.fsdp.cpu_offload:
+        # every all-gather first copies this rank's shard to the GPU; gradients of what trains come back
+        host = weight_bytes / world * gathers + (n * 4 / world if not lora else 0.0)
     compute_s = flops / (gpu.bf16_tflops * 1e12 * ASSUMED_MFU)
     comm_s = comm / (gpu.link_gbs * 1e9)
+    host_s = host / (gpu.host_gbs * 1e9)
+    # FSDP overlaps the next all-gather (and its host copy) with the current compute: the slowest one sets the pace
+    times = {"compute": compute_s, "communication": comm_s, "host transfers": host_s}
+    step_s = max(times.values())
     return {
         "tokens_per_step_per_gpu": tokens,
         "tflops_per_step_per_gpu": flops / 1e12,
         "comm_gb_per_step_per_gpu": comm / 1e9,
+        "host_transfer_gb_per_step_per_gpu": host / 1e9,
         "compute_s": compute_s,
         "comm_s": comm_s,
-        "step_s": max(compute_s, comm_s),  # FSDP overlaps the next all-gather with the current compute
-        "tokens_per_s_per_gpu": tokens / max(compute_s, comm_s) if tokens else 0.0,
+        "host_transfer_s": host_s,
+        "step_s": step_s,
+        "tokens_per_s_per_gpu": tokens / step_s if tokens else 0.0,
         "assumed_mfu": ASSUMED_MFU,
-        "bound": "communication" if comm_s > compute_s else "compute",
+        "bound": max(times, key=times.get),
     }
 
 

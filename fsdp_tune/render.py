@@ -177,7 +177,10 @@ def format_plan(plan: dict[str, Any]) -> str:
     if st:
         lines.append(
             f"step: {st['tflops_per_step_per_gpu']:.0f} TFLOP and {st['comm_gb_per_step_per_gpu']:.1f} GB of "
-            f"all-gather per GPU -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
+            f"all-gather per GPU"
+            + (f", {st['host_transfer_gb_per_step_per_gpu']:.1f} GB host<->GPU (offload)"
+               if st["host_transfer_gb_per_step_per_gpu"] else "")
+            + f" -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
             f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
         )
     for note in plan.get("notes", []):

@@ -67,6 +67,9 @@ def test_offload_moves_weights_to_host_and_advice_makes_it_fit() -> None:
     off = make_plan(_seed("run_peft_qlora_fsdp.sh", "--fsdp_offload_params", "false"))
     assert on["per_gpu_memory_gib"] < off["per_gpu_memory_gib"] - 10
     assert on["host_memory_gib_per_node"] > off["host_memory_gib_per_node"] + 30
+    # each all-gather first copies the local shard host -> GPU: 36.6 GB of 4-bit weights / 2 ranks x 4 gathers
+    assert on["step_time"]["host_transfer_gb_per_step_per_gpu"] == pytest.approx(73.1, rel=0.01)
+    assert off["step_time"]["host_transfer_gb_per_step_per_gpu"] == 0
     tight = make_plan(_seed("run_peft_qlora_fsdp.sh", "--fsdp_offload_params", "false"), gpu_memory="24GiB")
     assert not tight["fits"] and tight["advice"]
     assert all(a["per_gpu_memory_gib"] <= 24 for a in tight["advice"])
