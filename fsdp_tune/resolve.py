@@ -7,12 +7,14 @@ from typing import Any
 from fsdp_tune.config.schema import RunConfig
 
 
-def fsdp_config(cfg: RunConfig) -> dict[str, Any]:
+def fsdp_config(cfg: RunConfig, on_cpu: bool = False) -> dict[str, Any]:
     """Transformers' `fsdp_config` dict, in the spelling TrainingArguments reads."""
     f = cfg.fsdp
     out: dict[str, Any] = {
         "version": f.version,
-        "cpu_offload": f.cpu_offload,
+        # on CPU the parameters already live in host memory; FSDP2's offload policy would try to pin them
+        # for a GPU and fail ("Cannot access accelerator device when none is available")
+        "cpu_offload": f.cpu_offload and not on_cpu,
         "auto_wrap_policy": f.auto_wrap_policy,
         "state_dict_type": f.state_dict_type,
         "cpu_ram_efficient_loading": f.cpu_ram_efficient_loading,

@@ -52,7 +52,8 @@ def describe(cfg: RunConfig, plan: LaunchPlan) -> str:
         f"{device}",
         "  torchrun: " + " ".join(plan.command()),
         f"  fsdp: FSDP{f.version}, reshard_after_forward={str(f.reshard_after_forward).lower()}, "
-        f"cpu_offload={str(f.cpu_offload).lower()}, wrap {wrap}",
+        f"cpu_offload={str(f.cpu_offload).lower()}{' (no effect on CPU: off)' if f.cpu_offload and plan.on_cpu else ''}, "
+        f"wrap {wrap}",
         f"  checkpoints: {f.state_dict_type}; final adapter: full state dict, loadable without FSDP",
         f"  precision: {compute_precision(cfg)}, model loaded in {model_dtype(cfg)}; "
         f"activation checkpointing: {'FSDP' if f.activation_checkpointing else 'off'}, "

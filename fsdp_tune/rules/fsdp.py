@@ -208,3 +208,17 @@ def double_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
             "under FSDP, FSDP's own activation checkpointing avoids a redundant all-gather in backward",
             "consider `fsdp_activation_checkpointing: true` instead of --gradient_checkpointing",
         )
+
+
+@rule("FT031", "fsdp", "cpu_offload has no effect on a CPU run")
+def offload_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
+    if cfg.launch.use_cpu and cfg.fsdp.cpu_offload:
+        yield finding(
+            cfg,
+            "FT031",
+            Severity.NOTE,
+            "fsdp.cpu_offload",
+            "cpu_offload moves parameters from the GPU to host RAM; on a CPU run they are there already: it is "
+            "turned off",
+            "drop fsdp_offload_params for CPU runs",
+        )

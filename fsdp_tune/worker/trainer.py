@@ -14,7 +14,7 @@ def sft_config(cfg: RunConfig, on_cpu: bool):
     precision = compute_precision(cfg)
     args.update(
         fsdp=True,
-        fsdp_config=fsdp_config(cfg),
+        fsdp_config=fsdp_config(cfg, on_cpu),
         bf16=precision in ("bf16", "fp8"),
         fp16=precision == "fp16",
         use_cpu=on_cpu,

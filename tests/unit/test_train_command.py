@@ -145,3 +145,14 @@ def test_missing_tracker_is_refused(tmp_path) -> None:
         pytest.skip("tensorboard is installed here")
     r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--report_to", "tensorboard")
     assert r.exit_code == 2 and "PF024" in r.output and "pip install tensorboard" in r.output
+
+
+def test_cpu_offload_is_off_on_a_cpu_run() -> None:
+    """FSDP2's offload policy pins memory for a GPU: on a CPU run it would crash the ranks, and means nothing."""
+    from fsdp_tune.config import check
+    from fsdp_tune.resolve import fsdp_config
+
+    checked = check(None, ["--use_cpu", "true", "--fsdp_version", "2", "--fsdp_offload_params", "true"])
+    assert [f.rule for f in checked.findings if f.rule == "FT031"] == ["FT031"]
+    assert fsdp_config(checked.config, on_cpu=True)["cpu_offload"] is False
+    assert fsdp_config(checked.config, on_cpu=False)["cpu_offload"] is True
