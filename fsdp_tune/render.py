@@ -116,7 +116,7 @@ def checked_as_json(checked: Checked) -> dict[str, Any]:
 def format_summary(summary: dict[str, Any]) -> str:
     """The few lines a user reads after a run."""
     first, last = summary.get("loss_first"), summary.get("loss_last")
-    loss = f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "-"
+    loss = f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "not logged (logging_steps > steps)"
     tps = summary.get("tokens_per_s")
     ranks = ", ".join(f"rank {i}: {r['peak_rss_mib']:.0f} MiB" for i, r in enumerate(summary.get("per_rank", [])))
     units = ", ".join(f"{n} x {k}" for k, n in summary.get("fsdp_units", {}).items())

@@ -68,6 +68,13 @@ def parse_flags(argv: list[str]) -> tuple[list[Assignment], list[Finding]]:
         raw_name, eq, inline = token[2:].partition("=")
         name = raw_name.replace("-", "_")
         path = table.get(name)
+        if path is None and name in keys.RETIRED_ARGS:
+            value, i = _value(argv, i, eq, inline)
+            assignment, finding = retired(name, value, Origin(f"--{raw_name}", "command line"))
+            findings.append(finding)
+            if assignment is not None:
+                assignments.append(assignment)
+            continue
         if path is None:
             findings.append(
                 Finding(
@@ -104,3 +111,34 @@ def parse_flags(argv: list[str]) -> tuple[list[Assignment], list[Finding]]:
             continue
         assignments.append(Assignment(path, value, Origin(f"--{raw_name}", "command line")))
     return assignments, findings
+
+
+def _value(argv: list[str], i: int, eq: str, inline: str) -> tuple[object, int]:
+    """The value of a flag at argv[i-1] (inline `--x=v`, the next word, or True when bare); the next index."""
+    if eq:
+        return inline, i
+    if i < len(argv) and not argv[i].startswith("--"):
+        return argv[i], i + 1
+    return True, i
+
+
+def retired(name: str, value: object, origin: Origin) -> tuple[Assignment | None, Finding]:
+    """A TrainingArguments name transformers 5 retired: read under its new name, or dropped, with a warning."""
+    from fsdp_tune.config.normalize import to_bool
+
+    path, mapping, why = keys.RETIRED_ARGS[name]
+    if path is None:
+        return None, Finding("FT012", Severity.WARNING, origin.key, origin.source, f"`{name}` is {why}; ignored",
+                             f"drop `{name}`")
+    if mapping is not None:
+        try:
+            value = mapping[to_bool(value)]
+        except (ValueError, KeyError):
+            pass  # left as given: the value check reports it
+    new = path.split(".", 1)[1]
+    shown = f"{new} {value}" if not isinstance(value, bool) else new
+    return (
+        Assignment(path, value, origin),
+        Finding("FT012", Severity.WARNING, origin.key, origin.source, f"`{name}`: {why}; read as `{shown}`",
+                f"write `{new}` instead"),
+    )

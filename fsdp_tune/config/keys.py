@@ -89,6 +89,32 @@ PARALLELISM_KEYS = (
 # Flag spellings that differ from the field they set. Everything else: a field name of the
 # model/data/lora/quantization/run sections, `launch` fields, `fsdp_<key>`,
 # `parallelism_config_<key>`, or any SFTConfig field.
+# TrainingArguments names that transformers 5 retired, still common in launch scripts and blog posts.
+# name -> (new path or None when dropped, value map or None, what changed). Read with a warning (FT012):
+# a rename keeps the run the user meant; a drop says so instead of failing on an unknown flag.
+RETIRED_ARGS: dict[str, tuple[str | None, dict | None, str]] = {
+    "evaluation_strategy": ("training.eval_strategy", None, "renamed `eval_strategy`"),
+    "warmup_ratio": (
+        "training.warmup_steps",
+        None,
+        "transformers 5 folded it into `warmup_steps` (a value below 1 is a ratio of the total steps)",
+    ),
+    "no_cuda": ("launch.use_cpu", None, "renamed `use_cpu`"),
+    "per_gpu_train_batch_size": ("training.per_device_train_batch_size", None, "renamed `per_device_train_batch_size`"),
+    "per_gpu_eval_batch_size": ("training.per_device_eval_batch_size", None, "renamed `per_device_eval_batch_size`"),
+    "push_to_hub_token": ("training.hub_token", None, "renamed `hub_token`"),
+    "group_by_length": (
+        "training.train_sampling_strategy",
+        {True: "group_by_length", False: "random"},
+        "replaced by `train_sampling_strategy`",
+    ),
+    "save_safetensors": (None, None, "removed in transformers 5: checkpoints are always safetensors"),
+    "logging_dir": (None, None, "removed in transformers 5: TensorBoard reads TENSORBOARD_LOGGING_DIR from the environment"),
+    "include_tokens_per_second": (None, None, "removed in transformers 5: fsdp-tune's summary reports tokens/s"),
+    "use_mps_device": (None, None, "removed in transformers 5 (and fsdp-tune runs on CUDA GPUs or CPU)"),
+    "fp16_backend": (None, None, "removed in transformers 5: fp16 uses torch AMP"),
+}
+
 FLAG_ALIASES: dict[str, str] = {
     "max_seq_length": "data.max_seq_len",
     "max_length": "data.max_seq_len",  # SFTConfig's name: one place for one setting

@@ -276,6 +276,13 @@ class _Reader:
                 for key, value in body.items():
                     if key in table:
                         self.set(table[key], value, (section, key))
+                    elif key in keys.RETIRED_ARGS:
+                        from fsdp_tune.config.flags import retired
+
+                        assignment, finding = retired(key, value, self.origin((section, key)))
+                        self.findings.append(finding)
+                        if assignment is not None:
+                            self.assignments.append(assignment)
                     else:
                         self.unknown((section, key), list(table), "`training`")
                 continue
