@@ -68,7 +68,7 @@ def run(plan: LaunchPlan) -> Outcome:
     terminates torchrun (and with it the ranks) at once. torchrun's stderr passes through to ours, and
     its tail is kept for the failure report.
     """
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **plan.env)
     stop_file = Path(plan.output_dir, STOP_FILE)
     stop_file.unlink(missing_ok=True)
     if plan.nnodes > 1:

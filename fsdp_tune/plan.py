@@ -38,6 +38,7 @@ class LaunchPlan:
     resolved_path: str
     resume_from_checkpoint: str | None
     gradient_checkpointing: bool
+    env: dict[str, str]  # set for torchrun and the ranks, as `accelerate launch` would
 
     def torchrun_args(self) -> list[str]:
         args = [
@@ -101,4 +102,27 @@ def make_plan(cfg: RunConfig, resume: str | None = None, force_cpu: bool | None 
         resolved_path=os.path.join(output_dir, RESOLVED_NAME if single else f"node{lc.machine_rank}-{RESOLVED_NAME}"),
         resume_from_checkpoint=resume,
         gradient_checkpointing=gradient_checkpointing(cfg),
+        env=rank_env(cfg, on_cpu),
     )
+
+
+def rank_env(cfg: RunConfig, on_cpu: bool) -> dict[str, str]:
+    """What accelerate launch exports for the config's launch keys (accelerate/utils/launch.py), so the
+    ranks' Accelerator behaves the same: GPU selection, CPU affinity, collective checks, torch.compile."""
+    lc = cfg.launch
+    env: dict[str, str] = {}
+    if lc.gpu_ids and lc.gpu_ids != "all" and not on_cpu:
+        env["CUDA_VISIBLE_DEVICES"] = lc.gpu_ids
+    if lc.enable_cpu_affinity:
+        env["ACCELERATE_CPU_AFFINITY"] = "1"
+    if lc.accelerate_debug:
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    if lc.dynamo_backend.lower() != "no":
+        env.update(
+            ACCELERATE_DYNAMO_BACKEND=lc.dynamo_backend.upper(),
+            ACCELERATE_DYNAMO_MODE=lc.dynamo_mode,
+            ACCELERATE_DYNAMO_USE_FULLGRAPH=str(lc.dynamo_use_fullgraph),
+            ACCELERATE_DYNAMO_USE_DYNAMIC=str(lc.dynamo_use_dynamic),
+            ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=str(lc.dynamo_use_regional_compilation),
+        )
+    return env

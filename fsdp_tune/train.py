@@ -74,6 +74,8 @@ def describe(cfg: RunConfig, plan: LaunchPlan) -> str:
     lines.append(
         f"  model: {cfg.model.model_name_or_path}   data: {cfg.data.dataset_name} (splits {','.join(cfg.data.splits)})"
     )
+    if plan.env:
+        lines.append("  env (as accelerate launch sets it): " + " ".join(f"{k}={v}" for k, v in plan.env.items()))
     lines.append(
         f"  output: {plan.output_dir}"
         + (f"   resume: {plan.resume_from_checkpoint}" if plan.resume_from_checkpoint else "")

@@ -18,15 +18,22 @@ ACCELERATE_TOP: dict[str, str | None] = {
     "mixed_precision": "launch.mixed_precision",
     "use_cpu": "launch.use_cpu",
     "max_restarts": "launch.max_restarts",
+    "gpu_ids": "launch.gpu_ids",
+    "enable_cpu_affinity": "launch.enable_cpu_affinity",
+    "debug": "launch.accelerate_debug",
+    "dynamo_backend": "launch.dynamo_backend",  # older configs: top level; newer: under dynamo_config
     **dict.fromkeys(
         (
-            "compute_environment debug gpu_ids same_network main_training_function enable_cpu_affinity "
+            "compute_environment same_network main_training_function "
             "downcast_bf16 tpu_name tpu_zone tpu_use_cluster tpu_use_sudo command_file commands tpu_vm "
-            "tpu_env dynamo_config dynamo_backend fp8_config mpirun_config ipex_config megatron_lm_config "
+            "tpu_env fp8_config mpirun_config ipex_config megatron_lm_config "
             "deepspeed_config fp16"
         ).split()
     ),
 }
+
+# dynamo_config keys (accelerate writes them with the dynamo_ prefix)
+DYNAMO_KEYS = ("backend", "mode", "use_fullgraph", "use_dynamic", "use_regional_compilation")
 
 # fsdp_config keys, after an optional `fsdp_` prefix is stripped (both tools accept both spellings).
 FSDP_KEYS: dict[str, str | None] = {

@@ -136,6 +136,8 @@ class _Reader:
         return Origin(".".join(path), f"{self.filename}:{line}" if line else self.filename)
 
     def set(self, canonical: str, value: Any, path: tuple[str, ...]) -> None:
+        if value is None:
+            return  # `key: null` is how accelerate config writes "not set": the default stands
         self.assignments.append(Assignment(canonical, value, self.origin(path)))
 
     def unknown(self, path: tuple[str, ...], known: list[str], what: str) -> None:
@@ -171,15 +173,33 @@ class _Reader:
                 self.fsdp_section(value if value is not None else {}, path, default_version=1)
             elif key == "parallelism_config":
                 self.parallelism_section(value or {}, path)
+            elif key == "dynamo_config":
+                self.dynamo_section(value or {}, path)
             elif key in keys.ACCELERATE_TOP:
                 canonical = keys.ACCELERATE_TOP[key]
                 if canonical:
                     self.set(canonical, value, path)
             else:
-                self.unknown(path, list(keys.ACCELERATE_TOP) + ["fsdp_config", "parallelism_config"], "Accelerate")
+                known = [*keys.ACCELERATE_TOP, "fsdp_config", "parallelism_config", "dynamo_config"]
+                self.unknown(path, known, "Accelerate")
         if "fsdp_config" not in data:
             # accelerate's launcher and plugin default to FSDP1 when nothing says otherwise
             self.fsdp_section({}, ("fsdp_config",), default_version=1)
+
+    def dynamo_section(self, data: Any, prefix: tuple[str, ...]) -> None:
+        """accelerate's torch.compile settings; passed to the ranks as accelerate launch does (env)."""
+        if not isinstance(data, dict):
+            self.findings.append(
+                Finding("FT003", Severity.ERROR, ".".join(prefix), self.origin(prefix).source,
+                        "must be a mapping of dynamo_ keys")
+            )
+            return
+        for key, value in data.items():
+            name = key.removeprefix("dynamo_")
+            if name in keys.DYNAMO_KEYS:
+                self.set(f"launch.dynamo_{name}", value, (*prefix, key))
+            else:
+                self.unknown((*prefix, key), [f"dynamo_{k}" for k in keys.DYNAMO_KEYS], "dynamo_config")
 
     def fsdp_section(self, data: Any, prefix: tuple[str, ...], default_version: int) -> None:
         if not isinstance(data, dict):

@@ -43,6 +43,15 @@ class LaunchSettings:
     use_cpu: bool = _f(False)
     max_restarts: int = _f(0)
     distributed_type: str = _f("FSDP", kind="str")
+    # what `accelerate launch` turns into the ranks' environment (see plan.rank_env)
+    gpu_ids: str | None = _f(None, kind="str")  # "all", or "0,1,2,3": CUDA_VISIBLE_DEVICES
+    enable_cpu_affinity: bool = _f(False)
+    accelerate_debug: bool = _f(False)  # accelerate's `debug`: checks that collectives line up
+    dynamo_backend: str = _f("no", kind="str")
+    dynamo_mode: str = _f("default", kind="str")
+    dynamo_use_fullgraph: bool = _f(False)
+    dynamo_use_dynamic: bool = _f(False)
+    dynamo_use_regional_compilation: bool = _f(False)
 
     @property
     def nproc_per_node(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from fsdp_tune.config.keys import DYNAMO_KEYS
 from fsdp_tune.config.schema import SECTIONS, RunConfig, section_fields
 
 ACCELERATE = "accelerate"
@@ -48,7 +49,7 @@ def to_accelerate(cfg: RunConfig) -> dict[str, Any]:
     lc = cfg.launch
     data: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
-        "debug": False,  # with the next four, the keys accelerate's ClusterConfig requires
+        "debug": lc.accelerate_debug,  # with the next four, the keys accelerate's ClusterConfig requires
         "distributed_type": "FSDP",
         "mixed_precision": lc.mixed_precision,
         "num_processes": lc.num_processes,
@@ -63,6 +64,12 @@ def to_accelerate(cfg: RunConfig) -> dict[str, Any]:
     data["use_cpu"] = lc.use_cpu
     if lc.max_restarts:
         data["max_restarts"] = lc.max_restarts
+    if lc.gpu_ids:
+        data["gpu_ids"] = lc.gpu_ids
+    if lc.enable_cpu_affinity:
+        data["enable_cpu_affinity"] = True
+    if lc.dynamo_backend.lower() != "no":
+        data["dynamo_config"] = {f"dynamo_{k}": getattr(lc, f"dynamo_{k}") for k in DYNAMO_KEYS}
     data["fsdp_config"] = {_ACCEL_FSDP_NAMES.get(k, f"fsdp_{k}"): v for k, v in fsdp_items(cfg).items()}
     if cfg.parallelism.enabled:
         data["parallelism_config"] = {

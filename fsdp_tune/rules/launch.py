@@ -81,3 +81,52 @@ def single_process(cfg: RunConfig) -> Iterator[Finding]:
             "one process: FSDP runs but shards nothing (useful for tests and the GPU check)",
             "--num_processes N for N GPUs",
         )
+
+
+# accelerate's DynamoBackend values (accelerate/utils/dataclasses.py)
+DYNAMO_BACKENDS = (
+    "NO EAGER AOT_EAGER INDUCTOR AOT_TS_NVFUSER NVPRIMS_NVFUSER CUDAGRAPHS OFI FX2TRT ONNXRT TENSORRT "
+    "AOT_TORCHXLA_TRACE_ONCE TORCHXLA_TRACE_ONCE TVM HPU_BACKEND NEURON"
+).split()
+
+
+@rule("FT094", "launch", "GPU selection and torch.compile keys that accelerate launch passes to the ranks")
+def launch_env(cfg: RunConfig) -> Iterator[Finding]:
+    lc = cfg.launch
+    if lc.dynamo_backend.upper() not in DYNAMO_BACKENDS:
+        yield error(
+            cfg,
+            "FT094",
+            "launch.dynamo_backend",
+            f"unknown dynamo backend {lc.dynamo_backend!r} (accelerate would refuse it at launch)",
+            "one of: " + ", ".join(b.lower() for b in DYNAMO_BACKENDS[:5]) + ", ...",
+        )
+    if not lc.gpu_ids or lc.gpu_ids == "all":
+        return
+    if lc.use_cpu:
+        yield finding(cfg, "FT094", Severity.NOTE, "launch.gpu_ids", "gpu_ids has no effect on a CPU run")
+        return
+    ids = [part.strip() for part in str(lc.gpu_ids).split(",") if part.strip()]
+    if not all(part.isdigit() for part in ids) or len(set(ids)) != len(ids):
+        yield error(
+            cfg, "FT094", "launch.gpu_ids", f"gpu_ids {lc.gpu_ids!r}: expected `all` or distinct GPU indices",
+            "gpu_ids: 0,1,2,3",
+        )
+    elif len(ids) < lc.nproc_per_node:
+        yield error(
+            cfg,
+            "FT094",
+            "launch.gpu_ids",
+            f"gpu_ids names {len(ids)} GPU(s) but {lc.nproc_per_node} processes run on each machine: the extra "
+            "ranks would find no device",
+            f"list {lc.nproc_per_node} GPUs, or --num_processes {len(ids) * lc.num_machines}",
+        )
+    elif len(ids) > lc.nproc_per_node:
+        yield finding(
+            cfg,
+            "FT094",
+            Severity.NOTE,
+            "launch.gpu_ids",
+            f"gpu_ids names {len(ids)} GPUs; {lc.nproc_per_node} process(es) per machine use the first "
+            f"{lc.nproc_per_node}",
+        )

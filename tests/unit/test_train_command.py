@@ -156,3 +156,29 @@ def test_cpu_offload_is_off_on_a_cpu_run() -> None:
     assert [f.rule for f in checked.findings if f.rule == "FT031"] == ["FT031"]
     assert fsdp_config(checked.config, on_cpu=True)["cpu_offload"] is False
     assert fsdp_config(checked.config, on_cpu=False)["cpu_offload"] is True
+
+
+def test_accelerate_launch_keys_reach_the_ranks_environment() -> None:
+    """gpu_ids, dynamo_config, enable_cpu_affinity and debug: accelerate launch exports them; so does fsdp-tune."""
+    from fsdp_tune.config import check
+    from fsdp_tune.config.writers import to_accelerate
+    from fsdp_tune.plan import make_plan
+
+    checked = check(str(FIXTURES / "configs" / "accel_launch_env.yaml"), [])
+    assert not checked.errors, checked.findings
+    gpu = make_plan(checked.config, force_cpu=False)
+    assert gpu.env == {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "ACCELERATE_CPU_AFFINITY": "1",
+        "ACCELERATE_DEBUG_MODE": "true",
+        "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR",
+        "ACCELERATE_DYNAMO_MODE": "default",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
+        "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
+    }
+    assert "CUDA_VISIBLE_DEVICES" not in make_plan(checked.config, force_cpu=True).env
+    assert gpu.standalone  # `main_process_port: null` means unset, as accelerate writes it
+    written = to_accelerate(checked.config)
+    assert written["gpu_ids"] == "0,1,2,3" and written["dynamo_config"]["dynamo_backend"] == "INDUCTOR"
+    assert make_plan(check(None, ["--num_processes", "2"]).config, force_cpu=False).env == {}
