@@ -217,7 +217,7 @@ def estimate(cfg: RunConfig, shape: ModelShape, on_cpu: bool = False) -> Estimat
     host["runtime (python, torch, HF stack)"] = HOST_RUNTIME_GIB["cpu" if on_cpu else "cuda"] * GiB * local
     host[f"{LOADING} full model copies"] = full_model * loaders
     if offload:
-        _offloaded(cfg, shape, est, shard, layer, train_state, n_lora)
+        _offloaded(cfg, shape, est, shard, layer, train_state)
     if on_cpu:
         # the device is the host: training memory of every local rank, after the loading copies are freed
         host[f"{TRAINING} every rank's training memory"] = (
@@ -226,8 +226,7 @@ def estimate(cfg: RunConfig, shape: ModelShape, on_cpu: bool = False) -> Estimat
     return est
 
 
-def _offloaded(cfg: RunConfig, shape: ModelShape, est: Estimate, shard: float, layer: float, train_state: float,
-               n_lora: int) -> None:
+def _offloaded(cfg: RunConfig, shape: ModelShape, est: Estimate, shard: float, layer: float, train_state: float) -> None:
     """Host RAM per node under cpu_offload, from what torch's FSDP does with the shards.
 
     Offloaded shards are pinned, and torch's caching host allocator rounds every pinned block up to a
@@ -239,6 +238,10 @@ def _offloaded(cfg: RunConfig, shape: ModelShape, est: Estimate, shard: float, l
     world = max(cfg.launch.num_processes, 1)
     local = cfg.launch.nproc_per_node
     host = est.host_node
+    if not shard:  # full fine-tuning: the fp32 master weights are the shards; with their grads and AdamW
+        host[f"{TRAINING} offloaded fp32 weights, grads, AdamW"] = train_state * local
+        est.notes.append("cpu_offload: the fp32 weights, their gradients and AdamW live in host RAM")
+        return
     if cfg.fsdp.version == 1:
         units = [layer / world] * shape.n_layers
         units.append((shard * world - layer * shape.n_layers) / world)  # the root unit: embeddings, norm, head
