@@ -119,3 +119,14 @@ def test_fsdp1_full_state_is_cut_down_to_the_adapter() -> None:
     assert grown == {"base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"}
     assert set(adapter_subset(model, state, grown)) == lora | grown
     assert {saved_name(k, "default") for k in lora} == {k.replace(".default.", ".") for k in lora}
+
+
+def test_truncated_rows_sees_the_rows_trl_kept() -> None:
+    """After TRL's filter and shuffle (an indices mapping over the Arrow table), only the kept rows count."""
+    from datasets import Dataset
+
+    from fsdp_tune.worker.data import truncated_rows
+
+    rows = Dataset.from_dict({"input_ids": [[1] * 8, [1] * 3, [1] * 8, [1] * 5]})
+    kept = rows.filter(lambda r: len(r["input_ids"]) != 3).shuffle(seed=0)
+    assert truncated_rows(kept, 8, packing=False) == (2, 3)
