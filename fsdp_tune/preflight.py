@@ -14,6 +14,7 @@ from fsdp_tune import datasource
 from fsdp_tune.checkpoints import list_checkpoints
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.model_source import hub_cache
 from fsdp_tune.plan import LaunchPlan
 from fsdp_tune.worker_paths import RESOLVED_NAME, SUMMARY_NAME
 
@@ -31,8 +32,7 @@ def _offline() -> bool:
 
 
 def _hub_cached(repo_id: str, kind: str) -> bool:
-    cache = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
-    return (cache.expanduser() / f"{kind}--{repo_id.replace('/', '--')}").is_dir()
+    return (hub_cache().expanduser() / f"{kind}--{repo_id.replace('/', '--')}").is_dir()
 
 
 def _looks_like_path(name: str) -> bool:
