@@ -21,6 +21,16 @@ def cuda_present() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
 
 
+def visible_gpus(env: dict[str, str] | None = None) -> int | None:
+    """How many GPUs the ranks will see (device nodes, narrowed by CUDA_VISIBLE_DEVICES, the plan's first);
+    None when that cannot be told without CUDA (no /dev/nvidia* nodes, e.g. some containers)."""
+    visible = (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    nodes = glob.glob("/dev/nvidia[0-9]*")
+    return len(nodes) or None
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     world_size: int

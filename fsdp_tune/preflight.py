@@ -15,7 +15,7 @@ from fsdp_tune.checkpoints import list_checkpoints
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.model_source import hub_cache
-from fsdp_tune.plan import LaunchPlan
+from fsdp_tune.plan import LaunchPlan, visible_gpus
 from fsdp_tune.worker_paths import RESOLVED_NAME, SUMMARY_NAME
 
 BUILTIN_MODEL_PREFIX = "builtin:"
@@ -148,6 +148,17 @@ def _libraries(cfg: RunConfig, plan: LaunchPlan) -> list[Finding]:
     if cfg.quantization.use_4bit_quantization and importlib.util.find_spec("bitsandbytes") is None:
         findings.append(
             _err("PF021", "--use_4bit_quantization", "bitsandbytes is not installed", "pip install bitsandbytes")
+        )
+    gpus = None if plan.on_cpu else visible_gpus(plan.env)
+    if gpus is not None and gpus < plan.nproc_per_node:
+        findings.append(
+            _err(
+                "PF025",
+                "num_processes",
+                f"{plan.nproc_per_node} processes per machine, but the ranks would see {gpus} GPU(s) here: one "
+                "rank per GPU (NCCL)",
+                f"--num_processes {gpus * plan.nnodes}, or check CUDA_VISIBLE_DEVICES / gpu_ids",
+            )
         )
     if cfg.fsdp.version == 1 and plan.on_cpu:
         findings.append(

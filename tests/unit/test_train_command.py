@@ -182,3 +182,21 @@ def test_accelerate_launch_keys_reach_the_ranks_environment() -> None:
     written = to_accelerate(checked.config)
     assert written["gpu_ids"] == "0,1,2,3" and written["dynamo_config"]["dynamo_backend"] == "INDUCTOR"
     assert make_plan(check(None, ["--num_processes", "2"]).config, force_cpu=False).env == {}
+
+
+def test_more_ranks_than_visible_gpus_is_refused(tmp_path, monkeypatch) -> None:
+    """One rank per GPU: 4 ranks with 2 visible GPUs would fail in NCCL after loading the model."""
+    from fsdp_tune.preflight import check_machine
+
+    flags = ["--use_cpu", "false", "--num_processes", "4", "--output_dir", str(tmp_path / "o")]
+    cfg = check(BASE, flags).config
+    plan = make_plan(cfg, force_cpu=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    [found] = [f for f in check_machine(cfg, plan, False) if f.rule == "PF025"]
+    assert "would see 2 GPU(s)" in found.message and "--num_processes 2" in found.hint
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert not [f for f in check_machine(cfg, plan, False) if f.rule == "PF025"]
+    # gpu_ids in the config sets what the ranks see, over the shell's CUDA_VISIBLE_DEVICES (as accelerate launch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    cfg = check(BASE, [*flags, "--gpu_ids", "0,1,2,3"]).config
+    assert not [f for f in check_machine(cfg, make_plan(cfg, force_cpu=False), False) if f.rule == "PF025"]
