@@ -7,6 +7,7 @@ the expected fields, libraries are importable, the output dir is safe to write. 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -80,7 +81,64 @@ def _model(cfg: RunConfig) -> list[Finding]:
             return [
                 _err("PF002", "--model_name_or_path", f"{name} has no config.json: not a Transformers model folder")
             ]
+        return _weights(path, name)
+    return _hub_model(name)
+
+
+def _weights(folder: Path, name: str) -> list[Finding]:
+    """A local model's safetensors files are all there and whole: a shard missing from the index, or a file
+    shorter than its header says (an interrupted copy), fails only after every rank has loaded the others.
+    Reads the headers only (a few KiB a file)."""
+    index = folder / "model.safetensors.index.json"
+    files = sorted(folder.glob("*.safetensors"))
+    problems = []
+    if index.exists():
+        try:
+            wanted = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError) as e:
+            wanted = set()
+            problems.append(f"{index.name} is unreadable ({e})")
+        missing = sorted(wanted - {f.name for f in files})
+        if missing:
+            problems.append(f"{len(missing)} shard(s) named in {index.name} are missing: {', '.join(missing[:3])}")
+    for f in files:
+        why = _safetensors_problem(f)
+        if why:
+            problems.append(f"{f.name} {why}")
+    if not problems:
         return []
+    return [
+        _err(
+            "PF004",
+            "--model_name_or_path",
+            f"{name}: {'; '.join(problems[:3])}",
+            "copy or download the model again (huggingface-cli download resumes)",
+        )
+    ]
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is not whole, from its header: 8 bytes of length, a JSON table of offsets."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return "is empty or cut short"
+            length = int.from_bytes(head, "little")
+            if length > size - 8:
+                return "is cut short (its header is longer than the file)"
+            table = json.loads(f.read(length))
+        end = max((v["data_offsets"][1] for k, v in table.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        return f"has an unreadable header ({e.__class__.__name__})"
+    if 8 + length + end > size:
+        return f"is cut short ({size} bytes of {8 + length + end})"
+    return None
+
+
+def _hub_model(name: str) -> list[Finding]:
+    """A hub id: offline, it must be in the local cache."""
     if _offline() and not _hub_cached(name, "models"):
         return [
             _err(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -80,8 +81,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(train) -> None:
 
 
 def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monkeypatch) -> None:
-    """Valid for validate-config and the pre-flight, fatal in the ranks: a model folder whose weights file
-    is cut short (an interrupted download)."""
+    """Valid for validate-config and the pre-flight, fatal in the ranks: a model folder whose config.json
+    does not match its weights (an edited config); a cut-short weights file is refused by the pre-flight."""
     import shutil
 
     from fsdp_tune.builtin_models import materialize
@@ -89,12 +90,19 @@ def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monke
     monkeypatch.setenv("FSDP_TUNE_CACHE", str(model_cache))
     broken = tmp_path / "broken-model"
     shutil.copytree(materialize("tiny-llama"), broken)
-    weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (broken / "config.json").write_text(json.dumps(config))
     run = train("--model_name_or_path", str(broken), check=False)
     assert run.proc.returncode == 1, run.logs()
-    assert "training failed on rank" in run.proc.stderr and "root cause: " in run.proc.stderr
-    assert "root cause: SafetensorError: Error while deserializing header" in run.proc.stderr, run.logs()
+    assert "training failed on rank" in run.proc.stderr, run.logs()
+    assert "root cause: RuntimeError: You set `ignore_mismatched_sizes` to `False`" in run.proc.stderr, run.logs()
+
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    refused = train("--model_name_or_path", str(broken), check=False, output_dir=tmp_path / "run2")
+    assert refused.proc.returncode == 2 and "PF004" in refused.proc.stderr, refused.logs()
+    assert "model.safetensors is cut short" in refused.proc.stderr
 
 
 def test_hung_rank_times_out_and_is_named(train) -> None:

@@ -200,3 +200,28 @@ def test_more_ranks_than_visible_gpus_is_refused(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     cfg = check(BASE, [*flags, "--gpu_ids", "0,1,2,3"]).config
     assert not [f for f in check_machine(cfg, make_plan(cfg, force_cpu=False), False) if f.rule == "PF025"]
+
+
+def _safetensors(path, n_floats: int, cut: int = 0) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n_floats], "data_offsets": [0, 4 * n_floats]}}).encode()
+    data = len(header).to_bytes(8, "little") + header + b"\0" * (4 * n_floats)
+    path.write_bytes(data[: len(data) - cut])
+
+
+def test_incomplete_local_weights_are_refused(tmp_path) -> None:
+    """A shard missing from the index, or a file cut short, would fail after the ranks loaded the rest."""
+    from fsdp_tune.preflight import _weights
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    _safetensors(model / "model-00001-of-00002.safetensors", 16)
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    [found] = _weights(model, "m")
+    assert found.rule == "PF004" and "1 shard(s) named in model.safetensors.index.json are missing" in found.message
+    _safetensors(model / "model-00002-of-00002.safetensors", 16, cut=10)
+    [found] = _weights(model, "m")
+    assert "model-00002-of-00002.safetensors is cut short" in found.message
+    _safetensors(model / "model-00002-of-00002.safetensors", 16)
+    assert _weights(model, "m") == []
