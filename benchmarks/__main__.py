@@ -61,7 +61,8 @@ def main(argv: list[str]) -> None:
                     f"planned {pred:>6}   final loss {v['loss_last']}"
                 )
         print(
-            f"  FSDP2 / DDP peak RSS (rank 0): {r['fsdp2_over_ddp_rank0']:.2f}; plan error: "
+            f"  FSDP2 / DDP peak RSS (rank 0): LoRA {r['fsdp2_over_ddp_rank0']:.2f}, full fine-tuning "
+            f"{r['full_ft_fsdp2_over_ddp_rank0']:.2f}; plan error: "
             + ", ".join(f"{k} {e:.0%}" for k, e in r["plan_error"].items())
         )
     if which in ("plan", "all"):

@@ -1,5 +1,6 @@
 """Memory of sharding on CPU: a ~125M-parameter Llama on 2 ranks. Peak RSS per rank for FSDP2 (fsdp-tune)
-against plain DDP, with cpu_ram_efficient_loading on and off, each next to `fsdp-tune plan`'s prediction."""
+against plain DDP, with cpu_ram_efficient_loading on and off, for LoRA and for full fine-tuning (where the
+optimizer state, which FSDP shards, outweighs the loading copies), each next to `fsdp-tune plan`'s prediction."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def run() -> dict:
         for label, extra in (
             ("fsdp2", []),
             ("fsdp2 + cpu_ram_efficient_loading", ["--fsdp_cpu_ram_efficient_loading", "true"]),
+            ("full fine-tuning: fsdp2", ["--use_peft_lora", "false"]),
         ):
             d = work / label.replace(" ", "_").replace("+", "")
             plan = json.loads(
@@ -70,26 +72,31 @@ def run() -> dict:
                 "predicted_mib": plan["per_rank_host_peak_gib"] * 1024,
                 "loss_last": s["loss_last"],
             }
-        d = work / "ddp"
-        d.mkdir()
-        subprocess.run(
-            plain_sft.command(model_dir, str(d)),
-            capture_output=True,
-            text=True,
-            env=dict(env, PLAIN_MODE="ddp", PLAIN_STEPS=str(STEPS), PLAIN_BATCH=str(BATCH), PLAIN_SEQ=str(SEQ)),
-            check=True,
-            timeout=900,
-        )
-        p = json.loads((d / "plain_summary.json").read_text())
-        out["ddp (plain script)"] = {
-            "peak_rss_mib": [p["peak_rss_mib_rank0"]],
-            "predicted_mib": None,
-            "loss_last": p["losses"][-1] if p["losses"] else None,
-        }
+        for label, full in (("ddp (plain script)", "0"), ("full fine-tuning: ddp (plain script)", "1")):
+            d = work / label.replace(" ", "_").replace(":", "").replace("(", "").replace(")", "")
+            d.mkdir()
+            subprocess.run(
+                plain_sft.command(model_dir, str(d)),
+                capture_output=True,
+                text=True,
+                env=dict(env, PLAIN_MODE="ddp", PLAIN_FULL=full, PLAIN_STEPS=str(STEPS), PLAIN_BATCH=str(BATCH),
+                         PLAIN_SEQ=str(SEQ)),
+                check=True,
+                timeout=900,
+            )
+            p = json.loads((d / "plain_summary.json").read_text())
+            out[label] = {
+                "peak_rss_mib": [p["peak_rss_mib_rank0"]],
+                "predicted_mib": None,
+                "loss_last": p["losses"][-1] if p["losses"] else None,
+            }
     finally:
         shutil.rmtree(work, ignore_errors=True)
     fsdp_rank0 = out["fsdp2"]["peak_rss_mib"][0]
     out["fsdp2_over_ddp_rank0"] = fsdp_rank0 / out["ddp (plain script)"]["peak_rss_mib"][0]
+    out["full_ft_fsdp2_over_ddp_rank0"] = (
+        out["full fine-tuning: fsdp2"]["peak_rss_mib"][0] / out["full fine-tuning: ddp (plain script)"]["peak_rss_mib"][0]
+    )
     out["plan_error"] = {
         k: max(abs(m / v["predicted_mib"] - 1) for m in v["peak_rss_mib"])
         for k, v in out.items()

@@ -4,7 +4,8 @@ same model, data, seed, steps and FSDP2 settings as configs/demo_cpu.yaml.
 Run: torchrun --standalone --nproc_per_node 2 benchmarks/plain_sft.py MODEL_DIR OUTPUT_DIR
 On CPU it needs the same accelerate shim as fsdp-tune (without it accelerate silently trains unsharded).
 PLAIN_MODE=ddp trains the same model with plain DDP (no sharding) for the memory comparison;
-PLAIN_STEPS / PLAIN_BATCH / PLAIN_SEQ change the run's length and shape.
+PLAIN_STEPS / PLAIN_BATCH / PLAIN_SEQ change the run's length and shape; PLAIN_FULL=1 trains every
+weight (no LoRA), where sharding the optimizer state pays off.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def main() -> None:
         args=args,
         train_dataset=ds,
         processing_class=tok,
-        peft_config=LoraConfig(
-            r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
-        ),
+        peft_config=None
+        if os.environ.get("PLAIN_FULL") == "1"
+        else LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"),
         callbacks=[FirstStep()],
     )
     result = trainer.train()
