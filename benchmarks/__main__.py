@@ -1,4 +1,5 @@
-"""`python -m benchmarks [cli|overhead|memory|plan|all]` (or `make bench`): prints a table, writes results/latest.json."""
+"""`python -m benchmarks [cli|overhead|memory|plan|all]` (or `make bench`): prints a table and writes
+results/latest.json."""
 
 from __future__ import annotations
 
@@ -73,8 +74,10 @@ def main(argv: list[str]) -> None:
         for row in r["rows"]:
             low, high = row["published"]
             published = f"{low:g}" if low == high else f"{low:g}-{high:g}"
-            print(f"  {row['scenario']:<44} planned {row['planned_gib']:7.1f}  published {published:>6}  "
-                  f"error {row['error']:+.0%}")
+            print(
+                f"  {row['scenario']:<44} planned {row['planned_gib']:7.1f}  published {published:>6}  "
+                f"error {row['error']:+.0%}"
+            )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")

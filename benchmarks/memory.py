@@ -79,8 +79,14 @@ def run() -> dict:
                 plain_sft.command(model_dir, str(d)),
                 capture_output=True,
                 text=True,
-                env=dict(env, PLAIN_MODE="ddp", PLAIN_FULL=full, PLAIN_STEPS=str(STEPS), PLAIN_BATCH=str(BATCH),
-                         PLAIN_SEQ=str(SEQ)),
+                env=dict(
+                    env,
+                    PLAIN_MODE="ddp",
+                    PLAIN_FULL=full,
+                    PLAIN_STEPS=str(STEPS),
+                    PLAIN_BATCH=str(BATCH),
+                    PLAIN_SEQ=str(SEQ),
+                ),
                 check=True,
                 timeout=900,
             )
@@ -95,7 +101,8 @@ def run() -> dict:
     fsdp_rank0 = out["fsdp2"]["peak_rss_mib"][0]
     out["fsdp2_over_ddp_rank0"] = fsdp_rank0 / out["ddp (plain script)"]["peak_rss_mib"][0]
     out["full_ft_fsdp2_over_ddp_rank0"] = (
-        out["full fine-tuning: fsdp2"]["peak_rss_mib"][0] / out["full fine-tuning: ddp (plain script)"]["peak_rss_mib"][0]
+        out["full fine-tuning: fsdp2"]["peak_rss_mib"][0]
+        / out["full fine-tuning: ddp (plain script)"]["peak_rss_mib"][0]
     )
     out["plan_error"] = {
         k: max(abs(m / v["predicted_mib"] - 1) for m in v["peak_rss_mib"])

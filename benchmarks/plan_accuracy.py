@@ -13,12 +13,24 @@ from benchmarks.seeds import REPO, seed_flags
 SCENARIOS = [
     # (label, seed script, extra flags, plan key, published low, published high)
     ("70B LoRA, 8 GPUs: per GPU", "run_peft_fsdp.sh", [], "per_gpu_memory_gib", 72.0, 80.0),
-    ("70B QLoRA, 2 GPUs, no offload: per GPU", "run_peft_qlora_fsdp.sh", ["--fsdp_offload_params", "false"],
-     "per_gpu_memory_gib", 35.6, 35.6),
+    (
+        "70B QLoRA, 2 GPUs, no offload: per GPU",
+        "run_peft_qlora_fsdp.sh",
+        ["--fsdp_offload_params", "false"],
+        "per_gpu_memory_gib",
+        35.6,
+        35.6,
+    ),
     ("70B QLoRA, 2 GPUs, offload: per GPU", "run_peft_qlora_fsdp.sh", [], "per_gpu_memory_gib", 19.6, 19.6),
     ("70B QLoRA, 2 GPUs, offload: host (peak)", "run_peft_qlora_fsdp.sh", [], "host_memory_gib_per_node", 107, 107),
-    ("70B QLoRA, 2 GPUs, offload: host (steady)", "run_peft_qlora_fsdp.sh", [], "host_memory_gib_per_node_steady",
-     107, 107),
+    (
+        "70B QLoRA, 2 GPUs, offload: host (steady)",
+        "run_peft_qlora_fsdp.sh",
+        [],
+        "host_memory_gib_per_node_steady",
+        107,
+        107,
+    ),
 ]
 
 

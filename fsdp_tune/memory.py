@@ -226,7 +226,9 @@ def estimate(cfg: RunConfig, shape: ModelShape, on_cpu: bool = False) -> Estimat
     return est
 
 
-def _offloaded(cfg: RunConfig, shape: ModelShape, est: Estimate, shard: float, layer: float, train_state: float) -> None:
+def _offloaded(
+    cfg: RunConfig, shape: ModelShape, est: Estimate, shard: float, layer: float, train_state: float
+) -> None:
     """Host RAM per node under cpu_offload, from what torch's FSDP does with the shards.
 
     Offloaded shards are pinned, and torch's caching host allocator rounds every pinned block up to a

@@ -116,7 +116,9 @@ def checked_as_json(checked: Checked) -> dict[str, Any]:
 def format_summary(summary: dict[str, Any]) -> str:
     """The few lines a user reads after a run."""
     first, last = summary.get("loss_first"), summary.get("loss_last")
-    loss = f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "not logged (logging_steps > steps)"
+    loss = (
+        f"{first:.3f} -> {last:.3f}" if first is not None and last is not None else "not logged (logging_steps > steps)"
+    )
     tps = summary.get("tokens_per_s")
     ranks = ", ".join(f"rank {i}: {r['peak_rss_mib']:.0f} MiB" for i, r in enumerate(summary.get("per_rank", [])))
     units = ", ".join(f"{n} x {k}" for k, n in summary.get("fsdp_units", {}).items())
@@ -136,9 +138,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     cut = summary.get("truncated_sequences") or {}
     if cut.get("cut"):
-        lines.append(
-            f"  data: {cut['cut']} of {cut['total']} sequences were cut at max_seq_len {cut['max_seq_len']}"
-        )
+        lines.append(f"  data: {cut['cut']} of {cut['total']} sequences were cut at max_seq_len {cut['max_seq_len']}")
     gpu = [r for r in summary.get("per_rank", []) if "peak_gpu_reserved_mib" in r]
     if gpu:
         lines.append("  peak GPU reserved: " + ", ".join(f"{r['peak_gpu_reserved_mib']:.0f} MiB" for r in gpu))
@@ -178,8 +178,11 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append(
             f"step: {st['tflops_per_step_per_gpu']:.0f} TFLOP and {st['comm_gb_per_step_per_gpu']:.1f} GB of "
             f"all-gather per GPU"
-            + (f", {st['host_transfer_gb_per_step_per_gpu']:.1f} GB host<->GPU (offload)"
-               if st["host_transfer_gb_per_step_per_gpu"] else "")
+            + (
+                f", {st['host_transfer_gb_per_step_per_gpu']:.1f} GB host<->GPU (offload)"
+                if st["host_transfer_gb_per_step_per_gpu"]
+                else ""
+            )
             + f" -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
             f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
         )

@@ -46,14 +46,14 @@ def describe(cfg: RunConfig, plan: LaunchPlan) -> str:
         if f.transformer_layer_cls_to_wrap
         else " (the model's decoder layers)"
     )
+    offload_note = " (no effect on CPU: off)" if f.cpu_offload and plan.on_cpu else ""
     lines = [
         f"plan: {plan.world_size} rank{'s' if plan.world_size > 1 else ''} on {plan.nnodes} machine"
         f"{'s' if plan.nnodes > 1 else ''} ({plan.nproc_per_node} per machine, this is machine {plan.node_rank}), "
         f"{device}",
         "  torchrun: " + " ".join(plan.command()),
         f"  fsdp: FSDP{f.version}, reshard_after_forward={str(f.reshard_after_forward).lower()}, "
-        f"cpu_offload={str(f.cpu_offload).lower()}{' (no effect on CPU: off)' if f.cpu_offload and plan.on_cpu else ''}, "
-        f"wrap {wrap}",
+        f"cpu_offload={str(f.cpu_offload).lower()}{offload_note}, wrap {wrap}",
         f"  checkpoints: {f.state_dict_type}; final adapter: full state dict, loadable without FSDP",
         f"  precision: {compute_precision(cfg)}, model loaded in {model_dtype(cfg)}; "
         f"activation checkpointing: {'FSDP' if f.activation_checkpointing else 'off'}, "

@@ -128,8 +128,9 @@ def retired(name: str, value: object, origin: Origin) -> tuple[Assignment | None
 
     path, mapping, why = keys.RETIRED_ARGS[name]
     if path is None:
-        return None, Finding("FT012", Severity.WARNING, origin.key, origin.source, f"`{name}` is {why}; ignored",
-                             f"drop `{name}`")
+        return None, Finding(
+            "FT012", Severity.WARNING, origin.key, origin.source, f"`{name}` is {why}; ignored", f"drop `{name}`"
+        )
     if mapping is not None:
         try:
             value = mapping[to_bool(value)]
@@ -139,6 +140,12 @@ def retired(name: str, value: object, origin: Origin) -> tuple[Assignment | None
     shown = f"{new} {value}" if not isinstance(value, bool) else new
     return (
         Assignment(path, value, origin),
-        Finding("FT012", Severity.WARNING, origin.key, origin.source, f"`{name}`: {why}; read as `{shown}`",
-                f"write `{new}` instead"),
+        Finding(
+            "FT012",
+            Severity.WARNING,
+            origin.key,
+            origin.source,
+            f"`{name}`: {why}; read as `{shown}`",
+            f"write `{new}` instead",
+        ),
     )

@@ -116,7 +116,11 @@ RETIRED_ARGS: dict[str, tuple[str | None, dict | None, str]] = {
         "replaced by `train_sampling_strategy`",
     ),
     "save_safetensors": (None, None, "removed in transformers 5: checkpoints are always safetensors"),
-    "logging_dir": (None, None, "removed in transformers 5: TensorBoard reads TENSORBOARD_LOGGING_DIR from the environment"),
+    "logging_dir": (
+        None,
+        None,
+        "removed in transformers 5: TensorBoard reads TENSORBOARD_LOGGING_DIR from the environment",
+    ),
     "include_tokens_per_second": (None, None, "removed in transformers 5: fsdp-tune's summary reports tokens/s"),
     "use_mps_device": (None, None, "removed in transformers 5 (and fsdp-tune runs on CUDA GPUs or CPU)"),
     "fp16_backend": (None, None, "removed in transformers 5: fp16 uses torch AMP"),

@@ -190,8 +190,13 @@ class _Reader:
         """accelerate's torch.compile settings; passed to the ranks as accelerate launch does (env)."""
         if not isinstance(data, dict):
             self.findings.append(
-                Finding("FT003", Severity.ERROR, ".".join(prefix), self.origin(prefix).source,
-                        "must be a mapping of dynamo_ keys")
+                Finding(
+                    "FT003",
+                    Severity.ERROR,
+                    ".".join(prefix),
+                    self.origin(prefix).source,
+                    "must be a mapping of dynamo_ keys",
+                )
             )
             return
         for key, value in data.items():

@@ -109,7 +109,10 @@ def launch_env(cfg: RunConfig) -> Iterator[Finding]:
     ids = [part.strip() for part in str(lc.gpu_ids).split(",") if part.strip()]
     if not all(part.isdigit() for part in ids) or len(set(ids)) != len(ids):
         yield error(
-            cfg, "FT094", "launch.gpu_ids", f"gpu_ids {lc.gpu_ids!r}: expected `all` or distinct GPU indices",
+            cfg,
+            "FT094",
+            "launch.gpu_ids",
+            f"gpu_ids {lc.gpu_ids!r}: expected `all` or distinct GPU indices",
             "gpu_ids: 0,1,2,3",
         )
     elif len(ids) < lc.nproc_per_node:

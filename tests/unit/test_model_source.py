@@ -17,8 +17,17 @@ def _cache_model(cache, repo_id: str, config: dict) -> None:
 def test_a_cached_hub_model_is_checked(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     _cache_model(tmp_path, "Qwen/Qwen2-7B", {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
-    checked = check(None, ["--model_name_or_path", "Qwen/Qwen2-7B", "--fsdp_version", "2",
-                           "--fsdp_transformer_layer_cls_to_wrap", "LlamaDecoderLayer"])
+    checked = check(
+        None,
+        [
+            "--model_name_or_path",
+            "Qwen/Qwen2-7B",
+            "--fsdp_version",
+            "2",
+            "--fsdp_transformer_layer_cls_to_wrap",
+            "LlamaDecoderLayer",
+        ],
+    )
     [found] = [f for f in checked.findings if f.rule == "FT080"]
     assert "LlamaDecoderLayer: no such class in Qwen/Qwen2-7B (qwen2)" in found.message
     assert "Qwen2DecoderLayer" in found.hint
@@ -35,8 +44,9 @@ def test_unknown_or_remote_code_models_are_not_guessed(tmp_path, monkeypatch) ->
     _cache_model(tmp_path, "acme/custom", {"model_type": "acme_custom_arch", "auto_map": {}})
     assert model_source.for_model("acme/custom") is None
     assert model_source.for_model("acme/not-here") is None
-    checked = check(None, ["--model_name_or_path", "acme/custom", "--use_peft_lora", "True",
-                           "--lora_target_modules", "wqkv"])
+    checked = check(
+        None, ["--model_name_or_path", "acme/custom", "--use_peft_lora", "True", "--lora_target_modules", "wqkv"]
+    )
     assert not [f for f in checked.findings if f.rule in ("FT080", "FT081")]
 
 
@@ -46,6 +56,15 @@ def test_a_model_without_no_split_modules_needs_its_layer_named(tmp_path, monkey
     checked = check(None, ["--model_name_or_path", "microsoft/biogpt", "--fsdp_version", "2"])
     [found] = [f for f in checked.findings if f.rule == "FT080"]
     assert found.severity.name == "WARNING" and "BioGptDecoderLayer" in found.hint
-    named = check(None, ["--model_name_or_path", "microsoft/biogpt", "--fsdp_version", "2",
-                         "--fsdp_transformer_layer_cls_to_wrap", "BioGptDecoderLayer"])
+    named = check(
+        None,
+        [
+            "--model_name_or_path",
+            "microsoft/biogpt",
+            "--fsdp_version",
+            "2",
+            "--fsdp_transformer_layer_cls_to_wrap",
+            "BioGptDecoderLayer",
+        ],
+    )
     assert not [f for f in named.findings if f.rule == "FT080"]

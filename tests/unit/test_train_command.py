@@ -216,8 +216,9 @@ def test_incomplete_local_weights_are_refused(tmp_path) -> None:
     model.mkdir()
     (model / "config.json").write_text("{}")
     _safetensors(model / "model-00001-of-00002.safetensors", 16)
-    (model / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+    )
     [found] = _weights(model, "m")
     assert found.rule == "PF004" and "1 shard(s) named in model.safetensors.index.json are missing" in found.message
     _safetensors(model / "model-00002-of-00002.safetensors", 16, cut=10)
