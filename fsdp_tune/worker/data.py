@@ -48,16 +48,22 @@ def truncated_rows(dataset, max_len: int, packing: bool) -> tuple[int, int]:
     TRL cuts every sequence longer than max_length, silently (without packing it truncates the row; with
     BFD packing it truncates the sequence before packing it). A sequence that is now exactly max_len long
     was cut or fitted exactly; either way the data meets the limit, so it is counted.
-    """
-    import pyarrow.compute as pc
 
-    # Arrow compute over the column (respecting shuffles and filters): no per-row Python, so a dataset of
-    # millions of rows costs a fraction of a second, not a copy of every token id in Python lists
-    if packing and "seq_lengths" in dataset.column_names:
-        lengths = pc.list_flatten(dataset.with_format("arrow")["seq_lengths"])
-    elif "input_ids" in dataset.column_names:
-        lengths = pc.list_value_length(dataset.with_format("arrow")["input_ids"])
-    else:
+    Lengths come from the Arrow list offsets with numpy: no per-row Python (a million-row dataset is not
+    copied into lists on every rank), and no pyarrow.compute, whose thread pool can abort the process at
+    exit ("terminate called without an active exception", apache/arrow#34314).
+    """
+    import numpy as np
+
+    column = "seq_lengths" if packing and "seq_lengths" in dataset.column_names else "input_ids"
+    if column not in dataset.column_names:
         return 0, 0
-    cut = pc.sum(pc.greater_equal(lengths, max_len)).as_py() or 0
-    return int(cut), len(lengths)
+    chunks = dataset.data.column(column).chunks
+    if column == "seq_lengths":  # packed rows: every row is kept, order does not matter; count the sequences
+        lengths = np.concatenate([c.flatten().to_numpy() for c in chunks] or [np.zeros(0, np.int64)])
+    else:
+        lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks] or [np.zeros(0, np.int64)])
+        indices = getattr(dataset, "_indices", None)  # TRL's filter and shuffle: the rows it kept
+        if indices is not None:
+            lengths = lengths[indices.column(0).to_numpy()]
+    return int((lengths >= max_len).sum()), len(lengths)
