@@ -17,5 +17,22 @@ def main() -> None:
     run(sys.argv[1], started=STARTED)
 
 
+def _exit_without_native_teardown() -> None:
+    """A finished rank ends here. Python's exit handlers run (trackers flush, logs close), then the process
+    exits without the interpreter's native teardown: a native thread pool still alive at that point (Arrow's,
+    seen in CI) can abort with "terminate called without an active exception" after all the work is done,
+    which would turn a finished run into a failed one."""
+    import atexit
+    import logging
+    import os
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    _exit_without_native_teardown()
