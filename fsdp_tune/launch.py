@@ -120,17 +120,49 @@ def run(plan: LaunchPlan) -> Outcome:
     return Outcome(code, received[0] if received else None, tail.decode("utf-8", "replace"))
 
 
+_FIELDS = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$", re.M)
+# what a rank raises when another rank died under it: the consequence, not the cause
+_LOST_PEER = re.compile(
+    r"connection reset by peer|connection closed by peer|broken pipe|connection refused|remote process exited|"
+    r"ncclRemoteError|communicator was aborted",
+    re.I,
+)
+
+
 def _root_cause(torchrun_stderr: str) -> dict[str, str] | None:
     """The fields of torchrun's "Root Cause (first observed failure)" block."""
     _, found, block = torchrun_stderr.rpartition("Root Cause (first observed failure)")
     if not found:
         return None
-    fields = dict(re.findall(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$", block, re.M))
+    fields = dict(_FIELDS.findall(block))
     return fields if "rank" in fields and "exitcode" in fields else None
 
 
+def _other_failures(torchrun_stderr: str) -> list[dict[str, str]]:
+    """The fields of each block under torchrun's "Failures:" (every failed rank but the first observed)."""
+    section = torchrun_stderr.rpartition("Failures:")[2].partition("Root Cause")[0]
+    blocks = re.split(r"^\s*\[\d+\]:\s*$", section, flags=re.M)[1:]
+    return [f for f in (dict(_FIELDS.findall(b)) for b in blocks) if "rank" in f and "exitcode" in f]
+
+
+def _describe(failure: dict[str, str]) -> tuple[str, int, str]:
+    """(rank, exit code, cause) of one failed rank."""
+    code = int(failure["exitcode"].split()[0])
+    cause = _cause_from_error_file(failure.get("error_file", ""))
+    if cause is None:
+        cause = (
+            f"killed by {signal.Signals(-code).name}" + (" (out of host memory? see dmesg)" if code == -9 else "")
+            if code < 0
+            else f"exited with code {code} without a Python exception"
+        )
+    return failure["rank"].split()[0], code, cause
+
+
 def failure_report(plan: LaunchPlan, outcome: Outcome) -> LaunchError:
-    """One block: which rank and host failed, the root cause, where the full log is, the exit code."""
+    """One block: which rank and host failed, the root cause, where the full log is, the exit code.
+
+    torchrun's "first observed failure" can be a rank that only lost its peer (it raised "connection reset
+    by peer" before torchrun noticed the peer die): then the rank that died on its own is the root cause."""
     if outcome.signal is not None:
         code = ExitCode.INTERRUPTED if outcome.signal == signal.SIGINT else ExitCode.TERMINATED
         return LaunchError(f"stopped by {signal.Signals(outcome.signal).name}", code)
@@ -138,20 +170,23 @@ def failure_report(plan: LaunchPlan, outcome: Outcome) -> LaunchError:
     log_dir = Path(plan.output_dir, "logs")
     if not root:
         return LaunchError(f"training failed (torchrun exit code {outcome.returncode}); rank logs: {log_dir}")
-    rank = root["rank"].split()[0]
+    rank, code, cause = _describe(root)
     host = root.get("host", "?")
-    code = int(root["exitcode"].split()[0])
-    cause = _cause_from_error_file(root.get("error_file", ""))
-    if cause is None:
-        cause = (
-            f"killed by {signal.Signals(-code).name}" + (" (out of host memory? see dmesg)" if code == -9 else "")
-            if code < 0
-            else f"exited with code {code} without a Python exception"
-        )
+    consequence = ""
+    if _LOST_PEER.search(cause):
+        for other in _other_failures(outcome.torchrun_tail):
+            o_rank, o_code, o_cause = _describe(other)
+            died_alone = o_code != -signal.SIGTERM and not _LOST_PEER.search(o_cause)  # torchrun SIGTERMs the rest
+            if o_rank != rank and died_alone:
+                consequence = f"\n  then:       rank {rank} lost its peer ({cause})"
+                rank, code, cause, host = o_rank, o_code, o_cause, other.get("host", "?")
+                break
     return LaunchError(
         f"training failed on rank {rank} (host {host}, exit code {code})\n"
         f"  root cause: {cause}\n"
-        f"  full log:   {log_dir / f'rank-{rank}.log'}" + _silent_peers(outcome.torchrun_tail, rank, cause)
+        f"  full log:   {log_dir / f'rank-{rank}.log'}"
+        + consequence
+        + _silent_peers(outcome.torchrun_tail, rank, cause)
     )
 
 
