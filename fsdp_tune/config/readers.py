@@ -140,6 +140,13 @@ class _Reader:
             return  # `key: null` is how accelerate config writes "not set": the default stands
         self.assignments.append(Assignment(canonical, value, self.origin(path)))
 
+    def is_mapping(self, data: Any, path: tuple[str, ...], message: str) -> bool:
+        """True for a mapping; otherwise records FT003 at `path`."""
+        if isinstance(data, dict):
+            return True
+        self.findings.append(Finding("FT003", Severity.ERROR, ".".join(path), self.origin(path).source, message))
+        return False
+
     def unknown(self, path: tuple[str, ...], known: list[str], what: str) -> None:
         from fsdp_tune.config.suggest import did_you_mean
 
@@ -188,16 +195,7 @@ class _Reader:
 
     def dynamo_section(self, data: Any, prefix: tuple[str, ...]) -> None:
         """accelerate's torch.compile settings; passed to the ranks as accelerate launch does (env)."""
-        if not isinstance(data, dict):
-            self.findings.append(
-                Finding(
-                    "FT003",
-                    Severity.ERROR,
-                    ".".join(prefix),
-                    self.origin(prefix).source,
-                    "must be a mapping of dynamo_ keys",
-                )
-            )
+        if not self.is_mapping(data, prefix, "must be a mapping of dynamo_ keys"):
             return
         for key, value in data.items():
             name = key.removeprefix("dynamo_")
@@ -207,16 +205,7 @@ class _Reader:
                 self.unknown((*prefix, key), [f"dynamo_{k}" for k in keys.DYNAMO_KEYS], "dynamo_config")
 
     def fsdp_section(self, data: Any, prefix: tuple[str, ...], default_version: int) -> None:
-        if not isinstance(data, dict):
-            self.findings.append(
-                Finding(
-                    "FT003",
-                    Severity.ERROR,
-                    ".".join(prefix) or "fsdp_config",
-                    self.origin(prefix).source,
-                    "must be a mapping of FSDP keys",
-                )
-            )
+        if not self.is_mapping(data, prefix or ("fsdp_config",), "must be a mapping of FSDP keys"):
             return
         has_version = False
         for key, value in data.items():
@@ -239,16 +228,7 @@ class _Reader:
             )
 
     def parallelism_section(self, data: Any, prefix: tuple[str, ...]) -> None:
-        if not isinstance(data, dict):
-            self.findings.append(
-                Finding(
-                    "FT003",
-                    Severity.ERROR,
-                    ".".join(prefix),
-                    self.origin(prefix).source,
-                    "must be a mapping of parallelism_config_* keys",
-                )
-            )
+        if not self.is_mapping(data, prefix, "must be a mapping of parallelism_config_* keys"):
             return
         if data:
             # accelerate: a non-empty parallelism_config turns the feature on
@@ -279,16 +259,7 @@ class _Reader:
                 self.unknown((section,), list(keys.RECIPE_SECTIONS), "recipe section")
                 continue
             body = body or {}
-            if not isinstance(body, dict):
-                self.findings.append(
-                    Finding(
-                        "FT003",
-                        Severity.ERROR,
-                        section,
-                        self.origin((section,)).source,
-                        "a recipe section must be a mapping",
-                    )
-                )
+            if not self.is_mapping(body, (section,), "a recipe section must be a mapping"):
                 continue
             if section == "fsdp":
                 self.fsdp_section(body, (section,), default_version=2)

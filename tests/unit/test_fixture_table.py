@@ -31,3 +31,17 @@ def test_case(case: dict) -> None:
 def test_every_format_is_covered() -> None:
     names = {c["file"].split("_")[0] for c in CASES}
     assert names == {"accel", "tf", "recipe"}
+
+
+def test_a_section_that_is_not_a_mapping(tmp_path) -> None:
+    """FT003, for each place a mapping is expected, reported with its key and file."""
+    from fsdp_tune.config import check
+
+    cases = {
+        "accel.yaml": "distributed_type: FSDP\nfsdp_config: [fsdp_version]\ndynamo_config: inductor\n",
+    }
+    found = {}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        found[name] = sorted(f.key for f in check(str(tmp_path / name), []).findings if f.rule == "FT003")
+    assert found == {"accel.yaml": ["dynamo_config", "fsdp_config"]}
