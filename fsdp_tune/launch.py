@@ -195,12 +195,11 @@ def _silent_peers(torchrun_stderr: str, root_rank: str, cause: str) -> str:
     raised nothing itself and torchrun had to terminate it."""
     if "timed out" not in cause.lower() and "timeout" not in cause.lower():
         return ""
-    failures = torchrun_stderr.rpartition("Failures:")[2].partition("Root Cause")[0]
-    killed = [
-        r
-        for r, code in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", failures, re.S)
-        if r != root_rank and int(code) < 0
-    ]
+    killed = []
+    for failure in _other_failures(torchrun_stderr):
+        rank, code = failure["rank"].split()[0], int(failure["exitcode"].split()[0])
+        if rank != root_rank and code < 0:
+            killed.append(rank)
     if not killed:
         return ""
     return (

@@ -199,9 +199,8 @@ def estimate(cfg: RunConfig, shape: ModelShape, on_cpu: bool = False) -> Estimat
     dev["logits and loss"] = logits
     if dequant:
         dev["4-bit dequantization buffers"] = dequant
-    allocated = sum(dev.values())
     if on_cpu:
-        dev["allocator overhead"] = allocated * CPU_ALLOCATOR_OVERHEAD
+        dev["allocator overhead"] = sum(dev.values()) * CPU_ALLOCATOR_OVERHEAD
         dev["runtime (python, torch, HF stack)"] = HOST_RUNTIME_GIB["cpu"] * GiB
     else:
         transient = gathered + activations + logits + dequant
