@@ -27,7 +27,7 @@ def _timed(cmd: list[str], env: dict) -> float:
 
 
 def run(repeats: int = 3) -> dict:
-    from fsdp_tune.builtin_models import materialize
+    from fsdp_tune.sources.builtin import materialize
 
     model_dir = str(materialize("tiny-llama"))
     env = offline_env()

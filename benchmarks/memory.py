@@ -20,7 +20,7 @@ STEPS, BATCH, SEQ = 4, 4, 128
 
 
 def run() -> dict:
-    from fsdp_tune.builtin_models import materialize
+    from fsdp_tune.sources.builtin import materialize
 
     model_dir = str(materialize("small-llama"))
     env = offline_env()

@@ -52,7 +52,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from fsdp_tune.datasource import resolve
+    from fsdp_tune.sources.data import resolve
 
     files = {s: str(p) for s, p in resolve("builtin:demo-chat", ("train",)).files.items()}
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -35,13 +35,13 @@ SCENARIOS = [
 
 
 def run() -> dict:
-    from fsdp_tune.config import check
-    from fsdp_tune.planner import make_plan
+    from fsdp_tune.planner.plan import memory_plan
+    from fsdp_tune.validate import check
 
     rows = []
     for label, script, extra, key, low, high in SCENARIOS:
         config, flags = seed_flags(script)
-        planned = make_plan(check(str(REPO / config), [*flags, *extra]).config)[key]
+        planned = memory_plan(check(str(REPO / config), [*flags, *extra]).config)[key]
         nearest = min(max(planned, low), high)  # a published range counts as exact anywhere inside it
         error = (planned - nearest) / nearest
         rows.append({"scenario": label, "planned_gib": planned, "published": [low, high], "error": round(error, 3)})

@@ -1,3 +1,3 @@
-from fsdp_tune.cli import main
+from fsdp_tune.cli.app import main
 
 main()

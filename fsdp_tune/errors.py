@@ -10,6 +10,7 @@ class ExitCode(enum.IntEnum):
     OK = 0
     TRAINING_FAILED = 1
     BAD_CONFIG = 2  # bad config, bad usage, or a failed pre-flight check
+    INTERNAL_ERROR = 3  # a bug in fsdp-tune or a broken environment, not the user's input
     INTERRUPTED = 130  # SIGINT
     TERMINATED = 143  # SIGTERM
 

@@ -16,7 +16,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
-SHARED = REPO.parent / "shared"
+# Real-world Accelerate configs from other projects (copied from ../shared/peer-configs: CI runs them)
+PEER_CONFIGS = FIXTURES / "peer-configs"
 
 
 @pytest.fixture

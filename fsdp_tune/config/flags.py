@@ -6,146 +6,72 @@ The flag set is data: the fields of fsdp-tune's sections, accelerate's launch fl
 
 from __future__ import annotations
 
-from functools import cache
-
 from fsdp_tune.config import keys
-from fsdp_tune.config.readers import Assignment
-from fsdp_tune.config.schema import Origin, section_fields, training_fields
+from fsdp_tune.config.names import flag_table, retired
+from fsdp_tune.config.schema import Assignment, Origin
 from fsdp_tune.config.suggest import did_you_mean
+from fsdp_tune.config.values import kind_of
 from fsdp_tune.errors import Finding, Severity
-
-# Our own fields that a flag may set directly by name (launch fields too: accelerate launch flags).
-_FLAG_SECTIONS = ("launch", "model", "data", "lora", "quantization", "run")
-_NOT_FLAGS = {"launch.distributed_type"}
-
-
-@cache
-def flag_table() -> dict[str, str]:
-    """flag name (underscores, no dashes) -> canonical path."""
-    table: dict[str, str] = {}
-    for name in training_fields():
-        table[name] = f"training.{name}"
-    for section in _FLAG_SECTIONS:
-        for name in section_fields(section):
-            path = f"{section}.{name}"
-            if path not in _NOT_FLAGS:
-                table[name] = path
-    for name, path in keys.FSDP_KEYS.items():
-        if path:
-            table[f"fsdp_{name}"] = path
-    for name in keys.PARALLELISM_KEYS:
-        table[f"{keys.PARALLELISM_PREFIX}{name}"] = f"parallelism.{name}"
-    table.update(keys.FLAG_ALIASES)
-    return table
-
-
-def is_bool_path(path: str) -> bool:
-    from fsdp_tune.config.normalize import kind_of
-
-    return kind_of(path) == "bool"
 
 
 def parse_flags(argv: list[str]) -> tuple[list[Assignment], list[Finding]]:
-    table = flag_table()
+    """Each `--name` takes the words up to the next flag: none (a bare boolean), one value, or several for a
+    list-valued setting (`--lora_target_modules q_proj v_proj`, as TRL's and PEFT's argparse nargs='+')."""
     assignments: list[Assignment] = []
     findings: list[Finding] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        i += 1
-        if not token.startswith("--") or token == "--":
-            findings.append(
-                Finding(
-                    "FT005",
-                    Severity.ERROR,
-                    token,
-                    "command line",
-                    f"unexpected argument `{token}`: flags look like `--name value`",
-                    "quote values that contain spaces",
-                )
-            )
+    for token, words in _groups(argv):
+        if token is None:
+            findings += [_stray(word) for word in words]
             continue
-        raw_name, eq, inline = token[2:].partition("=")
-        name = raw_name.replace("-", "_")
-        path = table.get(name)
-        if path is None and name in keys.RETIRED_ARGS:
-            value, i = _value(argv, i, eq, inline)
-            assignment, finding = retired(name, value, Origin(f"--{raw_name}", "command line"))
-            findings.append(finding)
-            if assignment is not None:
-                assignments.append(assignment)
-            continue
-        if path is None:
-            findings.append(
-                Finding(
-                    "FT001",
-                    Severity.ERROR,
-                    token,
-                    "command line",
-                    f"unknown flag `--{raw_name}`",
-                    did_you_mean(name, table, prefix="--") or "run `fsdp-tune train --help`",
-                )
-            )
-            # skip its value, if it has one, so the next flag is still read
-            if not eq and i < len(argv) and not argv[i].startswith("--"):
-                i += 1
-            continue
-        if eq:
-            value: object = inline
-        elif i < len(argv) and not argv[i].startswith("--"):
-            value = argv[i]
-            i += 1
-        elif is_bool_path(path):
-            value = True  # `--push_to_hub` bare
-        else:
-            findings.append(
-                Finding(
-                    "FT005",
-                    Severity.ERROR,
-                    f"--{raw_name}",
-                    "command line",
-                    f"`--{raw_name}` needs a value",
-                    f"`--{raw_name} VALUE`",
-                )
-            )
-            continue
-        assignments.append(Assignment(path, value, Origin(f"--{raw_name}", "command line")))
+        assignment, found = _flag(token, words)
+        findings += found
+        if assignment is not None:
+            assignments.append(assignment)
     return assignments, findings
 
 
-def _value(argv: list[str], i: int, eq: str, inline: str) -> tuple[object, int]:
-    """The value of a flag at argv[i-1] (inline `--x=v`, the next word, or True when bare); the next index."""
-    if eq:
-        return inline, i
-    if i < len(argv) and not argv[i].startswith("--"):
-        return argv[i], i + 1
-    return True, i
+def _groups(argv: list[str]) -> list[tuple[str | None, list[str]]]:
+    """[(flag or None for words before any flag, the words that follow it)]; `--x=v` carries its value."""
+    groups: list[tuple[str | None, list[str]]] = [(None, [])]
+    for token in argv:
+        if token.startswith("--") and token != "--":
+            name, eq, inline = token.partition("=")
+            groups.append((name, [inline] if eq else []))
+            if eq:
+                groups.append((None, []))  # `--x=v` takes nothing more
+        else:
+            groups[-1][1].append(token)
+    return [g for g in groups if g[0] is not None or g[1]]
 
 
-def retired(name: str, value: object, origin: Origin) -> tuple[Assignment | None, Finding]:
-    """A TrainingArguments name transformers 5 retired: read under its new name, or dropped, with a warning."""
-    from fsdp_tune.config.normalize import to_bool
-
-    path, mapping, why = keys.RETIRED_ARGS[name]
+def _flag(token: str, words: list[str]) -> tuple[Assignment | None, list[Finding]]:
+    raw_name = token[2:]
+    name = raw_name.replace("-", "_")
+    origin = Origin(f"--{raw_name}", "command line")
+    path = flag_table().get(name)
+    if path is None and name in keys.RETIRED_ARGS:
+        assignment, finding = retired(name, words[0] if words else True, origin)
+        return assignment, [finding, *(_stray(w) for w in words[1:])]
     if path is None:
-        return None, Finding(
-            "FT012", Severity.WARNING, origin.key, origin.source, f"`{name}` is {why}; ignored", f"drop `{name}`"
-        )
-    if mapping is not None:
-        try:
-            value = mapping[to_bool(value)]
-        except (ValueError, KeyError):
-            pass  # left as given: the value check reports it
-    new = path.split(".", 1)[1]
-    shown = f"{new} {value}" if not isinstance(value, bool) else new
-    return (
-        Assignment(path, value, origin),
-        Finding(
-            "FT012",
-            Severity.WARNING,
-            origin.key,
-            origin.source,
-            f"`{name}`: {why}; read as `{shown}`",
-            f"write `{new}` instead",
-        ),
+        hint = did_you_mean(name, flag_table(), prefix="--") or "run `fsdp-tune train --help`"
+        return None, [Finding("FT001", Severity.ERROR, token, "command line", f"unknown flag `--{raw_name}`", hint)]
+    kind = kind_of(path)
+    if not words:
+        if kind == "bool":
+            return Assignment(path, True, origin), []  # `--push_to_hub` bare
+        message = f"`--{raw_name}` needs a value"
+        return None, [Finding("FT005", Severity.ERROR, origin.key, "command line", message, f"`--{raw_name} VALUE`")]
+    if kind == "list" and len(words) > 1:
+        return Assignment(path, list(words), origin), []
+    return Assignment(path, words[0], origin), [_stray(w) for w in words[1:]]
+
+
+def _stray(word: str) -> Finding:
+    return Finding(
+        "FT005",
+        Severity.ERROR,
+        word,
+        "command line",
+        f"unexpected argument `{word}`: flags look like `--name value`",
+        "quote values that contain spaces",
     )

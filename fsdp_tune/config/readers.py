@@ -15,20 +15,15 @@ from typing import Any
 import yaml
 
 from fsdp_tune.config import keys
-from fsdp_tune.config.schema import SECTIONS, Origin, section_fields
+from fsdp_tune.config.names import flag_table, retired
+from fsdp_tune.config.schema import SECTIONS, Assignment, Origin, section_fields
+from fsdp_tune.config.suggest import did_you_mean
 from fsdp_tune.errors import Finding, Severity, UsageError
 
 ACCELERATE = "accelerate"
 TRANSFORMERS = "transformers"
 RECIPE = "recipe"
 MANIFEST = "manifest"
-
-
-@dataclass(frozen=True)
-class Assignment:
-    path: str  # canonical `section.field`
-    value: Any
-    origin: Origin
 
 
 @dataclass
@@ -148,8 +143,6 @@ class _Reader:
         return False
 
     def unknown(self, path: tuple[str, ...], known: list[str], what: str) -> None:
-        from fsdp_tune.config.suggest import did_you_mean
-
         key = path[-1]
         self.findings.append(
             Finding(
@@ -266,15 +259,11 @@ class _Reader:
                 continue
             if section == "training":
                 # `training:` takes anything `train` takes as a flag, so a whole run fits in one file
-                from fsdp_tune.config.flags import flag_table
-
                 table = flag_table()
                 for key, value in body.items():
                     if key in table:
                         self.set(table[key], value, (section, key))
                     elif key in keys.RETIRED_ARGS:
-                        from fsdp_tune.config.flags import retired
-
                         assignment, finding = retired(key, value, self.origin((section, key)))
                         self.findings.append(finding)
                         if assignment is not None:

@@ -194,6 +194,15 @@ class Origin:
         return f"{self.key} ({self.source})"
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """One raw setting before coercion: canonical `section.field`, the value as written, where from."""
+
+    path: str
+    value: Any
+    origin: Origin
+
+
 SECTIONS: dict[str, type] = {
     "launch": LaunchSettings,
     "fsdp": FsdpSettings,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from fsdp_tune.config.derived import offload_active
 from fsdp_tune.config.keys import FSDP1_ONLY, STRATEGY_TO_RESHARD
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.rules import error, finding, rule, warning
+from fsdp_tune.rules.registry import error, finding, rule, warning
 
 
 @rule("FT020", "fsdp", "FSDP distributed_type: fsdp-tune launches FSDP only")
@@ -212,7 +213,7 @@ def double_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT031", "fsdp", "cpu_offload has no effect on a CPU run")
 def offload_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.launch.use_cpu and cfg.fsdp.cpu_offload:
+    if cfg.fsdp.cpu_offload and not offload_active(cfg, on_cpu=cfg.launch.use_cpu):
         yield finding(
             cfg,
             "FT031",

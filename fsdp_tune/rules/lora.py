@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.rules import error, finding, rule, warning
+from fsdp_tune.rules.registry import error, finding, rule, warning
 
 
 @rule("FT060", "lora", "LoRA rank, alpha and dropout ranges")

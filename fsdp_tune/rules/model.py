@@ -7,10 +7,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 
-from fsdp_tune import model_source
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
-from fsdp_tune.rules import error, rule, warning
+from fsdp_tune.rules.registry import error, rule, warning
+from fsdp_tune.sources import model as model_source
 
 # torch.nn classes a user may list beside the model's own (accelerate matches class names anywhere in the tree)
 TORCH_MODULES = frozenset({"Embedding", "Linear", "LayerNorm", "RMSNorm", "ModuleList", "Sequential", "Conv1d"})

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.rules import error, finding, rule, warning
+from fsdp_tune.rules.registry import error, finding, rule, warning
 
 
 def mesh_sizes(cfg: RunConfig) -> dict[str, int]:

@@ -4,41 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from fsdp_tune.config.derived import FLOATS, compute_precision, quant_storage
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
-from fsdp_tune.rules import error, rule, warning
+from fsdp_tune.rules.registry import error, rule, warning
 
-FLOATS = ("bfloat16", "float16", "float32")
 # bitsandbytes optimizers whose state FSDP cannot checkpoint (PEFT caveat 4; axolotl, oumi).
 PAGED_OPTIMIZERS = ("paged_adamw_8bit", "paged_adamw_32bit", "paged_adamw", "paged_lion_8bit", "paged_lion_32bit")
 BNB_8BIT_OPTIMIZERS = ("adamw_bnb_8bit", "adamw_8bit", "lion_8bit", "rmsprop_bnb_8bit", "ademamix_8bit")
-
-
-def compute_precision(cfg: RunConfig) -> str:
-    """The run's mixed precision: --bf16/--fp16 flags win over the YAML's mixed_precision (as in TA)."""
-    if cfg.training.get("fp16"):
-        return "fp16"
-    if cfg.training.is_set("bf16"):
-        return (
-            "bf16"
-            if cfg.training.get("bf16")
-            else ("no" if cfg.launch.mixed_precision == "bf16" else cfg.launch.mixed_precision)
-        )
-    return cfg.launch.mixed_precision
-
-
-def model_dtype(cfg: RunConfig) -> str:
-    """The dtype the base model is loaded in."""
-    if cfg.model.dtype and cfg.model.dtype != "auto":
-        return cfg.model.dtype
-    q = cfg.quantization
-    if q.use_4bit_quantization and q.bnb_4bit_quant_storage_dtype in FLOATS:
-        return q.bnb_4bit_quant_storage_dtype
-    return {"bf16": "bfloat16", "fp16": "float32", "fp8": "bfloat16"}.get(compute_precision(cfg), "float32")
-
-
-def quant_storage(cfg: RunConfig) -> str:
-    return cfg.quantization.bnb_4bit_quant_storage_dtype or model_dtype(cfg)
 
 
 @rule("FT050", "quant", "4-bit and 8-bit quantization together")

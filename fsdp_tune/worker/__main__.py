@@ -12,7 +12,7 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 
 @record
 def main() -> None:
-    from fsdp_tune.worker.run import run
+    from fsdp_tune.worker.recipe import run
 
     run(sys.argv[1], started=STARTED)
 

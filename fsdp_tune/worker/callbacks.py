@@ -1,10 +1,9 @@
-"""Trainer callbacks: metrics.jsonl, a NaN guard, stop-on-signal, and test-only fault injection."""
+"""Trainer callbacks: metrics.jsonl, a NaN guard, stop-on-signal, and the sharding self-check."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import resource
 import signal
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from fsdp_tune.worker_paths import COMPLETE_MARKER, STOP_FILE
+from fsdp_tune.runfiles import COMPLETE_MARKER, METRICS_NAME, STOP_FILE
 
 
 def peak_rss_mib() -> float:
@@ -30,7 +29,7 @@ class MetricsCallback(TrainerCallback):
     """One line per logging step in OUTPUT_DIR/metrics.jsonl (rank 0), and the numbers for the summary."""
 
     def __init__(self, output_dir: str):
-        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path = Path(output_dir) / METRICS_NAME
         self.first_step_at: float | None = None
         self.started_at = time.time()
 
@@ -79,8 +78,9 @@ class StopOnSignalCallback(TrainerCallback):
     them stop at the same step and the checkpoint's collectives line up.
     """
 
-    def __init__(self, output_dir: str, save: bool):
+    def __init__(self, output_dir: str, save: bool, device: str):
         self.stop_file = Path(output_dir) / STOP_FILE
+        self.device = device
         self.save = save
         self.requested = False
         self.stopped_at: int | None = None
@@ -98,8 +98,7 @@ class StopOnSignalCallback(TrainerCallback):
 
         local = self.requested or self.stop_file.exists()
         if dist.is_initialized():
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            flag = torch.tensor([1 if local else 0], device=device)
+            flag = torch.tensor([1 if local else 0], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             local = bool(flag.item())
         if local:
@@ -108,25 +107,23 @@ class StopOnSignalCallback(TrainerCallback):
             control.should_save = self.save
 
 
-class FaultInjectionCallback(TrainerCallback):
-    """Test-only: FSDP_TUNE_TEST_KILL="RANK:STEP" SIGKILLs that rank at that step (first attempt only);
-    FSDP_TUNE_TEST_HANG="RANK:STEP" makes it stop responding there instead."""
+class ShardingCheckCallback(TrainerCallback):
+    """torchtune's shard_model self-check: with more than one rank, a model wrapped as one FSDP unit has every
+    rank gather all of it at once, so sharding saves nothing. Checked once the Trainer has wrapped the model
+    (on_train_begin comes after accelerator.prepare), and fatal: a silent whole-model unit is the costly kind."""
 
-    def __init__(self):
-        self.kill = self._spec("FSDP_TUNE_TEST_KILL")
-        self.hang = self._spec("FSDP_TUNE_TEST_HANG")
+    def __init__(self, world_size: int, wrap_policy: str):
+        self.active = world_size > 1 and wrap_policy != "NO_WRAP"
 
-    @staticmethod
-    def _spec(name: str) -> tuple[int, int]:
-        spec = os.environ.get(name, "")
-        rank, step = spec.split(":") if spec else (-1, -1)
-        return int(rank), int(step)
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from fsdp_tune.worker.fsdp_wrap import describe_units
 
-    def on_step_end(self, args, state, control, **kwargs):
-        here = (int(os.environ.get("RANK", 0)), state.global_step)
-        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        if not self.active or model is None:
             return
-        if here == self.kill:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if here == self.hang:
-            time.sleep(3600)
+        units = describe_units(model)
+        if sum(units.values()) <= 1:
+            raise RuntimeError(
+                f"FSDP wrapped the model as {sum(units.values())} unit(s) ({units or 'none'}): every rank would gather "
+                "the whole model at once, so sharding saves no memory. Name the decoder layer class with "
+                "fsdp_transformer_layer_cls_to_wrap, or use SIZE_BASED_WRAP with min_num_params"
+            )

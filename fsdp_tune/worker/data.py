@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.datasource import resolve
+from fsdp_tune.launch.spec import DataSpec
+from fsdp_tune.sources.data import resolve
 
 
-def load_splits(cfg: RunConfig, tokenizer):
+def load_splits(data: DataSpec, tokenizer):
     """(train, eval or None), already rendered to `dataset_text_field` when a chat template is chosen."""
     from datasets import DatasetDict, load_dataset
 
-    splits = cfg.data.splits or ("train",)
-    source = resolve(cfg.data.dataset_name or "", splits)
+    splits = data.splits or ("train",)
+    source = resolve(data.dataset_name, splits)
     if source.is_local:
         files = {split: str(path) for split, path in source.files.items()}
         loaded = load_dataset(source.loader, data_files=files)
@@ -19,7 +19,7 @@ def load_splits(cfg: RunConfig, tokenizer):
         loaded = DatasetDict({s: load_dataset(source.name, split=s) for s in splits})
     train = loaded[splits[0]]
     evaluation = loaded[splits[1]] if len(splits) > 1 and splits[1] in loaded else None
-    render = _renderer(cfg, tokenizer)
+    render = _renderer(data, tokenizer)
     if render is not None:
         train = train.map(render, remove_columns=train.column_names, desc="chat template")
         if evaluation is not None:
@@ -27,12 +27,12 @@ def load_splits(cfg: RunConfig, tokenizer):
     return train, evaluation
 
 
-def _renderer(cfg: RunConfig, tokenizer):
+def _renderer(data: DataSpec, tokenizer):
     """With --chat_template_format, `messages` become one text per row in dataset_text_field (as PEFT's
     examples do); otherwise TRL applies the tokenizer's own template to `messages`, or uses the text."""
-    if cfg.data.chat_template_format == "none":
+    if data.chat_template_format == "none":
         return None
-    field = cfg.data.dataset_text_field
+    field = data.text_field
 
     def render(row):
         if "messages" in row and row["messages"] is not None:

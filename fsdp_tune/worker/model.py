@@ -1,17 +1,17 @@
-"""Tokenizer, base model (dtype, attention, QLoRA) and LoraConfig for one rank."""
+"""Tokenizer, base model (dtype, attention, QLoRA) and LoraConfig for one rank, as the rank spec says."""
 
 from __future__ import annotations
 
-from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.rules.quant import model_dtype, quant_storage
-from fsdp_tune.templates import TEMPLATES
+from fsdp_tune.config.templates import TEMPLATES
+from fsdp_tune.launch.spec import RankSpec
 
 
-def load_tokenizer(cfg: RunConfig):
+def load_tokenizer(spec: RankSpec):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.model.model_name_or_path, trust_remote_code=cfg.model.trust_remote_code)
-    template = TEMPLATES.get(cfg.data.chat_template_format)
+    m = spec.model
+    tok = AutoTokenizer.from_pretrained(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    template = TEMPLATES.get(m.chat_template or "")
     if template is not None:
         # PEFT's examples add the template's special tokens; only the missing ones, so a model that
         # already speaks ChatML keeps its vocabulary (and its embeddings stay the size they were).
@@ -28,28 +28,31 @@ def load_tokenizer(cfg: RunConfig):
     return tok
 
 
-def attention(cfg: RunConfig) -> str:
-    if cfg.model.use_flash_attn:
-        return "flash_attention_2"
-    return cfg.model.attn_implementation or "sdpa"
-
-
-def load_model(cfg: RunConfig, tokenizer):
+def quantization_config(spec: RankSpec):
+    """BitsAndBytesConfig from the spec's kwargs (dtypes are names there: the spec is JSON)."""
     import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
-    dtype = getattr(torch, model_dtype(cfg))
-    kwargs = {"dtype": dtype, "attn_implementation": attention(cfg), "trust_remote_code": cfg.model.trust_remote_code}
-    q = cfg.quantization
-    if q.use_4bit_quantization:
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type=q.bnb_4bit_quant_type,
-            bnb_4bit_compute_dtype=getattr(torch, q.bnb_4bit_compute_dtype),
-            bnb_4bit_use_double_quant=q.use_nested_quant,
-            bnb_4bit_quant_storage=getattr(torch, quant_storage(cfg)),
-        )
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.model_name_or_path, **kwargs)
+    kwargs = dict(spec.model.quantization or {})
+    for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+        if key in kwargs:
+            kwargs[key] = getattr(torch, kwargs[key])
+    return BitsAndBytesConfig(**kwargs)
+
+
+def load_model(spec: RankSpec, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = spec.model
+    kwargs = {
+        "dtype": getattr(torch, m.dtype),
+        "attn_implementation": m.attn_implementation,
+        "trust_remote_code": m.trust_remote_code,
+    }
+    if m.quantization:
+        kwargs["quantization_config"] = quantization_config(spec)
+    model = AutoModelForCausalLM.from_pretrained(m.name_or_path, **kwargs)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         # mean_resizing reads the weights, which sit on the meta device on ranks > 0 under
         # cpu_ram_efficient_loading ("Cannot copy out of meta tensor"): new rows are initialised plainly.
@@ -60,17 +63,7 @@ def load_model(cfg: RunConfig, tokenizer):
     return model
 
 
-def lora_config(cfg: RunConfig):
+def lora_config(spec: RankSpec):
     from peft import LoraConfig
 
-    lo = cfg.lora
-    targets = lo.lora_target_modules
-    return LoraConfig(
-        r=lo.lora_r,
-        lora_alpha=lo.lora_alpha,
-        lora_dropout=lo.lora_dropout,
-        target_modules="all-linear" if targets == ("all-linear",) else list(targets),
-        use_dora=lo.use_dora,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    return LoraConfig(**spec.lora) if spec.lora is not None else None

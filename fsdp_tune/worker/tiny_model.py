@@ -15,8 +15,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from fsdp_tune.builtin_models import PRESETS
-from fsdp_tune.templates import CHATML
+from fsdp_tune.config.templates import CHATML
+from fsdp_tune.sources.builtin import PRESETS
 
 SEED = 1234
 

@@ -1,57 +1,29 @@
-"""SFTConfig from the resolved config, and the SFTTrainer subclass that saves correctly under FSDP."""
+"""SFTConfig from the rank spec, and the SFTTrainer subclass that saves correctly under FSDP."""
 
 from __future__ import annotations
 
-from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.resolve import fsdp_config, gradient_checkpointing
-from fsdp_tune.rules.quant import compute_precision
+from fsdp_tune.launch.spec import RankSpec
 
 
-def sft_config(cfg: RunConfig, on_cpu: bool):
+def sft_config(spec: RankSpec):
+    """SFTConfig exactly as the spec's trainer_args (and its device mesh, when it has one)."""
     from trl import SFTConfig
 
-    args = dict(cfg.training.args)
-    precision = compute_precision(cfg)
-    args.update(
-        fsdp=True,
-        fsdp_config=fsdp_config(cfg, on_cpu),
-        bf16=precision in ("bf16", "fp8"),
-        fp16=precision == "fp16",
-        use_cpu=on_cpu,
-        max_length=cfg.data.max_seq_len,
-        packing=cfg.data.packing,
-        dataset_text_field=cfg.data.dataset_text_field,
-        # transformers 5 renamed the Trainer's gradient_checkpointing to activation_checkpointing
-        activation_checkpointing=gradient_checkpointing(cfg),
-    )
-    args.pop("gradient_checkpointing", None)
-    kwargs = args.pop("gradient_checkpointing_kwargs", None) or {}
-    args.pop("resume_from_checkpoint", None)  # resolved by the launcher and passed to train()
-    if args["activation_checkpointing"]:
-        args["activation_checkpointing_kwargs"] = {"use_reentrant": cfg.run.use_reentrant, **kwargs}
-    if on_cpu:
-        args["ddp_backend"] = "gloo"
-    if not args["fp16"]:
-        args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
-    args.setdefault("report_to", "none")
-    for key in ("report_to",):
-        if isinstance(args.get(key), tuple):
-            args[key] = list(args[key])
+    args = dict(spec.trainer_args)
+    if spec.parallelism:
+        from accelerate import ParallelismConfig
+
+        args["parallelism_config"] = ParallelismConfig(**spec.parallelism)
     return SFTConfig(**args)
 
 
 def trainer_class():
-    import os
-
     from transformers.trainer import rotate_checkpoints
     from trl import SFTTrainer
 
+    from fsdp_tune.worker import faults
     from fsdp_tune.worker.callbacks import mark_complete
     from fsdp_tune.worker.save import load_adapter_into_fsdp, save_adapter
-
-    # Test-only fault injection: FSDP_TUNE_TEST_POISON_STEP=N makes the loss of step N NaN.
-    poison = os.environ.get("FSDP_TUNE_TEST_POISON_STEP")
-    poison_step = int(poison) if poison else None
 
     class FsdpTuneTrainer(SFTTrainer):
         """SFTTrainer whose FULL_STATE_DICT saves go through fsdp-tune's gather (see save.py)."""
@@ -87,9 +59,7 @@ def trainer_class():
 
         def compute_loss(self, model, inputs, *args, **kwargs):
             loss = super().compute_loss(model, inputs, *args, **kwargs)
-            if poison_step is not None and self.state.global_step + 1 == poison_step:
-                loss = loss * float("nan")  # test-only fault injection (training calls return the loss alone)
-            return loss
+            return faults.poison_loss(loss, self.state.global_step + 1)  # test-only; the loss itself otherwise
 
         def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
             # A FULL checkpoint of ours holds the whole adapter: every rank reads it (it is small) and

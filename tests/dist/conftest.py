@@ -30,8 +30,10 @@ class Run:
         return json.loads((self.output_dir / "fsdp_tune_summary.json").read_text())
 
     def logs(self) -> str:
-        parts = [f"--- exit {self.proc.returncode}\n--- stdout\n{self.proc.stdout[-4000:]}\n--- stderr\n"
-                 f"{self.proc.stderr[-6000:]}"]
+        parts = [
+            f"--- exit {self.proc.returncode}\n--- stdout\n{self.proc.stdout[-4000:]}\n--- stderr\n"
+            f"{self.proc.stderr[-6000:]}"
+        ]
         for log in sorted((self.output_dir / "logs").glob("rank-*.log")):
             parts.append(f"--- {log.name}\n{log.read_text()[-4000:]}")
         return "\n".join(parts)
@@ -46,12 +48,24 @@ def model_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def train(tmp_path, model_cache):
-    def _train(*flags: str, output_dir: Path | None = None, config: Path = BASE, check: bool = True,
-               env: dict | None = None, timeout: int = TIMEOUT) -> Run:
+    def _train(
+        *flags: str,
+        output_dir: Path | None = None,
+        config: Path = BASE,
+        check: bool = True,
+        env: dict | None = None,
+        timeout: int = TIMEOUT,
+    ) -> Run:
         out = output_dir or tmp_path / "run"
         cmd = [sys.executable, "-m", "fsdp_tune", "train", "--config", str(config), "--output_dir", str(out), *flags]
-        full_env = dict(os.environ, FSDP_TUNE_CACHE=str(model_cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                        HF_DATASETS_CACHE=str(model_cache / "datasets"), **(env or {}))
+        full_env = dict(
+            os.environ,
+            FSDP_TUNE_CACHE=str(model_cache),
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            HF_DATASETS_CACHE=str(model_cache / "datasets"),
+            **(env or {}),
+        )
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
         run = Run(proc, out)
         if check:

@@ -12,8 +12,12 @@ pytestmark = pytest.mark.dist
 
 
 def _merge(adapter, out, *extra):
-    return subprocess.run([sys.executable, "-m", "fsdp_tune", "merge", "--adapter", str(adapter), "-o", str(out),
-                           *extra], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fsdp_tune", "merge", "--adapter", str(adapter), "-o", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_manifest_reproduces_run_and_merge_and_plot(train, tmp_path) -> None:
@@ -21,12 +25,14 @@ def test_manifest_reproduces_run_and_merge_and_plot(train, tmp_path) -> None:
     manifest = json.loads((first.output_dir / "fsdp_tune_run.json").read_text())
     assert manifest["exit_status"] == 0 and manifest["versions"]["torch"] and manifest["world"]["world_size"] == 2
     assert "--max_steps" in manifest["command"]
+    # the model as the user named it, not this machine's cache folder: the manifest reproduces the run anywhere
+    assert manifest["resolved_config"]["model"]["model_name_or_path"] == "builtin:tiny-llama"
     again = train(config=first.output_dir / "fsdp_tune_run.json", output_dir=tmp_path / "again")
     assert again.summary["losses"] == pytest.approx(first.summary["losses"], rel=1e-5)
 
     png = first.output_dir / "loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from fsdp_tune.report import load_metrics, series
+    from fsdp_tune.tools.report import load_metrics, series
 
     steps, _ = series(load_metrics(first.output_dir), "loss")
     assert steps == [1, 2, 3, 4]  # the points the plot draws
@@ -41,8 +47,16 @@ def test_manifest_reproduces_run_and_merge_and_plot(train, tmp_path) -> None:
 
 
 def test_qlora_adapter_merges_into_unquantized_base(train, tmp_path) -> None:
-    run = train("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32",
-                "--bnb_4bit_compute_dtype", "float32", "--max_steps", "2")
+    run = train(
+        "--use_4bit_quantization",
+        "True",
+        "--bnb_4bit_quant_storage_dtype",
+        "float32",
+        "--bnb_4bit_compute_dtype",
+        "float32",
+        "--max_steps",
+        "2",
+    )
     r = _merge(run.output_dir, tmp_path / "merged", "--dtype", "fp32")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "QLoRA adapter: the base was loaded unquantized" in r.stdout
@@ -82,7 +96,8 @@ def test_added_tokens_travel_with_the_adapter(train, tmp_path) -> None:
 
 
 def test_env_json() -> None:
-    r = subprocess.run([sys.executable, "-m", "fsdp_tune", "env", "--json"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "fsdp_tune", "env", "--json"], capture_output=True, text=True, timeout=120
+    )
     info = json.loads(r.stdout)
     assert info["versions"]["torch"] and info["cpu_count"] >= 1 and "cuda_available" in info

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from fsdp_tune.cli import app
+from fsdp_tune.cli.app import app
 from tests.conftest import FIXTURES, REPO, seed_flags
 
 runner = CliRunner()
@@ -25,7 +25,7 @@ def test_seed_scripts_dry_run(script: str, nproc: int, tmp_path, monkeypatch) ->
     assert r.exit_code == 0, r.output
     assert f"--nproc_per_node={nproc}" in r.output and "-m fsdp_tune.worker" in r.output
     assert "dry run: nothing was started" in r.output
-    assert "FSDP1" in r.output and "gradient checkpointing: on" in r.output
+    assert "FSDP1" in r.output and "checkpointing: the Trainer's gradient checkpointing" in r.output
     assert "per-GPU memory:" in r.output  # the planner's summary for the 70B seed
     assert not any(tmp_path.iterdir())  # nothing written
 
@@ -51,10 +51,25 @@ def test_dry_run_on_demo_writes_nothing(tmp_path) -> None:
     assert "memory plan (fsdp-tune plan):" in r.output and "per-rank peak host memory" in r.output
 
 
-
-
 def test_dry_run_reports_previous_run(tmp_path) -> None:
     out = tmp_path / "o"
     (out / "checkpoint-5").mkdir(parents=True)
     r = train("--config", BASE, "--output_dir", str(out), "--dry_run")
     assert r.exit_code == 0 and "PF031" in r.output
+
+
+def test_dry_run_json_is_the_rank_spec(tmp_path) -> None:
+    """`--dry_run --json` prints the RankSpec the ranks would execute, parseable, and starts nothing."""
+    import json
+
+    from fsdp_tune.launch.spec import from_dict
+
+    out = tmp_path / "o"
+    r = train("--config", BASE, "--output_dir", str(out), "--dry_run", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    spec = from_dict(data["spec"])
+    assert (spec.device, spec.backend, spec.world.world_size) == ("cpu", "gloo", 2)
+    assert spec.fsdp_config["version"] == 2 and spec.trainer_args["fsdp_config"] is not None
+    assert spec.lora["r"] == 8 and spec.output_dir == str(out)
+    assert data["torchrun"][-1] == spec.resolved_path and not out.exists()

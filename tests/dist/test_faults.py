@@ -32,8 +32,9 @@ def test_elastic_restart_resumes_and_matches_uninterrupted_run(train, tmp_path) 
     from safetensors.torch import load_file
 
     straight = train(*SAVE_EVERY_2, output_dir=tmp_path / "straight")
-    restarted = train(*SAVE_EVERY_2, "--max_restarts", "1", output_dir=tmp_path / "restarted",
-                      env={"FSDP_TUNE_TEST_KILL": "1:3"})
+    restarted = train(
+        *SAVE_EVERY_2, "--max_restarts", "1", output_dir=tmp_path / "restarted", env={"FSDP_TUNE_TEST_KILL": "1:3"}
+    )
     log = (restarted.output_dir / "logs" / "rank-0.log").read_text()
     assert "restart 1: resuming from" in log and "checkpoint-2" in log
     a = load_file(str(straight.output_dir / "adapter_model.safetensors"))
@@ -44,12 +45,35 @@ def test_elastic_restart_resumes_and_matches_uninterrupted_run(train, tmp_path) 
 
 def test_sigterm_saves_a_checkpoint_that_latest_resumes(train, tmp_path, model_cache) -> None:
     out = tmp_path / "run"
-    env = dict(os.environ, FSDP_TUNE_CACHE=str(model_cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_DATASETS_CACHE=str(model_cache / "datasets"))
+    env = dict(
+        os.environ,
+        FSDP_TUNE_CACHE=str(model_cache),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(model_cache / "datasets"),
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fsdp_tune", "train", "--config", str(BASE), "--output_dir", str(out),
-         "--max_steps", "400", "--save_strategy", "steps", "--save_steps", "1000"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "fsdp_tune",
+            "train",
+            "--config",
+            str(BASE),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "400",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "1000",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         metrics = out / "metrics.jsonl"
@@ -85,7 +109,7 @@ def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monke
     does not match its weights (an edited config); a cut-short weights file is refused by the pre-flight."""
     import shutil
 
-    from fsdp_tune.builtin_models import materialize
+    from fsdp_tune.sources.builtin import materialize
 
     monkeypatch.setenv("FSDP_TUNE_CACHE", str(model_cache))
     broken = tmp_path / "broken-model"
@@ -107,8 +131,7 @@ def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monke
 
 def test_hung_rank_times_out_and_is_named(train) -> None:
     start = time.monotonic()
-    run = train("--max_steps", "6", "--ddp_timeout", "20", env={"FSDP_TUNE_TEST_HANG": "1:3"}, check=False,
-                timeout=240)
+    run = train("--max_steps", "6", "--ddp_timeout", "20", env={"FSDP_TUNE_TEST_HANG": "1:3"}, check=False, timeout=240)
     assert run.proc.returncode == 1, run.logs()
     assert time.monotonic() - start < 180  # bounded by --ddp_timeout, not hanging forever
     err = run.proc.stderr

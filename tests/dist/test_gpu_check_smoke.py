@@ -15,8 +15,13 @@ pytestmark = pytest.mark.dist
 
 def test_gpu_check_cpu_smoke(model_cache) -> None:
     env = dict(os.environ, FSDP_TUNE_CACHE=str(model_cache))
-    out = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-smoke"], capture_output=True,
-                         text=True, env=env, timeout=600)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "LoRA" in out.stdout and "QLoRA" in out.stdout and "FAILED" not in out.stdout
     results = json.loads((REPO / "benchmarks" / "results" / "gpu_check_cpu_smoke.json").read_text())

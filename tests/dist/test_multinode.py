@@ -24,14 +24,42 @@ def _free_port() -> int:
 def test_two_nodes_on_loopback(tmp_path, model_cache) -> None:
     port = _free_port()
     out = tmp_path / "run"
-    env = dict(os.environ, FSDP_TUNE_CACHE=str(model_cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_DATASETS_CACHE=str(model_cache / "datasets"))
+    env = dict(
+        os.environ,
+        FSDP_TUNE_CACHE=str(model_cache),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(model_cache / "datasets"),
+    )
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "fsdp_tune", "train", "--config", str(BASE), "--output_dir", str(out),
-             "--max_steps", "3", "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
-             "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "fsdp_tune",
+                "train",
+                "--config",
+                str(BASE),
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "3",
+                "--num_processes",
+                "2",
+                "--num_machines",
+                "2",
+                "--machine_rank",
+                str(rank),
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                str(port),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     outputs = []

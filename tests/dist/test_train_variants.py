@@ -9,8 +9,9 @@ pytestmark = pytest.mark.dist
 
 def test_fsdp2_matches_one_process_with_same_global_batch(train, tmp_path) -> None:
     two = train("--max_steps", "4", output_dir=tmp_path / "two")
-    one = train("--max_steps", "4", "--num_processes", "1", "--per_device_train_batch_size", "8",
-                output_dir=tmp_path / "one")
+    one = train(
+        "--max_steps", "4", "--num_processes", "1", "--per_device_train_batch_size", "8", output_dir=tmp_path / "one"
+    )
     a, b = two.summary["losses"], one.summary["losses"]
     assert len(a) == len(b) == 4
     for x, y in zip(a, b, strict=True):
@@ -18,8 +19,18 @@ def test_fsdp2_matches_one_process_with_same_global_batch(train, tmp_path) -> No
 
 
 def test_qlora_4bit_fsdp2(train) -> None:
-    run = train("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32",
-                "--bnb_4bit_compute_dtype", "float32", "--use_nested_quant", "True", "--max_steps", "4")
+    run = train(
+        "--use_4bit_quantization",
+        "True",
+        "--bnb_4bit_quant_storage_dtype",
+        "float32",
+        "--bnb_4bit_compute_dtype",
+        "float32",
+        "--use_nested_quant",
+        "True",
+        "--max_steps",
+        "4",
+    )
     s = run.summary
     assert s["adapter_check"]["ok"] and s["loss_last"] < s["loss_first"], s["losses"]
     assert "QLoRA: 4-bit nf4, storage float32" in run.proc.stdout
@@ -52,8 +63,16 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, tmp_path, state_dict
 
     import torch
 
-    flags = ("--fsdp_state_dict_type", state_dict_type, "--save_strategy", "steps", "--save_steps", "2",
-             "--max_steps", "6")
+    flags = (
+        "--fsdp_state_dict_type",
+        state_dict_type,
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--max_steps",
+        "6",
+    )
     straight = train(*flags, output_dir=tmp_path / "straight")
     assert all((straight.output_dir / f"checkpoint-{n}" / "fsdp_tune_complete").exists() for n in (2, 4, 6))
     resumed_dir = tmp_path / "resumed"
@@ -75,15 +94,34 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, tmp_path, state_dict
     "extra",
     [
         ("--fsdp_state_dict_type", "FULL_STATE_DICT"),
-        ("--num_processes", "1", "--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32",
-         "--bnb_4bit_compute_dtype", "float32"),
+        (
+            "--num_processes",
+            "1",
+            "--use_4bit_quantization",
+            "True",
+            "--bnb_4bit_quant_storage_dtype",
+            "float32",
+            "--bnb_4bit_compute_dtype",
+            "float32",
+        ),
     ],
     ids=["2 ranks FULL checkpoints", "1 rank QLoRA"],
 )
 def test_saves_with_fsdp_activation_checkpointing(train, extra) -> None:
     """FSDP's activation checkpointing wraps the layers: names change, and PEFT's own save wrote an empty file."""
-    run = train("--fsdp_activation_checkpointing", "true", "--gradient_checkpointing", "false", "--save_strategy",
-                "steps", "--save_steps", "2", "--max_steps", "4", *extra)
+    run = train(
+        "--fsdp_activation_checkpointing",
+        "true",
+        "--gradient_checkpointing",
+        "false",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--max_steps",
+        "4",
+        *extra,
+    )
     assert run.summary["adapter_check"]["lora_tensors"] == 56
     assert "activation checkpointing: FSDP" in run.proc.stdout
     checkpoint = run.output_dir / "checkpoint-2"

@@ -33,8 +33,13 @@ def test_shim_turns_cpu_fsdp_plugin_into_fsdp_state(monkeypatch) -> None:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     monkeypatch.setitem(os.environ, "ACCELERATE_USE_CPU", "true")
-    for var, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "0"}.items():
+    for var, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "0",
+    }.items():
         monkeypatch.setenv(var, value)
     original = AcceleratorState.__init__
     try:
@@ -57,9 +62,19 @@ def _fake_partial_state(self, cpu=False, **kwargs):
 
     self.__dict__ = PartialState._shared_state
     if not self.__dict__:
-        self.__dict__.update(dict(_cpu=True, backend="gloo", device=torch.device("cpu"),
-                                  distributed_type=DistributedType.MULTI_CPU, num_processes=2, process_index=0,
-                                  local_process_index=0, fork_launched=False, debug=False))
+        self.__dict__.update(
+            dict(
+                _cpu=True,
+                backend="gloo",
+                device=torch.device("cpu"),
+                distributed_type=DistributedType.MULTI_CPU,
+                num_processes=2,
+                process_index=0,
+                local_process_index=0,
+                fork_launched=False,
+                debug=False,
+            )
+        )
 
 
 def test_verify_rejects_a_shard_and_an_untrained_adapter(tmp_path) -> None:
@@ -73,16 +88,22 @@ def test_verify_rejects_a_shard_and_an_untrained_adapter(tmp_path) -> None:
     save_file(good, tmp_path / "adapter_model.safetensors")
     assert verify_adapter(str(tmp_path), {k: tuple(v.shape) for k, v in good.items()})["ok"]
     # one rank's half of lora_B rows (what a sharded save writes)
-    save_file({"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.randn(8, 4)},
-              tmp_path / "adapter_model.safetensors")
+    save_file(
+        {"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.randn(8, 4)},
+        tmp_path / "adapter_model.safetensors",
+    )
     with pytest.raises(AdapterIntegrityError, match="the model has"):
         verify_adapter(str(tmp_path), {k: tuple(v.shape) for k, v in good.items()})
-    save_file({"m.q.lora_A.weight": torch.randn(2, 16), "m.q.lora_B.weight": torch.zeros(16, 4)},
-              tmp_path / "adapter_model.safetensors")
+    save_file(
+        {"m.q.lora_A.weight": torch.randn(2, 16), "m.q.lora_B.weight": torch.zeros(16, 4)},
+        tmp_path / "adapter_model.safetensors",
+    )
     with pytest.raises(AdapterIntegrityError, match="expected"):
         verify_adapter(str(tmp_path))
-    save_file({"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.zeros(16, 4)},
-              tmp_path / "adapter_model.safetensors")
+    save_file(
+        {"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.zeros(16, 4)},
+        tmp_path / "adapter_model.safetensors",
+    )
     with pytest.raises(AdapterIntegrityError, match="all zeros"):
         verify_adapter(str(tmp_path))
 
@@ -107,8 +128,16 @@ def test_fsdp1_full_state_is_cut_down_to_the_adapter() -> None:
 
     from fsdp_tune.worker.save import adapter_subset, resized_embedding_names, saved_name
 
-    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=4))
+    base = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        )
+    )
     model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear"))
     state = model.state_dict()
     lora = {k for k in state if ".lora_" in k}

@@ -8,7 +8,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from fsdp_tune.cli import app
+from fsdp_tune.cli.app import app
 from tests.conftest import FIXTURES, REPO
 
 runner = CliRunner()
@@ -84,7 +84,7 @@ def test_validate_config_does_not_import_torch() -> None:
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from fsdp_tune.cli import app\n"
+        "from fsdp_tune.cli.app import app\n"
         f"r = CliRunner().invoke(app, ['validate-config', '{REPO}/configs/fsdp_config_qlora.yaml', '--use_peft_lora',"
         " '--use_4bit_quantization', 'True', '--bnb_4bit_quant_storage_dtype', 'bfloat16'])\n"
         "assert r.exit_code == 0, r.output\n"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from fsdp_tune.cli import app
-from fsdp_tune.config import check
-from fsdp_tune.convert import convert
-from tests.conftest import FIXTURES, REPO, SHARED
+from fsdp_tune.cli.app import app
+from fsdp_tune.tools.convert import convert
+from fsdp_tune.validate import check
+from tests.conftest import FIXTURES, PEER_CONFIGS, REPO
 
 runner = CliRunner()
-PEERS = sorted((SHARED / "peer-configs").glob("*.yaml")) if (SHARED / "peer-configs").is_dir() else []
+PEERS = sorted(PEER_CONFIGS.glob("*.yaml"))
 SHIPPED = [REPO / "configs" / n for n in ("fsdp_config.yaml", "fsdp_config_qlora.yaml", "fsdp2.json", "demo_cpu.yaml")]
 SHIPPED += [
     FIXTURES / "configs" / n
@@ -59,9 +59,7 @@ def test_seed_fsdp1_to_fsdp2(name, tmp_path) -> None:
 
 
 def test_comments_kept_on_yaml(tmp_path) -> None:
-    if not PEERS:
-        pytest.skip("no ../shared")
-    src = SHARED / "peer-configs" / "llamafactory-fsdp-offload.yaml"
+    src = PEER_CONFIGS / "llamafactory-fsdp-offload.yaml"
     out, _, _ = convert(str(src), None, True, str(tmp_path / "o.yaml"), False)
     text = out.read_text()
     assert "fsdp_offload_params: true  # offload may affect training speed" in text

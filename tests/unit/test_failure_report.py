@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 
-from fsdp_tune.config import check
-from fsdp_tune.launch import Outcome, failure_report
-from fsdp_tune.plan import make_plan
-from tests.conftest import FIXTURES
+from fsdp_tune.launch.failure import Outcome, failure_report
 
 BLOCK = """[{i}]:
   time      : 2026-11-29_13:29:40
@@ -33,8 +30,7 @@ def _tail(root: str, others: list[str]) -> str:
 
 
 def _report(tmp_path, tail: str) -> str:
-    plan = make_plan(check(str(FIXTURES / "tiny_lora.yaml"), ["--output_dir", str(tmp_path)]).config)
-    return str(failure_report(plan, Outcome(returncode=1, signal=None, torchrun_tail=tail)))
+    return str(failure_report(str(tmp_path), Outcome(returncode=1, signal=None, torchrun_tail=tail)))
 
 
 def test_a_peer_that_lost_its_rank_is_not_the_root_cause(tmp_path) -> None:

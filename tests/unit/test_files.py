@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from fsdp_tune.files import write_atomic
+from fsdp_tune.runfiles import write_atomic
 
 
 def test_concurrent_writers_never_collide(tmp_path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from fsdp_tune import model_source
-from fsdp_tune.config import check
+from fsdp_tune.sources import model as model_source
+from fsdp_tune.validate import check
 
 
 def _cache_model(cache, repo_id: str, config: dict) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_tune.config import check
 from fsdp_tune.config.flags import parse_flags
-from fsdp_tune.config.normalize import BadValue, to_bool
+from fsdp_tune.config.values import BadValue, to_bool
+from fsdp_tune.validate import check
 
 
 @pytest.mark.parametrize(

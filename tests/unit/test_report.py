@@ -6,8 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
-from fsdp_tune.cli import app
-from fsdp_tune.report import load_metrics, series
+from fsdp_tune.cli.app import app
+from fsdp_tune.tools.report import load_metrics, series
 
 
 def _run(tmp_path, name, losses, eval_at=()):
@@ -35,7 +35,15 @@ def test_report_draws_one_figure_for_several_runs(tmp_path) -> None:
     r = CliRunner().invoke(app, ["report", str(a), str(b), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:4] == b"\x89PNG"
-    assert "3.0000" in r.output and "1.0000" in r.output and "2.5000" in r.output
+    from fsdp_tune.tools.report import summary_rows
+
+    rows = summary_rows([a, b])
+    assert [(r["steps"], r["loss_last"], r["eval_loss_last"], r["status"]) for r in rows] == [
+        (3, 1.0, 1.1, "incomplete"),
+        (2, 2.5, None, "incomplete"),
+    ]
+    line_a = next(line for line in r.output.splitlines() if line.startswith(str(a)[-40:]))
+    assert line_a.split()[1:5] == ["incomplete", "3", "1.0000", "1.1000"]
 
 
 def test_report_without_metrics(tmp_path) -> None:

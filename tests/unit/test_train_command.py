@@ -7,13 +7,17 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from fsdp_tune.cli import app
-from fsdp_tune.config import check
-from fsdp_tune.plan import make_plan
+from fsdp_tune.cli.app import app
+from fsdp_tune.launch.decide import decide
+from fsdp_tune.launch.machine import Machine
+from fsdp_tune.launch.torchrun import torchrun_args
+from fsdp_tune.validate import check
 from tests.conftest import FIXTURES, REPO, seed_flags
 
 runner = CliRunner()
 BASE = str(FIXTURES / "tiny_lora.yaml")
+GPUS8 = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8)
+BASE_ENV = ("PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")
 
 
 def train(*args: str):
@@ -65,9 +69,22 @@ def test_flash_attn_on_cpu_is_refused(tmp_path) -> None:
     assert r.exit_code == 2 and "PF020" in r.output
 
 
-def test_fsdp1_on_cpu_machine_is_refused(tmp_path) -> None:
+def test_fsdp1_on_cpu_is_refused(tmp_path) -> None:
+    """The config says CPU: the rules refuse FSDP1 (FT022) before the machine is even looked at."""
     r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--fsdp_version", "1")
-    assert r.exit_code == 2 and ("FT022" in r.output or "PF022" in r.output) and "convert --fsdp2" in r.output
+    assert r.exit_code == 2 and "FT022" in r.output and "PF022" not in r.output and "convert --fsdp2" in r.output
+
+
+def test_fsdp1_on_a_machine_without_gpus_is_refused(tmp_path) -> None:
+    """A GPU config (use_cpu false) on a machine without GPUs: the rules accept FSDP1, pre-flight refuses it."""
+    from fsdp_tune.launch.preflight import check_machine
+
+    flags = ["--use_cpu", "false", "--fsdp_version", "1", "--output_dir", str(tmp_path / "o")]
+    cfg = check(BASE, flags).config
+    spec = decide(cfg, Machine.cpu_only())
+    assert [f.rule for f in check_machine(cfg, spec, Machine.cpu_only(), False) if f.rule.startswith("PF02")] == [
+        "PF022"
+    ]
 
 
 def test_previous_run_is_not_overwritten(tmp_path) -> None:
@@ -101,10 +118,10 @@ def test_plan_world_layout() -> None:
             "/tmp/x",
         ],
     ).config
-    plan = make_plan(cfg, force_cpu=False)
-    args = plan.torchrun_args()
+    spec = decide(cfg, GPUS8)
+    args = torchrun_args(spec)
     assert "--nproc_per_node=8" in args and "--nnodes=2" in args and "--node_rank=1" in args
-    assert "--master_addr=10.1.2.3" in args and "--standalone" not in args and plan.backend == "nccl"
+    assert "--master_addr=10.1.2.3" in args and "--standalone" not in args and spec.backend == "nccl"
     cfg = check(
         None,
         [
@@ -120,7 +137,7 @@ def test_plan_world_layout() -> None:
             "/tmp/x",
         ],
     ).config
-    assert "--rdzv_endpoint=h:29500" in make_plan(cfg).torchrun_args()
+    assert "--rdzv_endpoint=h:29500" in torchrun_args(decide(cfg, GPUS8))
 
 
 def test_resolved_config_round_trips(tmp_path) -> None:
@@ -148,26 +165,25 @@ def test_missing_tracker_is_refused(tmp_path) -> None:
 
 
 def test_cpu_offload_is_off_on_a_cpu_run() -> None:
-    """FSDP2's offload policy pins memory for a GPU: on a CPU run it would crash the ranks, and means nothing."""
-    from fsdp_tune.config import check
-    from fsdp_tune.resolve import fsdp_config
-
+    """FSDP2's offload policy pins memory for a GPU: on a CPU run it would crash the ranks, and means nothing.
+    The rule (FT031) and the rank spec decide it through the same function."""
     checked = check(None, ["--use_cpu", "true", "--fsdp_version", "2", "--fsdp_offload_params", "true"])
     assert [f.rule for f in checked.findings if f.rule == "FT031"] == ["FT031"]
-    assert fsdp_config(checked.config, on_cpu=True)["cpu_offload"] is False
-    assert fsdp_config(checked.config, on_cpu=False)["cpu_offload"] is True
+    assert decide(checked.config, GPUS8).fsdp_config["cpu_offload"] is False  # use_cpu: a CPU run on any machine
+    on_gpus = check(None, ["--fsdp_version", "2", "--fsdp_offload_params", "true"])
+    assert not [f for f in on_gpus.findings if f.rule == "FT031"]
+    assert decide(on_gpus.config, GPUS8).fsdp_config["cpu_offload"] is True
+    assert decide(on_gpus.config, Machine.cpu_only()).fsdp_config["cpu_offload"] is False
 
 
 def test_accelerate_launch_keys_reach_the_ranks_environment() -> None:
     """gpu_ids, dynamo_config, enable_cpu_affinity and debug: accelerate launch exports them; so does fsdp-tune."""
-    from fsdp_tune.config import check
     from fsdp_tune.config.writers import to_accelerate
-    from fsdp_tune.plan import make_plan
 
     checked = check(str(FIXTURES / "configs" / "accel_launch_env.yaml"), [])
     assert not checked.errors, checked.findings
-    gpu = make_plan(checked.config, force_cpu=False)
-    assert gpu.env == {
+    gpu = decide(checked.config, GPUS8)
+    assert {k: v for k, v in gpu.env.items() if k not in BASE_ENV} == {
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
         "ACCELERATE_CPU_AFFINITY": "1",
         "ACCELERATE_DEBUG_MODE": "true",
@@ -177,29 +193,27 @@ def test_accelerate_launch_keys_reach_the_ranks_environment() -> None:
         "ACCELERATE_DYNAMO_USE_DYNAMIC": "False",
         "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
     }
-    assert "CUDA_VISIBLE_DEVICES" not in make_plan(checked.config, force_cpu=True).env
-    assert gpu.standalone  # `main_process_port: null` means unset, as accelerate writes it
+    assert "CUDA_VISIBLE_DEVICES" not in decide(checked.config, Machine.cpu_only()).env
+    assert gpu.world.standalone  # `main_process_port: null` means unset, as accelerate writes it
     written = to_accelerate(checked.config)
     assert written["gpu_ids"] == "0,1,2,3" and written["dynamo_config"]["dynamo_backend"] == "INDUCTOR"
-    assert make_plan(check(None, ["--num_processes", "2"]).config, force_cpu=False).env == {}
+    assert set(decide(check(None, ["--num_processes", "2"]).config, GPUS8).env) == set(BASE_ENV)
 
 
-def test_more_ranks_than_visible_gpus_is_refused(tmp_path, monkeypatch) -> None:
+def test_more_ranks_than_visible_gpus_is_refused(tmp_path) -> None:
     """One rank per GPU: 4 ranks with 2 visible GPUs would fail in NCCL after loading the model."""
-    from fsdp_tune.preflight import check_machine
+    from fsdp_tune.launch.preflight import check_machine
 
     flags = ["--use_cpu", "false", "--num_processes", "4", "--output_dir", str(tmp_path / "o")]
     cfg = check(BASE, flags).config
-    plan = make_plan(cfg, force_cpu=False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    [found] = [f for f in check_machine(cfg, plan, False) if f.rule == "PF025"]
+    two = Machine(cuda=True, gpus=2, cuda_visible_devices="0,1")
+    [found] = [f for f in check_machine(cfg, decide(cfg, two), two, False) if f.rule == "PF025"]
     assert "would see 2 GPU(s)" in found.message and "--num_processes 2" in found.hint
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    assert not [f for f in check_machine(cfg, plan, False) if f.rule == "PF025"]
+    four = Machine(cuda=True, gpus=4, cuda_visible_devices="0,1,2,3")
+    assert not [f for f in check_machine(cfg, decide(cfg, four), four, False) if f.rule == "PF025"]
     # gpu_ids in the config sets what the ranks see, over the shell's CUDA_VISIBLE_DEVICES (as accelerate launch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     cfg = check(BASE, [*flags, "--gpu_ids", "0,1,2,3"]).config
-    assert not [f for f in check_machine(cfg, make_plan(cfg, force_cpu=False), False) if f.rule == "PF025"]
+    assert not [f for f in check_machine(cfg, decide(cfg, two), two, False) if f.rule == "PF025"]
 
 
 def _safetensors(path, n_floats: int, cut: int = 0) -> None:
@@ -210,7 +224,7 @@ def _safetensors(path, n_floats: int, cut: int = 0) -> None:
 
 def test_incomplete_local_weights_are_refused(tmp_path) -> None:
     """A shard missing from the index, or a file cut short, would fail after the ranks loaded the rest."""
-    from fsdp_tune.preflight import _weights
+    from fsdp_tune.sources.weights import check_weights as _weights
 
     model = tmp_path / "m"
     model.mkdir()

@@ -1,0 +1,110 @@
+"""Commands that plan or run training: train (through torchrun) and plan (memory and step time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, guard, split_config, style  # noqa: F401
+
+
+def train(
+    ctx: typer.Context,
+    config: Optional[str] = ConfigOpt,
+    dry_run: bool = typer.Option(False, "--dry_run", "--dry-run", help="Print the plan; start nothing."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry_run: print the rank spec as JSON."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Validate, check this machine, then train through torchrun (same flags as validate-config).
+
+    Also: --resume_from_checkpoint latest|PATH, --overwrite_output_dir, --max_restarts N, --ddp_timeout S,
+    --save_on_interrupt false. Exit codes: 0 trained, 1 training failed, 2 bad config or pre-flight,
+    3 internal error, 130/143 interrupted.
+    """
+    config, args = split_config(config, list(ctx.args))
+
+    def run() -> None:
+        from fsdp_tune.launch import torchrun
+        from fsdp_tune.launch.train import execute, plan_run
+        from fsdp_tune.output import describe_launch, format_findings, format_summary
+
+        planned = plan_run(config, args, lambda m: typer.echo(m, err=True))
+        if as_json and dry_run:
+            data = {"spec": planned.spec.as_dict(), "torchrun": torchrun.command(planned.spec)}
+            data["preflight"] = [f.as_dict() for f in planned.machine_findings]
+            typer.echo(json.dumps(data, indent=2))
+            return
+        if planned.checked.findings:
+            typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
+        typer.echo(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+        if dry_run:
+            _dry_run_memory(planned.config)
+            if planned.machine_findings:
+                typer.echo("this machine could not start it as it stands:", err=True)
+                body = format_findings("this launch", planned.machine_findings, style).split("\n", 1)[-1]
+                typer.echo(body, err=True)
+            typer.echo("dry run: nothing was started")
+            return
+        summary = execute(planned, lambda m: typer.echo(m, err=True))
+        if summary:
+            typer.echo(format_summary(summary))
+        if planned.spec.world.node_rank == 0:
+            _plot(planned.spec.output_dir)
+
+    guard(run, debug)
+
+
+def plan_cmd(
+    ctx: typer.Context,
+    config: Optional[str] = ConfigOpt,
+    gpu: str = typer.Option("h100", "--gpu", help="h100 | h200 | a100 | 4090 (memory, TFLOP/s, link)."),
+    gpu_memory: Optional[str] = typer.Option(None, "--gpu_memory", "--gpu-memory", help="e.g. 80GiB, 24GB."),
+    cpu: bool = typer.Option(False, "--cpu", help="Plan a CPU run (host memory per rank)."),
+    as_json: bool = typer.Option(False, "--json"),
+    debug: bool = DebugOpt,
+) -> None:
+    """Predict per-GPU and host memory and step time before launch, and what would make it fit."""
+    config, args = split_config(config, list(ctx.args))
+
+    def run() -> None:
+        from fsdp_tune.output import format_plan
+        from fsdp_tune.planner.plan import memory_plan
+        from fsdp_tune.validate import load
+
+        cfg = load(config, args).config
+        result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu)
+        typer.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
+
+    guard(run, debug)
+
+
+def _plot(output_dir: str) -> None:
+    """loss.png after a run; a plotting problem is a warning, the run itself succeeded."""
+    from fsdp_tune.runfiles import LOSS_PLOT_NAME
+    from fsdp_tune.tools.report import plot
+
+    try:
+        typer.echo(f"  loss plot: {plot([output_dir], Path(output_dir) / LOSS_PLOT_NAME)}")
+    except Exception as err:  # noqa: BLE001
+        typer.echo(
+            f"warning: loss.png not drawn ({type(err).__name__}: {err}); try `fsdp-tune report {output_dir}`", err=True
+        )
+
+
+def _dry_run_memory(cfg) -> None:
+    """The planner's memory summary for a dry run; a model it cannot see is a note, not a failure."""
+    from fsdp_tune.errors import UsageError
+    from fsdp_tune.output import format_plan
+    from fsdp_tune.planner.plan import memory_plan
+
+    try:
+        # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan
+        result = memory_plan(cfg, on_cpu=cfg.launch.use_cpu)
+    except UsageError as err:
+        typer.echo(f"note: no memory plan: {err}")
+        return
+    typer.echo("memory plan (fsdp-tune plan):")
+    typer.echo("\n".join("  " + line for line in format_plan(result).splitlines()))

@@ -1,0 +1,55 @@
+"""Settings derived from the typed config that the rules, the rank spec and the planner all need.
+
+Pure functions of the RunConfig (no torch, no machine): each decision is made here once. Decisions that
+depend on the machine (the backend, whether offload can act) are the rank spec's (launch/decide.py).
+"""
+
+from __future__ import annotations
+
+from fsdp_tune.config.schema import RunConfig
+
+FLOATS = ("bfloat16", "float16", "float32")
+DTYPE_OF_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "no": "float32"}
+
+
+def compute_precision(cfg: RunConfig) -> str:
+    """The run's mixed precision: --bf16/--fp16 flags win over the YAML's mixed_precision (as in TA)."""
+    if cfg.training.get("fp16"):
+        return "fp16"
+    if cfg.training.is_set("bf16"):
+        return (
+            "bf16"
+            if cfg.training.get("bf16")
+            else ("no" if cfg.launch.mixed_precision == "bf16" else cfg.launch.mixed_precision)
+        )
+    return cfg.launch.mixed_precision
+
+
+def model_dtype(cfg: RunConfig) -> str:
+    """The dtype the base model is loaded in."""
+    if cfg.model.dtype and cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    q = cfg.quantization
+    if q.use_4bit_quantization and q.bnb_4bit_quant_storage_dtype in FLOATS:
+        return q.bnb_4bit_quant_storage_dtype
+    # fp16 keeps fp32 weights: AMP's grad scaler refuses fp16 parameters
+    return {"bf16": "bfloat16", "fp16": "float32", "fp8": "bfloat16"}.get(compute_precision(cfg), "float32")
+
+
+def quant_storage(cfg: RunConfig) -> str:
+    """The dtype bitsandbytes packs 4-bit values into: FSDP shards it like any floating parameter."""
+    return cfg.quantization.bnb_4bit_quant_storage_dtype or model_dtype(cfg)
+
+
+def gradient_checkpointing(cfg: RunConfig) -> bool:
+    """TRL defaults gradient_checkpointing=True, which Trainer refuses next to FSDP's own activation
+    checkpointing: the user's explicit choice stands (a rule rejects the clash), TRL's default yields."""
+    if cfg.fsdp.activation_checkpointing:
+        return False
+    return bool(cfg.training.get("gradient_checkpointing"))
+
+
+def offload_active(cfg: RunConfig, on_cpu: bool) -> bool:
+    """cpu_offload acts only on GPU runs: on CPU the parameters already live in host memory, and FSDP2's
+    offload policy would try to pin them for a GPU ("Cannot access accelerator device when none is available")."""
+    return cfg.fsdp.cpu_offload and not on_cpu

@@ -1,0 +1,144 @@
+"""Values as the user wrote them -> typed values, by the kind and choices of their field.
+
+"false" as a string is false, "yes please" is an error, never truthy; enums are matched without regard
+to case. Shared by the normalizer and the flag parser (a bare boolean flag needs the field's kind).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING
+from typing import Any
+
+from fsdp_tune.config import keys
+from fsdp_tune.config.schema import section_fields, training_fields
+
+TRUE = {"true", "t", "yes", "y", "on", "1"}
+FALSE = {"false", "f", "no", "n", "off", "0"}
+# Enums whose values are upper-case by convention (accelerate accepts any case; we normalise).
+UPPER_ENUMS = {"fsdp.auto_wrap_policy", "fsdp.state_dict_type", "fsdp.sharding_strategy", "fsdp.backward_prefetch"}
+
+
+class BadValue(ValueError):
+    pass
+
+
+def kind_of(path: str) -> str:
+    section, name = path.split(".", 1)
+    if section == "training":
+        spec = training_fields().get(name)
+        return spec["kind"] if spec else "any"
+    f = section_fields(section)[name]
+    if f.metadata.get("kind"):
+        return f.metadata["kind"]
+    if f.metadata.get("choices"):
+        return "str"
+    default = f.default if f.default is not MISSING else None
+    return {bool: "bool", int: "int", float: "float", str: "str", tuple: "list"}.get(type(default), "any")
+
+
+def choices_of(path: str) -> tuple[str, ...] | None:
+    section, name = path.split(".", 1)
+    if section == "training":
+        return None
+    return section_fields(section)[name].metadata.get("choices")
+
+
+def to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in TRUE | FALSE:
+        return value.strip().lower() in TRUE
+    raise BadValue(f"must be true or false, got {value!r}")
+
+
+def to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise BadValue(f"must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise BadValue(f"must be an integer, got {value!r}") from None
+    if not number.is_integer():
+        raise BadValue(f"must be an integer, got {value!r}")
+    return int(number)
+
+
+def to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise BadValue(f"must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise BadValue(f"must be a number, got {value!r}") from None
+
+
+def to_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v).strip() for v in value)
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    raise BadValue(f"must be a list or a comma-separated string, got {value!r}")
+
+
+def to_dict(value: Any) -> dict:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+    raise BadValue(f"must be a mapping (or a JSON object string), got {value!r}")
+
+
+def coerce(path: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if path == "launch.mixed_precision" and value is False:
+        return "no"  # YAML reads an unquoted `no` as false
+    if path == "fsdp.sharding_strategy":
+        value = keys.STRATEGY_BY_NUMBER.get(str(value), value)
+    kind = kind_of(path)
+    if kind == "bool":
+        return to_bool(value)
+    if kind == "int":
+        return to_int(value)
+    if kind == "float":
+        return to_float(value)
+    if kind == "list":
+        return to_list(value)
+    if kind == "dict":
+        return to_dict(value)
+    if kind == "str":
+        if isinstance(value, (dict, list, bool)):
+            raise BadValue(f"must be a string, got {value!r}")
+        text = str(value).strip()
+        choices = choices_of(path)
+        if choices:
+            norm = text.upper() if path in UPPER_ENUMS else text.lower()
+            if norm not in choices:
+                raise BadValue(f"must be one of {', '.join(choices)}; got {text!r}")
+            return norm
+        return text
+    return value
+
+
+def value_hint(path: str) -> str:
+    choices = choices_of(path)
+    if choices:
+        return f"use one of: {', '.join(choices)}"
+    kind = kind_of(path)
+    return {
+        "bool": "use true or false (a real boolean, not a sentence)",
+        "int": "use a whole number",
+        "float": "use a number",
+        "list": "use a list, or a comma-separated string",
+        "dict": "use a mapping",
+    }.get(kind, "")

@@ -1,0 +1,66 @@
+"""What this machine offers the ranks, found without importing torch (which costs seconds on the launcher).
+
+The rank spec is decided from a Machine, so tests describe GPU machines as data (Machine(gpus=8, ...))
+and check the decisions without one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Machine:
+    cuda: bool  # NVIDIA devices are present (whether or not this run uses them)
+    gpus: int | None  # GPUs the ranks would see (narrowed by CUDA_VISIBLE_DEVICES); None when it cannot be told
+    gpu_names: tuple[str, ...] = ()  # as nvidia-smi names them, when it could be asked
+    cuda_visible_devices: str | None = None  # the launcher's own CUDA_VISIBLE_DEVICES, if set
+
+    @classmethod
+    def cpu_only(cls) -> Machine:
+        return cls(cuda=False, gpus=0)
+
+
+def cuda_present(env: dict[str, str] | None = None) -> bool:
+    """NVIDIA devices this process may use: device nodes or nvidia-smi, unless CUDA_VISIBLE_DEVICES hides them."""
+    env = os.environ if env is None else env
+    if env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
+
+
+def visible_gpus(cuda_visible_devices: str | None) -> int | None:
+    """How many GPUs the ranks will see: device nodes, narrowed by CUDA_VISIBLE_DEVICES; None when that
+    cannot be told without CUDA (no /dev/nvidia* nodes, e.g. some containers)."""
+    if cuda_visible_devices is not None:
+        return len([d for d in cuda_visible_devices.split(",") if d.strip() and d.strip() != "-1"])
+    nodes = glob.glob("/dev/nvidia[0-9]*")
+    return len(nodes) or None
+
+
+def _gpu_names() -> tuple[str, ...]:
+    """GPU model names from nvidia-smi (a few tens of ms); empty when it is missing or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return ()
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip()) if out.returncode == 0 else ()
+
+
+def probe() -> Machine:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    cuda = cuda_present()
+    return Machine(
+        cuda=cuda,
+        gpus=visible_gpus(visible) if cuda else 0,
+        gpu_names=_gpu_names() if cuda else (),
+        cuda_visible_devices=visible,
+    )

@@ -1,0 +1,87 @@
+"""OUTPUT_DIR/fsdp_tune_run.json: what ran, how, with which versions, and how it ended.
+
+`fsdp-tune train --config OUTPUT_DIR/fsdp_tune_run.json` reads it back as a recipe and reproduces the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+from fsdp_tune import __version__
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import MANIFEST_NAME, write_atomic
+
+PACKAGES = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"fsdp-tune": __version__, "python": sys.version.split()[0]}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit(cwd: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=cwd, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=cwd, timeout=5)
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def reproducible_config(cfg: RunConfig) -> dict:
+    """The run as a recipe (explicit and non-default settings only, so it validates like the original)."""
+    from fsdp_tune.config.writers import to_recipe
+
+    data = to_recipe(cfg)
+    data.get("training", {}).pop("resume_from_checkpoint", None)  # a reproduction starts from step 0
+    return data
+
+
+def write_start(cfg: RunConfig, spec: RankSpec) -> Path:
+    """Written by node 0 before torchrun starts. `cfg` is the config as the user gave it (a builtin model is
+    recorded as builtin:NAME, not as this machine's cache folder), so the manifest reproduces the run anywhere."""
+    path = Path(spec.output_dir) / MANIFEST_NAME
+    data = {
+        "fsdp_tune_manifest": 1,
+        "command": sys.argv,
+        "cwd": os.getcwd(),
+        "git_commit": git_commit(),
+        "versions": versions(),
+        "world": {**asdict(spec.world), "device": spec.device, "backend": spec.backend},
+        "resumed_from": spec.resume_from_checkpoint,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "ended_at": None,
+        "exit_status": None,
+        "resolved_config": reproducible_config(cfg),
+    }
+    _write(path, data)
+    return path
+
+
+def write_end(spec: RankSpec, exit_status: int) -> None:
+    path = Path(spec.output_dir) / MANIFEST_NAME
+    if not path.exists():
+        return
+    data = json.loads(path.read_text())
+    data["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    data["exit_status"] = exit_status
+    _write(path, data)
+
+
+def _write(path: Path, data: dict) -> None:
+    write_atomic(path, json.dumps(data, indent=2) + "\n")

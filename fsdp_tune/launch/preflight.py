@@ -1,0 +1,280 @@
+"""Checks that depend on this machine and these files, run by `train` before any rank starts.
+
+`validate-config` checks the configuration; this checks whether it can run here: files exist and hold
+the expected fields, libraries are importable, the output dir is safe to write. No torch import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.launch.checkpoints import list_checkpoints
+from fsdp_tune.launch.machine import Machine, visible_gpus
+from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import RESOLVED_NAME, SUMMARY_NAME
+from fsdp_tune.sources import data as datasource
+from fsdp_tune.sources.model import hub_cache
+from fsdp_tune.sources.weights import check_weights
+
+BUILTIN_MODEL_PREFIX = "builtin:"
+
+
+def _err(rule: str, key: str, message: str, hint: str = "", source: str = "command line") -> Finding:
+    return Finding(rule, Severity.ERROR, key, source, message, hint)
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def _hub_cached(repo_id: str, kind: str) -> bool:
+    return (hub_cache().expanduser() / f"{kind}--{repo_id.replace('/', '--')}").is_dir()
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).exists()
+
+
+def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_requested: bool) -> list[Finding]:
+    findings: list[Finding] = []
+    findings += _model(cfg)
+    findings += _data(cfg)
+    findings += _libraries(cfg, spec, machine)
+    findings += _output_dir(cfg, spec, resume_requested)
+    return findings
+
+
+def _model(cfg: RunConfig) -> list[Finding]:
+    name = cfg.model.model_name_or_path
+    if not name:
+        return [
+            _err(
+                "PF001",
+                "--model_name_or_path",
+                "no model given",
+                "--model_name_or_path meta-llama/Llama-2-7b-hf (or a local folder, or builtin:tiny-llama)",
+            )
+        ]
+    if name.startswith(BUILTIN_MODEL_PREFIX):
+        from fsdp_tune.sources.builtin import PRESETS
+
+        if name.removeprefix(BUILTIN_MODEL_PREFIX) not in PRESETS:
+            return [
+                _err(
+                    "PF001",
+                    "--model_name_or_path",
+                    f"unknown builtin model {name}",
+                    f"one of: {', '.join(BUILTIN_MODEL_PREFIX + p for p in PRESETS)}",
+                )
+            ]
+        return []
+    if _looks_like_path(name):
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            return [_err("PF002", "--model_name_or_path", f"{name} does not exist", "check the path")]
+        if not (path / "config.json").exists():
+            return [
+                _err("PF002", "--model_name_or_path", f"{name} has no config.json: not a Transformers model folder")
+            ]
+        return check_weights(path, name)
+    return _hub_model(name)
+
+
+def _hub_model(name: str) -> list[Finding]:
+    """A hub id: offline, it must be in the local cache."""
+    if _offline() and not _hub_cached(name, "models"):
+        return [
+            _err(
+                "PF003",
+                "--model_name_or_path",
+                f"{name} is a hub id, the hub is offline (HF_HUB_OFFLINE) and the model is not in the local cache",
+                "download it first, or point at a local folder",
+            )
+        ]
+    return []
+
+
+def _data(cfg: RunConfig) -> list[Finding]:
+    name = cfg.data.dataset_name
+    if not name:
+        return [
+            _err(
+                "PF010",
+                "--dataset_name",
+                "no dataset given",
+                "--dataset_name data/train.jsonl (a file or a folder with train.jsonl/test.jsonl)",
+            )
+        ]
+    splits = cfg.data.splits or ("train",)
+    if datasource.looks_local(name) or Path(name).exists():
+        source = datasource.resolve(name, splits)
+        if not source.files and not Path(name).expanduser().exists():
+            return [_err("PF010", "--dataset_name", f"{name} does not exist", "check the path")]
+        return datasource.check_local(
+            source, splits, cfg.data.dataset_text_field, chat=cfg.data.chat_template_format != "none"
+        )
+    if _offline() and not _hub_cached(name, "datasets"):
+        return [
+            _err(
+                "PF015",
+                "--dataset_name",
+                f"{name} is a hub dataset, the hub is offline and it is not cached",
+                "use a local file: --dataset_name data/train.jsonl",
+            )
+        ]
+    return []
+
+
+def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
+    return [*_attention(cfg, spec), *_quantization(cfg), *_gpus(cfg, spec, machine), *_trackers(cfg), *_hub(cfg)]
+
+
+def _attention(cfg: RunConfig, spec: RankSpec) -> list[Finding]:
+    if not cfg.model.use_flash_attn:
+        return []
+    if spec.device == "cpu":
+        return [
+            _err(
+                "PF020",
+                "--use_flash_attn",
+                "flash-attention needs CUDA GPUs; this run is on CPU",
+                "drop --use_flash_attn (SDPA is used)",
+            )
+        ]
+    if importlib.util.find_spec("flash_attn") is None:
+        return [
+            _err(
+                "PF020",
+                "--use_flash_attn",
+                "flash-attn is not installed",
+                "pip install flash-attn --no-build-isolation, or drop --use_flash_attn",
+            )
+        ]
+    return []
+
+
+def _quantization(cfg: RunConfig) -> list[Finding]:
+    if cfg.quantization.use_4bit_quantization and importlib.util.find_spec("bitsandbytes") is None:
+        return [_err("PF021", "--use_4bit_quantization", "bitsandbytes is not installed", "pip install bitsandbytes")]
+    return []
+
+
+def _gpus(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
+    findings = []
+    w = spec.world
+    visible = spec.env.get("CUDA_VISIBLE_DEVICES", machine.cuda_visible_devices)
+    gpus = None if spec.device == "cpu" else visible_gpus(visible)
+    if gpus is not None and gpus < w.nproc_per_node:
+        findings.append(
+            _err(
+                "PF025",
+                "num_processes",
+                f"{w.nproc_per_node} processes per machine, but the ranks would see {gpus} GPU(s) here: one "
+                "rank per GPU (NCCL)",
+                f"--num_processes {gpus * w.nnodes}, or check CUDA_VISIBLE_DEVICES / gpu_ids",
+            )
+        )
+    if cfg.fsdp.version == 1 and spec.device == "cpu":
+        findings.append(
+            _err(
+                "PF022",
+                "fsdp_version",
+                "this machine has no GPU and FSDP1 does not run on CPU",
+                f"fsdp-tune convert --fsdp2 {cfg.config_path or 'CONFIG'} (or --fsdp_version 2)",
+            )
+        )
+    return findings
+
+
+def _trackers(cfg: RunConfig) -> list[Finding]:
+    report_to = cfg.training.get("report_to") or ()
+    report_to = (report_to,) if isinstance(report_to, str) else report_to
+    return [
+        _err(
+            "PF024",
+            "--report_to",
+            f"{tracker} is not installed; the trainer would fail at start",
+            f"pip install {module}, or drop it from --report_to",
+        )
+        for tracker, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow"))
+        if tracker in report_to and importlib.util.find_spec(module) is None
+    ]
+
+
+def _hub(cfg: RunConfig) -> list[Finding]:
+    if not cfg.training.get("push_to_hub"):
+        return []
+    if _offline():
+        return [
+            _err(
+                "PF023",
+                "--push_to_hub",
+                "the hub is offline (HF_HUB_OFFLINE): every save would fail to push",
+                "drop --push_to_hub, or unset HF_HUB_OFFLINE",
+            )
+        ]
+    token = os.environ.get("HF_TOKEN") or Path("~/.cache/huggingface/token").expanduser().exists()
+    if not token:
+        return [
+            _err(
+                "PF023",
+                "--push_to_hub",
+                "no Hugging Face token (HF_TOKEN or `hf auth login`)",
+                "log in first, or drop --push_to_hub",
+            )
+        ]
+    return []
+
+
+def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[Finding]:
+    if not cfg.training.get("output_dir"):
+        return [_err("PF030", "--output_dir", "no output dir given", "--output_dir runs/my-run")]
+    out = Path(spec.output_dir)
+    unwritable = _unwritable(out)
+    if unwritable:
+        return [_err("PF032", "--output_dir", unwritable, "choose a folder you can write to")]
+    if not out.exists() or resume_requested or cfg.run.overwrite_output_dir or spec.world.node_rank > 0:
+        # machines other than 0 share the output dir that machine 0 has just checked
+        return []
+    if out.is_file():
+        return [_err("PF030", "--output_dir", f"{out} is a file", "choose a folder")]
+    previous = [
+        p.name for p in (out / RESOLVED_NAME, out / SUMMARY_NAME, out / "adapter_model.safetensors") if p.exists()
+    ]
+    previous += [c.path.name for c in list_checkpoints(out)][:3]
+    if previous:
+        return [
+            _err(
+                "PF031",
+                "--output_dir",
+                f"{out} holds a previous run ({', '.join(previous)})",
+                "--resume_from_checkpoint latest to continue it, or --overwrite_output_dir to start over "
+                "(nothing is deleted), or another --output_dir",
+            )
+        ]
+    return []
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why the output dir cannot be created or written, found by trying (a hidden temporary folder in the
+    deepest existing ancestor, removed at once), or None. Permission bits alone miss read-only mounts and
+    kernel file systems (/proc lets root "write" but creates nothing)."""
+    existing = out
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{out}: {existing} is a file, not a folder"
+    try:
+        probe = tempfile.mkdtemp(prefix=".fsdp-tune-probe-", dir=existing)
+    except OSError as e:
+        what = "cannot be written" if existing == out else f"cannot be created in {existing}"
+        return f"{out} {what} ({e.strerror or e})"
+    os.rmdir(probe)
+    return None

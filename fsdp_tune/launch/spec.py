@@ -1,0 +1,116 @@
+"""The rank spec: every decision a rank executes, made once on the launcher side (see decide.py).
+
+Plain, frozen data. It is written to OUTPUT_DIR/fsdp_tune_resolved.json, printed by `train --dry_run`
+(`--dry_run --json` prints it whole), and the worker reads nothing else: no rank re-decides the backend,
+a dtype, checkpointing or the `fsdp_config` that Transformers receives. Because GPU decisions are data
+here, they are tested as tables without a GPU (tests/unit/test_rank_spec.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fsdp_tune.runfiles import resolved_name
+
+SPEC_VERSION = 1
+
+
+@dataclass(frozen=True)
+class World:
+    """How many ranks on how many machines, and how they meet (torchrun's arguments)."""
+
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    rdzv_backend: str
+    standalone: bool  # one machine, no port asked for: torchrun picks a free port
+    max_restarts: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name_or_path: str  # what from_pretrained reads (a builtin model's folder once materialised)
+    requested: str  # as the user named it (builtin:tiny-llama, a hub id, a folder)
+    dtype: str  # the dtype the base model is loaded in
+    attn_implementation: str
+    trust_remote_code: bool
+    quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
+    chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset_name: str
+    splits: tuple[str, ...]
+    text_field: str
+    chat_template_format: str  # "none": TRL applies the tokenizer's own template to `messages`
+    max_seq_len: int
+    packing: bool
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    world: World
+    device: str  # "cpu" | "cuda": where the ranks compute
+    backend: str  # the process-group backend string, e.g. "gloo", "nccl", "cuda:nccl,cpu:gloo"
+    timeout_s: int  # collectives time out after this long (--ddp_timeout)
+    env: dict[str, str]  # exported to torchrun and every rank, as `accelerate launch` would
+    cpu_fsdp_shim: bool  # accelerate's FSDP path on CPU (worker/cpu_fsdp.py)
+    fsdp_version: int
+    precision: str  # mixed precision: no | bf16 | fp16 | fp8
+    checkpointing: str  # "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"
+    use_reentrant: bool
+    trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
+    parallelism: dict[str, int] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
+    model: ModelSpec
+    lora: dict[str, Any] | None  # LoraConfig kwargs, None for full fine-tuning
+    data: DataSpec
+    output_dir: str
+    resume_from_checkpoint: str | None
+    checkpoint_on_stop: bool  # a stop request (signal, stop file) ends with a checkpoint
+    check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
+    spec_version: int = SPEC_VERSION
+    notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
+
+    @property
+    def fsdp_config(self) -> dict[str, Any]:
+        return self.trainer_args["fsdp_config"]
+
+    @property
+    def resolved_path(self) -> str:
+        return str(Path(self.output_dir) / resolved_name(self.world.node_rank, self.world.nnodes))
+
+    def as_dict(self) -> dict[str, Any]:
+        return _plain(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+
+def from_dict(data: dict[str, Any]) -> RankSpec:
+    """A RankSpec from `as_dict()` output (the worker reads resolved.json this way)."""
+    if data.get("spec_version") != SPEC_VERSION:
+        raise ValueError(
+            f"rank spec version {data.get('spec_version')} (this fsdp-tune reads {SPEC_VERSION}): the launcher "
+            "and the ranks run different fsdp-tune versions"
+        )
+    kwargs = dict(data)
+    kwargs["world"] = World(**data["world"])
+    kwargs["model"] = ModelSpec(**data["model"])
+    kwargs["data"] = DataSpec(**{**data["data"], "splits": tuple(data["data"]["splits"])})
+    kwargs["notes"] = tuple(data.get("notes", ()))
+    return RankSpec(**kwargs)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

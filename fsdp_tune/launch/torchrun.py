@@ -1,0 +1,168 @@
+"""Run a RankSpec through torchrun: write the spec the ranks read, start torchrun, relay stop requests.
+
+torchrun is the distributed engine (standalone, static or c10d rendezvous, elastic restarts); this module
+only builds its command line from the spec's World and watches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch.failure import Outcome
+from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import (
+    METRICS_NAME,
+    PREVIOUS_METRICS_NAME,
+    STOP_FILE,
+    SUMMARY_NAME,
+    torchrun_log_dir,
+    write_atomic,
+)
+
+# torchrun's default wait for every node to join (static and c10d rendezvous alike)
+RENDEZVOUS_TIMEOUT_S = 600
+
+
+def torchrun_args(spec: RankSpec) -> list[str]:
+    w = spec.world
+    args = [
+        f"--nproc_per_node={w.nproc_per_node}",
+        f"--max_restarts={w.max_restarts}",
+        f"--log_dir={torchrun_log_dir(spec.output_dir)}",
+    ]
+    if w.standalone:
+        args.append("--standalone")
+    elif w.rdzv_backend == "static":
+        args += [
+            f"--nnodes={w.nnodes}",
+            f"--node_rank={w.node_rank}",
+            f"--master_addr={w.master_addr}",
+            f"--master_port={w.master_port}",
+        ]
+    else:
+        args += [
+            f"--nnodes={w.nnodes}",
+            f"--rdzv_backend={w.rdzv_backend}",
+            f"--rdzv_endpoint={w.master_addr}:{w.master_port}",
+            "--rdzv_id=fsdp-tune",
+        ]
+    return args
+
+
+def command(spec: RankSpec) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args(spec),
+        "-m",
+        "fsdp_tune.worker",
+        spec.resolved_path,
+    ]
+
+
+def materialize_model(spec: RankSpec) -> RankSpec:
+    """A builtin model's folder, built on first use; everything else is read as named."""
+    from dataclasses import replace
+
+    name = spec.model.name_or_path
+    if not name.startswith("builtin:"):
+        return spec
+    from fsdp_tune.sources.builtin import materialize
+
+    return replace(spec, model=replace(spec.model, name_or_path=str(materialize(name.removeprefix("builtin:")))))
+
+
+def prepare(cfg: RunConfig, spec: RankSpec) -> RankSpec:
+    """Materialise builtin models and write the rank spec (with the config it came from, for people)."""
+    spec = materialize_model(spec)
+    out = Path(spec.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if spec.world.node_rank == 0:
+        # a summary is this run's or none; an overwritten run's metrics are kept aside, a resumed run appends.
+        # Node 0 only: on a shared filesystem the other nodes see the same folder.
+        (out / SUMMARY_NAME).unlink(missing_ok=True)
+        if not spec.resume_from_checkpoint and (out / METRICS_NAME).exists():
+            (out / METRICS_NAME).replace(out / PREVIOUS_METRICS_NAME)
+    write_atomic(spec.resolved_path, json.dumps({"spec": spec.as_dict(), "config": cfg.as_dict()}, indent=2))
+    return spec
+
+
+def _die_with_parent() -> None:
+    """In the torchrun child: get SIGTERM if the launcher dies (even by SIGKILL), so no ranks are orphaned
+    by the new session. Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run(spec: RankSpec) -> Outcome:
+    """Start torchrun and wait.
+
+    torchrun runs in its own session so a terminal's Ctrl-C reaches only us. The first SIGINT/SIGTERM
+    writes the stop file: every rank finishes its step, saves a checkpoint and exits. A second one
+    terminates torchrun (and with it the ranks) at once. torchrun's stderr passes through to ours, and
+    its tail is kept for the failure report.
+    """
+    env = dict(os.environ, **spec.env)
+    stop_file = Path(spec.output_dir, STOP_FILE)
+    stop_file.unlink(missing_ok=True)
+    w = spec.world
+    if w.nnodes > 1:
+        # otherwise a machine whose launch failed looks, from the others, like a silent hang
+        print(
+            f"waiting for all {w.nnodes} machines to join at {w.master_addr}:{w.master_port} "
+            f"(torchrun gives up after {RENDEZVOUS_TIMEOUT_S} s if one never starts)",
+            file=sys.stderr,
+            flush=True,
+        )
+    proc = subprocess.Popen(
+        command(spec), env=env, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent
+    )
+    tail = bytearray()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        out = sys.stderr.buffer
+        while chunk := os.read(proc.stderr.fileno(), 65536):
+            out.write(chunk)
+            out.flush()
+            tail.extend(chunk)
+            del tail[:-65536]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        if len(received) == 1:
+            sys.stderr.write(
+                f"\nfsdp-tune: {signal.Signals(signum).name}: finishing the current step and saving a "
+                "checkpoint; signal again to stop at once\n"
+            )
+            stop_file.write_text(str(signum))
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        reader.join(timeout=5)
+        stop_file.unlink(missing_ok=True)
+    return Outcome(code, received[0] if received else None, tail.decode("utf-8", "replace"))

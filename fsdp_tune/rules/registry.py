@@ -1,0 +1,61 @@
+"""The rule registry: each rule a pure function RunConfig -> findings, registered with a stable id, and the
+helpers rules use to cite a key as the user wrote it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.errors import Finding, Severity
+
+RuleFn = Callable[[RunConfig], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    family: str
+    title: str
+    fn: RuleFn
+
+
+REGISTRY: dict[str, Rule] = {}
+
+# Findings raised while reading and normalizing (not by a registered function), listed for `rules`.
+READER_RULES = {
+    "FT001": ("config", "unknown key or flag (with the closest known name)"),
+    "FT002": ("config", "an Accelerate YAML without distributed_type"),
+    "FT003": ("config", "a section that is not a mapping"),
+    "FT004": ("config", "a parallelism_config key without its parallelism_config_ prefix"),
+    "FT005": ("config", "a malformed command line (a flag without its value, a stray argument)"),
+    "FT010": ("config", "a value of the wrong type or outside its allowed values"),
+    "FT011": ("config", "an FSDP1 strategy name where FSDP2 needs reshard_after_forward true/false"),
+    "FT012": ("config", "a TrainingArguments name transformers 5 retired (read under its new name, or ignored)"),
+}
+
+
+def rule(rule_id: str, family: str, title: str) -> Callable[[RuleFn], RuleFn]:
+    def register(fn: RuleFn) -> RuleFn:
+        if rule_id in REGISTRY or rule_id in READER_RULES:
+            raise RuntimeError(f"duplicate rule id {rule_id}")
+        REGISTRY[rule_id] = Rule(rule_id, family, title, fn)
+        return fn
+
+    return register
+
+
+def finding(cfg: RunConfig, rule_id: str, severity: Severity, path: str, message: str, hint: str = "") -> Finding:
+    """A finding about `path`, citing the key as the user wrote it and where it came from."""
+    origin = cfg.origin(path)
+    key = origin.key if origin else path.split(".", 1)[1]
+    source = origin.source if origin else "default"
+    return Finding(rule_id, severity, key, source, message, hint)
+
+
+def error(cfg: RunConfig, rule_id: str, path: str, message: str, hint: str = "") -> Finding:
+    return finding(cfg, rule_id, Severity.ERROR, path, message, hint)
+
+
+def warning(cfg: RunConfig, rule_id: str, path: str, message: str, hint: str = "") -> Finding:
+    return finding(cfg, rule_id, Severity.WARNING, path, message, hint)

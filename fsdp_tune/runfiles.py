@@ -1,0 +1,51 @@
+"""Every file a run writes into its output folder, by name, and how they are written.
+
+The launcher and the ranks share these names; nothing else spells them. Writes that another process
+may read while they happen go through `write_atomic`, which stays safe when several launchers share
+one output folder (multi-node jobs on NFS or Lustre see the same OUTPUT_DIR from every node).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+RESOLVED_NAME = "fsdp_tune_resolved.json"  # the rank spec (and the config it came from), read by every rank
+SUMMARY_NAME = "fsdp_tune_summary.json"  # written by rank 0 at the end: the typed RunSummary
+MANIFEST_NAME = "fsdp_tune_run.json"  # what ran, how, with which versions, how it ended
+COMPLETE_MARKER = "fsdp_tune_complete"  # inside a checkpoint folder, once every file of it is written
+STOP_FILE = "fsdp_tune_stop"  # written by the launcher on SIGINT/SIGTERM: finish the step, checkpoint, stop
+METRICS_NAME = "metrics.jsonl"  # one line per logging step (rank 0)
+PREVIOUS_METRICS_NAME = "metrics.previous.jsonl"  # an overwritten run's metrics, kept aside
+LOSS_PLOT_NAME = "loss.png"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+LOG_DIR = "logs"  # logs/rank-K.log for every rank, logs/torchrun/ for torchrun's own files
+
+
+def resolved_name(node_rank: int, nnodes: int) -> str:
+    """One rank-spec file per machine: with a shared output dir, machines must not overwrite each other's."""
+    return RESOLVED_NAME if nnodes == 1 else f"node{node_rank}-{RESOLVED_NAME}"
+
+
+def rank_log(output_dir: str | os.PathLike, rank: int | str) -> Path:
+    return Path(output_dir) / LOG_DIR / f"rank-{rank}.log"
+
+
+def torchrun_log_dir(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / LOG_DIR / "torchrun"
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` complete or not at all; the temporary file is this process's own."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

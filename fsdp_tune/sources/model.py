@@ -1,0 +1,132 @@
+"""What a model is made of, read from files on this machine without importing torch or transformers.
+
+The model's config.json comes from where `plan` finds it (a local folder or file, a reference config we
+ship, builtin:NAME) or from the Hugging Face cache; never from the network. Its architecture's classes
+and submodule names come from the text of transformers' `modeling_<type>.py`, located with
+importlib's find_spec (which imports nothing). Anything not found gives None: callers then skip their
+check rather than guess (remote-code models, an uncached hub id).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+# Reference config.json files of common models, shipped as package data (no download, no torch)
+REFERENCE = "fsdp_tune.sources.reference"
+
+_CLASS = re.compile(r"^class (\w+)\(", re.M)
+_SUBMODULE = re.compile(r"\bself\.(\w+)\s*=\s*(?:nn\.)?(\w*)\(")
+_NO_SPLIT = re.compile(r"_no_split_modules\s*=\s*\[([^\]]*)\]")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    model_type: str
+    modeling_file: str
+    classes: frozenset[str]
+    submodules: frozenset[str]  # attribute names assigned a module-like call (q_proj, gate_proj, lm_head ...)
+    linears: frozenset[str]  # those built by a *Linear / Conv1D call: what LoRA adapts
+    no_split_modules: tuple[str, ...]  # the decoder-layer classes FSDP wraps by default
+
+
+def hub_cache() -> Path:
+    return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+
+
+def find_config(name: str) -> tuple[str, dict]:
+    """(where from, config dict) for a local dir, a config.json path, a hub id we ship, or builtin:NAME."""
+    if name.startswith("builtin:"):
+        from fsdp_tune.sources.builtin import PRESETS
+
+        preset = PRESETS[name.removeprefix("builtin:")]
+        return name, {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 2048,
+            **preset,
+        }
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        path = path / "config.json"
+    if path.is_file():
+        return str(path), json.loads(path.read_text())
+    reference = resources.files(REFERENCE)
+    index = json.loads(reference.joinpath("index.json").read_text())
+    if name in index:
+        ref = reference.joinpath(index[name])
+        return f"{index[name]} (fsdp-tune's reference config for {name})", json.loads(ref.read_text())
+    raise FileNotFoundError(name)
+
+
+def model_config(name: str) -> dict | None:
+    try:
+        return find_config(name)[1]
+    except (FileNotFoundError, KeyError, ValueError, OSError):
+        pass
+    snapshots = hub_cache().expanduser() / f"models--{name.replace('/', '--')}" / "snapshots"
+    for cfg in sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            return json.loads(cfg.read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def for_model(name: str | None) -> ModelSource | None:
+    if not name:
+        return None
+    config = model_config(name)
+    if not config or not isinstance(config.get("model_type"), str):
+        return None
+    return _read(config["model_type"])
+
+
+@functools.lru_cache(maxsize=16)
+def _read(model_type: str) -> ModelSource | None:
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    models = Path(list(spec.submodule_search_locations)[0]) / "models"
+    module = _module_name(models, model_type)
+    path = models / module / f"modeling_{module}.py"
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    assignments = _SUBMODULE.findall(text)
+    no_split: tuple[str, ...] = ()
+    found = _NO_SPLIT.search(text)
+    if found:
+        no_split = tuple(re.findall(r"[\"'](\w+)[\"']", found.group(1)))
+    return ModelSource(
+        model_type=model_type,
+        modeling_file=str(path),
+        classes=frozenset(_CLASS.findall(text)),
+        submodules=frozenset(name for name, _ in assignments),
+        linears=frozenset(name for name, call in assignments if "Linear" in call or call == "Conv1D"),
+        no_split_modules=no_split,
+    )
+
+
+def _module_name(models: Path, model_type: str) -> str:
+    """transformers' model_type_to_module_name, from its mapping's text."""
+    mappings = models / "auto" / "auto_mappings.py"
+    if mappings.is_file():
+        special = re.search(rf"\(\"{re.escape(model_type)}\",\s*\"(\w+)\"\)", _special_block(mappings))
+        if special:
+            return special.group(1)
+    return model_type.replace("-", "_")
+
+
+@functools.lru_cache(maxsize=1)
+def _special_block(mappings: Path) -> str:
+    text = mappings.read_text(encoding="utf-8", errors="replace")
+    start = text.find("SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
+    return text[start : text.find("\n)", start)] if start >= 0 else ""

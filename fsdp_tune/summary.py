@@ -1,0 +1,79 @@
+"""The run summary rank 0 writes at the end (OUTPUT_DIR/fsdp_tune_summary.json), typed.
+
+The worker fills it in, the launcher prints it, `report` compares several. No torch: both sides read it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from fsdp_tune.runfiles import SUMMARY_NAME, write_atomic
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    peak_rss_mib: float
+    peak_gpu_allocated_mib: float | None = None
+    peak_gpu_reserved_mib: float | None = None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A finished run."""
+
+    steps: int
+    loss_first: float | None
+    loss_last: float | None
+    losses: list[float]
+    train_runtime_s: float
+    time_to_first_step_s: float | None
+    wall_s: float
+    tokens: int
+    tokens_per_s: float | None
+    per_rank: list[RankMemory]
+    fsdp_units: dict[str, int]
+    adapter_dir: str
+    use_peft_lora: bool
+    truncated_sequences: dict[str, int] | None = None  # {"cut", "total", "max_seq_len"}
+    vocab_grew: dict[str, int] | None = None  # {"from", "tokenizer", "rows"}
+    adapter_check: dict[str, Any] | None = None  # verify_adapter's result
+    mesh: dict[str, int] | None = None  # the device mesh read from the trained parameters: dim name -> size
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    kind = "finished"
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A run stopped on request (signal, stop file): the checkpoint, if any, is what it leaves."""
+
+    interrupted_at_step: int
+    checkpoint_saved: bool
+
+    kind = "interrupted"
+
+
+def write(output_dir: str | Path, summary: RunSummary | Interrupted) -> Path:
+    data = {"kind": summary.kind, **asdict(summary)}
+    return write_atomic(Path(output_dir) / SUMMARY_NAME, json.dumps(data, indent=2))
+
+
+def read(output_dir: str | Path) -> RunSummary | Interrupted | None:
+    path = Path(output_dir) / SUMMARY_NAME
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    kind = data.pop("kind", "finished")
+    if kind == Interrupted.kind:
+        return Interrupted(**_known(Interrupted, data))
+    data["per_rank"] = [RankMemory(**_known(RankMemory, r)) for r in data.get("per_rank", [])]
+    return RunSummary(**_known(RunSummary, data))
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """Fields of `cls` only: a summary written by a newer fsdp-tune still reads."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}

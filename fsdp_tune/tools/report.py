@@ -1,0 +1,82 @@
+"""Read a run's metrics back, print the summary table, draw loss.png (several runs on one figure)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fsdp_tune import summary as run_summary
+from fsdp_tune.runfiles import METRICS_NAME
+
+
+def load_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric; a resumed run's repeated steps keep their last value."""
+    by_step: dict[int, float] = {}
+    for r in records:
+        if key in r and r[key] is not None:
+            by_step[int(r["step"])] = float(r[key])
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
+    # matplotlib's object API without pyplot: half the import time, and no GUI backend is ever touched
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 6))
+    FigureCanvasAgg(fig)
+    ax_loss, ax_lr = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    for run_dir in run_dirs:
+        records = load_metrics(run_dir)
+        label = Path(run_dir).name
+        steps, loss = series(records, "loss")
+        ax_loss.plot(steps, loss, marker="." if len(steps) < 50 else None, label=f"{label} train")
+        e_steps, e_loss = series(records, "eval_loss")
+        if e_steps:
+            ax_loss.plot(e_steps, e_loss, marker="o", linestyle="--", label=f"{label} eval")
+        lr_steps, lr = series(records, "learning_rate")
+        ax_lr.plot(lr_steps, lr, label=label)
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend(fontsize="small")
+    ax_loss.grid(alpha=0.3)
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_xlabel("step")
+    ax_lr.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
+    """One row per run for the side-by-side table: from its summary when it finished, its metrics otherwise."""
+    rows = []
+    for run_dir in run_dirs:
+        s = run_summary.read(run_dir)
+        finished = s if isinstance(s, run_summary.RunSummary) else None
+        records = load_metrics(run_dir)
+        _, loss = series(records, "loss")
+        _, eval_loss = series(records, "eval_loss")
+        peaks = [r.peak_gpu_reserved_mib or r.peak_rss_mib for r in finished.per_rank] if finished else []
+        rows.append(
+            {
+                "run": str(run_dir),
+                "status": "finished" if finished else "interrupted" if s else "incomplete",
+                "steps": finished.steps if finished else (max((int(r["step"]) for r in records), default=0)),
+                "loss_last": loss[-1] if loss else None,
+                "eval_loss_last": eval_loss[-1] if eval_loss else None,
+                "tokens_per_s": finished.tokens_per_s if finished else None,
+                "time_to_first_step_s": finished.time_to_first_step_s if finished else None,
+                "train_runtime_s": finished.train_runtime_s if finished else None,
+                "peak_memory_mib": max(peaks) if peaks else None,
+            }
+        )
+    return rows

@@ -1,0 +1,56 @@
+"""Check a launch: read the file and the flags, normalize into the typed RunConfig, run every rule.
+
+The one entry point the commands use (validate-config, train, plan, convert); torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdp_tune.config.flags import parse_flags
+from fsdp_tune.config.normalize import build_config
+from fsdp_tune.config.readers import read_file
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.errors import ConfigError, Finding, Severity
+from fsdp_tune.rules.catalog import run_rules
+
+
+@dataclass(frozen=True)
+class Checked:
+    config: RunConfig
+    findings: list[Finding]
+    format: str | None
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.WARNING]
+
+
+def check(config_path: str | None, argv: list[str]) -> Checked:
+    """Read the file and the flags (flags win), normalize, and run every rule. Never raises on bad values."""
+    findings: list[Finding] = []
+    assignments = []
+    fmt = None
+    if config_path:
+        file_cfg = read_file(config_path)
+        fmt = file_cfg.format
+        assignments += file_cfg.assignments
+        findings += file_cfg.findings
+    flag_assignments, flag_findings = parse_flags(argv)
+    findings += flag_findings
+    cfg, value_findings = build_config(assignments + flag_assignments, config_path)
+    findings += value_findings
+    findings += run_rules(cfg)
+    return Checked(cfg, findings, fmt)
+
+
+def load(config_path: str | None, argv: list[str], strict: bool = False) -> Checked:
+    """check(), raising ConfigError when there are errors (or warnings, with strict)."""
+    checked = check(config_path, argv)
+    if checked.errors or (strict and checked.warnings):
+        raise ConfigError(config_path or "the command line", checked.findings)
+    return checked

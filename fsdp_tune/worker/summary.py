@@ -1,0 +1,71 @@
+"""The run summary's numbers, read off the trained model and the Trainer's state (all ranks take part)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.summary import RankMemory, RunSummary
+
+
+def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -> RunSummary:
+    """A collective (every rank's peak memory is gathered): all ranks call it."""
+    import torch
+    import torch.distributed as dist
+
+    from fsdp_tune.worker.callbacks import peak_rss_mib
+    from fsdp_tune.worker.fsdp_wrap import describe_units
+
+    mine = RankMemory(peak_rss_mib=round(peak_rss_mib(), 1))
+    if torch.cuda.is_available():
+        mine = RankMemory(
+            peak_rss_mib=mine.peak_rss_mib,
+            peak_gpu_allocated_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1),
+            peak_gpu_reserved_mib=round(torch.cuda.max_memory_reserved() / 2**20, 1),
+        )
+    per_rank = [mine]
+    if dist.is_initialized():
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, mine)
+    history = trainer.state.log_history
+    losses = [h["loss"] for h in history if "loss" in h]
+    tokens = max((h.get("num_tokens", 0) for h in history), default=0)
+    runtime = result.metrics.get("train_runtime") or (time.time() - started)
+    model = trainer.model_wrapped or trainer.model
+    return RunSummary(
+        steps=trainer.state.global_step,
+        loss_first=losses[0] if losses else None,
+        loss_last=losses[-1] if losses else None,
+        losses=losses,
+        train_runtime_s=runtime,
+        time_to_first_step_s=(metrics.first_step_at - started) if metrics.first_step_at else None,
+        wall_s=time.time() - started,
+        tokens=tokens,
+        tokens_per_s=tokens / runtime if runtime else None,
+        per_rank=per_rank,
+        fsdp_units=describe_units(model),
+        adapter_dir=str(Path(spec.output_dir).resolve()),
+        use_peft_lora=spec.lora is not None,
+        **extra,
+    )
+
+
+def vocab_growth(trainer, tokenizer) -> dict | None:
+    """Tokens the chat template added: the adapter then carries the embedding layers (see save.py), and
+    the base must be resized the same way before the adapter loads onto it."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    grew_from = getattr(base, "fsdp_tune_vocab_grew_from", None)
+    if grew_from is None:
+        return None
+    return {"from": grew_from, "tokenizer": len(tokenizer), "rows": base.get_input_embeddings().weight.shape[0]}
+
+
+def adapter_shapes(trainer) -> dict[str, tuple[int, ...]]:
+    """Global shapes of the trainable tensors under their saved names (FSDP2 DTensors report global shapes)."""
+    from fsdp_tune.worker.save import saved_name
+
+    model = trainer.model_wrapped or trainer.model
+    adapter = trainer.accelerator.unwrap_model(trainer.model).active_adapter
+    return {saved_name(n, adapter): tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}

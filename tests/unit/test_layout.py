@@ -1,0 +1,103 @@
+"""The shape of the package: no import circles (lazy imports inside functions count), small modules, short
+functions. A newcomer reads the tree as the data path; these keep it so."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "fsdp_tune"
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 60
+LONG_REASON = "long because"  # a function may run past the limit when its docstring says why
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every fsdp_tune module this file imports, at any depth (function bodies too), with the packages whose
+    __init__ Python runs on the way."""
+    found: set[str] = set()
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        for name in names:
+            if not name.startswith("fsdp_tune"):
+                continue
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ first
+                prefix = ".".join(parts[:i])
+                if prefix in modules and prefix != me:
+                    found.add(prefix)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    modules = _modules()
+    graph = {name: _imports(path, modules) for name, path in modules.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_modules_are_small() -> None:
+    big = {
+        str(p.relative_to(REPO)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not big, f"modules over {MAX_MODULE_LINES} lines: {big}"
+
+
+def test_functions_are_short_or_say_why() -> None:
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                doc = ast.get_docstring(node) or ""
+                if length > MAX_FUNCTION_LINES and LONG_REASON not in doc:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)")
+    assert not long, "functions over 60 lines without a reason in their docstring:\n" + "\n".join(long)
+
+
+def test_package_inits_import_nothing_of_ours() -> None:
+    """A package's __init__ that imports its own modules is where circles start: keep them docstrings."""
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in PACKAGE.rglob("__init__.py")
+        if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(ast.parse(p.read_text())))
+    ]
+    assert not offenders, offenders
