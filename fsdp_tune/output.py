@@ -258,7 +258,8 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         f"cpu_offload={_show(f['cpu_offload'])}, wrap {wrap}",
     ]
     if spec.parallelism:
-        lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in spec.parallelism.items()))
+        sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.items() if k.endswith("_size") and v > 1}
+        lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
     lines += [
         f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP",
         f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "

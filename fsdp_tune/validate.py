@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsdp_tune.config import idiom
 from fsdp_tune.config.flags import parse_flags
 from fsdp_tune.config.normalize import build_config
 from fsdp_tune.config.readers import read_file
@@ -42,7 +43,9 @@ def check(config_path: str | None, argv: list[str]) -> Checked:
         findings += file_cfg.findings
     flag_assignments, flag_findings = parse_flags(argv)
     findings += flag_findings
-    cfg, value_findings = build_config(assignments + flag_assignments, config_path)
+    assignments, idiom_findings = idiom.apply(assignments + flag_assignments)
+    findings += idiom_findings
+    cfg, value_findings = build_config(assignments, config_path)
     findings += value_findings
     findings += run_rules(cfg)
     return Checked(cfg, findings, fmt)

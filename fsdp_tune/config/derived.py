@@ -6,7 +6,9 @@ depend on the machine (the backend, whether offload can act) are the rank spec's
 
 from __future__ import annotations
 
-from fsdp_tune.config.schema import RunConfig
+import math
+
+from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 
 FLOATS = ("bfloat16", "float16", "float32")
 DTYPE_OF_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "no": "float32"}
@@ -53,3 +55,12 @@ def offload_active(cfg: RunConfig, on_cpu: bool) -> bool:
     """cpu_offload acts only on GPU runs: on CPU the parameters already live in host memory, and FSDP2's
     offload policy would try to pin them for a GPU ("Cannot access accelerator device when none is available")."""
     return cfg.fsdp.cpu_offload and not on_cpu
+
+
+def mesh_sizes(cfg: RunConfig) -> dict[str, int]:
+    """Sizes of the device mesh; dp_shard_size None takes what the other dimensions leave."""
+    p = cfg.parallelism
+    fixed = {name: getattr(p, name) for name in ParallelismSettings.SIZES if name != "dp_shard_size"}
+    rest = math.prod(fixed.values())
+    shard = p.dp_shard_size if p.dp_shard_size is not None else max(cfg.launch.num_processes // max(rest, 1), 1)
+    return {**fixed, "dp_shard_size": shard}

@@ -119,6 +119,13 @@ def read_file(path_str: str) -> FileConfig:
     return FileConfig(fmt, reader.assignments, reader.findings)
 
 
+def read_fsdp_mapping(data: dict[str, Any], source: str) -> FileConfig:
+    """A Transformers fsdp_config given inline (`--fsdp_config '{"version": 2, ...}'`): FSDP keys at the top."""
+    reader = _Reader(source, {})
+    reader.fsdp_section(data, (), default_version=2)
+    return FileConfig(TRANSFORMERS, reader.assignments, reader.findings)
+
+
 class _Reader:
     def __init__(self, filename: str, lines: dict[tuple[str, ...], int]):
         self.filename = filename

@@ -13,6 +13,7 @@ from typing import Any
 from fsdp_tune.config.derived import (
     compute_precision,
     gradient_checkpointing,
+    mesh_sizes,
     model_dtype,
     offload_active,
     quant_storage,
@@ -45,7 +46,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None) -> RankS
         checkpointing=checkpointing,
         use_reentrant=cfg.run.use_reentrant,
         trainer_args=args,
-        parallelism=None,
+        parallelism=mesh(cfg),
         model=model_spec(cfg),
         lora=lora_kwargs(cfg),
         data=DataSpec(
@@ -79,6 +80,23 @@ def world(cfg: RunConfig) -> World:
         standalone=single and not cfg.is_set("launch.main_process_port"),
         max_restarts=lc.max_restarts,
     )
+
+
+def mesh(cfg: RunConfig) -> dict[str, Any] | None:
+    """accelerate's ParallelismConfig for the run (the device mesh), or None for plain FSDP over all ranks.
+
+    The sizes are the ones the rules checked against the world size (FT044); dp_shard_size left unset
+    takes what the other dimensions leave, as accelerate does."""
+    p = cfg.parallelism
+    if not p.enabled:
+        return None
+    sizes = mesh_sizes(cfg)
+    if all(v == 1 for k, v in sizes.items() if k != "dp_shard_size"):
+        return None  # only dp_shard: exactly what plain FSDP does
+    out: dict[str, Any] = {k: v for k, v in sizes.items() if k != "sp_size"}
+    if p.cp_size > 1:
+        out["cp_comm_strategy"] = p.cp_comm_strategy
+    return out
 
 
 def backend(cfg: RunConfig, on_cpu: bool) -> str:
@@ -209,6 +227,9 @@ def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif lc.gpu_ids and lc.gpu_ids != "all" and not on_cpu:
         env["CUDA_VISIBLE_DEVICES"] = lc.gpu_ids
+    if cfg.fsdp.activation_checkpointing_offload and not on_cpu:
+        # accelerate's plugin reads it from the environment (Transformers' fsdp_config does not carry it)
+        env["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"] = "true"
     if lc.enable_cpu_affinity:
         env["ACCELERATE_CPU_AFFINITY"] = "1"
     if lc.accelerate_debug:
@@ -228,4 +249,6 @@ def _notes(cfg: RunConfig, on_cpu: bool) -> tuple[str, ...]:
     notes = []
     if cfg.fsdp.cpu_offload and not offload_active(cfg, on_cpu):
         notes.append("cpu_offload has no effect on a CPU run: off")
+    if cfg.fsdp.activation_checkpointing_offload and on_cpu:
+        notes.append("activation_checkpointing_offload has no effect on a CPU run: off")
     return tuple(notes)

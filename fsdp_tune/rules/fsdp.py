@@ -211,8 +211,18 @@ def double_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT031", "fsdp", "cpu_offload has no effect on a CPU run")
+@rule("FT031", "fsdp", "cpu_offload and activation offload have no effect on a CPU run")
 def offload_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
+    if cfg.fsdp.activation_checkpointing_offload and cfg.launch.use_cpu:
+        yield finding(
+            cfg,
+            "FT031",
+            Severity.NOTE,
+            "fsdp.activation_checkpointing_offload",
+            "activation offload moves the checkpointed layer inputs from the GPU to pinned host memory; a CPU run "
+            "has neither: it is turned off",
+            "drop fsdp_activation_checkpointing_offload for CPU runs",
+        )
     if cfg.fsdp.cpu_offload and not offload_active(cfg, on_cpu=cfg.launch.use_cpu):
         yield finding(
             cfg,
@@ -222,4 +232,28 @@ def offload_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
             "cpu_offload moves parameters from the GPU to host RAM; on a CPU run they are there already: it is "
             "turned off",
             "drop fsdp_offload_params for CPU runs",
+        )
+
+
+@rule("FT032", "fsdp", "activation offload needs FSDP2 and activation checkpointing")
+def activation_offload(cfg: RunConfig) -> Iterator[Finding]:
+    f = cfg.fsdp
+    if not f.activation_checkpointing_offload:
+        return
+    if not f.activation_checkpointing:
+        yield error(
+            cfg,
+            "FT032",
+            "fsdp.activation_checkpointing_offload",
+            "activation offload moves what FSDP's activation checkpointing keeps to host memory; with activation "
+            "checkpointing off there is nothing to move (accelerate refuses it after the model is loaded)",
+            "add `fsdp_activation_checkpointing: true`, or drop the offload",
+        )
+    if f.version != 2:
+        yield error(
+            cfg,
+            "FT032",
+            "fsdp.activation_checkpointing_offload",
+            "activation offload is an FSDP2 feature (accelerate refuses it with FSDP1 after the model is loaded)",
+            "`fsdp_version: 2` (fsdp-tune convert --fsdp2)",
         )

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.rules.registry import error, finding, rule
+from fsdp_tune.rules.registry import error, finding, rule, warning
 
 
 @rule("FT090", "launch", "process and machine counts")
@@ -101,6 +101,16 @@ def launch_env(cfg: RunConfig) -> Iterator[Finding]:
             f"unknown dynamo backend {lc.dynamo_backend!r} (accelerate would refuse it at launch)",
             "one of: " + ", ".join(b.lower() for b in DYNAMO_BACKENDS[:5]) + ", ...",
         )
+    if lc.dynamo_backend.lower() == "no":
+        for name in ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation"):
+            if cfg.is_set(f"launch.{name}"):
+                yield warning(
+                    cfg,
+                    "FT094",
+                    f"launch.{name}",
+                    "ignored: torch.compile is off (dynamo_backend is no), so accelerate passes none of its settings",
+                    "set dynamo_backend (e.g. inductor), or remove it",
+                )
     if not lc.gpu_ids or lc.gpu_ids == "all":
         return
     if lc.use_cpu:

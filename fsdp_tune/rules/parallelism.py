@@ -5,18 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from fsdp_tune.config.derived import mesh_sizes
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
-
-
-def mesh_sizes(cfg: RunConfig) -> dict[str, int]:
-    """Sizes of the device mesh; dp_shard_size None takes what the other dimensions leave."""
-    p = cfg.parallelism
-    fixed = {name: getattr(p, name) for name in ParallelismSettings.SIZES if name != "dp_shard_size"}
-    rest = math.prod(fixed.values())
-    shard = p.dp_shard_size if p.dp_shard_size is not None else max(cfg.launch.num_processes // max(rest, 1), 1)
-    return {**fixed, "dp_shard_size": shard}
 
 
 @rule("FT040", "parallelism", "parallelism_config_* flags without --use_parallelism_config are ignored")

@@ -118,8 +118,6 @@ def save_only_model(cfg: RunConfig) -> Iterator[Finding]:
 def owned_settings(cfg: RunConfig) -> Iterator[Finding]:
     t = cfg.training
     for name, why in (
-        ("fsdp", "fsdp-tune enables FSDP from the config file"),
-        ("fsdp_config", "put FSDP settings in the config file (or --fsdp_<key> flags)"),
         ("deepspeed", "fsdp-tune launches FSDP, not DeepSpeed"),
         ("parallelism_config", "use --use_parallelism_config and --parallelism_config_* flags"),
     ):

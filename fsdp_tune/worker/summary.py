@@ -47,6 +47,7 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
         fsdp_units=describe_units(model),
         adapter_dir=str(Path(spec.output_dir).resolve()),
         use_peft_lora=spec.lora is not None,
+        mesh=mesh_of(model),
         **extra,
     )
 
@@ -69,3 +70,16 @@ def adapter_shapes(trainer) -> dict[str, tuple[int, ...]]:
     model = trainer.model_wrapped or trainer.model
     adapter = trainer.accelerator.unwrap_model(trainer.model).active_adapter
     return {saved_name(n, adapter): tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def mesh_of(model) -> dict[str, int] | None:
+    """The device mesh the trained parameters live on, read off the model itself (dim name -> size), so a
+    mesh setting that was dropped on the way cannot hide: None when no parameter is a DTensor (FSDP1)."""
+    from torch.distributed.tensor import DTensor
+
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            m = param.device_mesh
+            names = m.mesh_dim_names or tuple(f"dim{i}" for i in range(m.ndim))
+            return dict(zip(names, (int(n) for n in m.shape), strict=True))
+    return None

@@ -11,10 +11,21 @@ def sft_config(spec: RankSpec):
 
     args = dict(spec.trainer_args)
     if spec.parallelism:
-        from accelerate import ParallelismConfig
-
-        args["parallelism_config"] = ParallelismConfig(**spec.parallelism)
+        args["parallelism_config"] = parallelism_config(spec.parallelism)
     return SFTConfig(**args)
+
+
+def parallelism_config(mesh: dict):
+    """accelerate's ParallelismConfig (the device mesh) from the spec's sizes."""
+    from accelerate import ParallelismConfig
+
+    kwargs = dict(mesh)
+    strategy = kwargs.pop("cp_comm_strategy", None)
+    if strategy is not None:
+        from accelerate.utils import TorchContextParallelConfig
+
+        kwargs["cp_handler"] = TorchContextParallelConfig(cp_comm_strategy=strategy)
+    return ParallelismConfig(**kwargs)
 
 
 def trainer_class():

@@ -7,15 +7,27 @@ import pytest
 pytestmark = pytest.mark.dist
 
 
-def test_fsdp2_matches_one_process_with_same_global_batch(train, tmp_path) -> None:
+def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, tmp_path) -> None:
+    """FSDP2 on 2 ranks, HSDP (a 2 x 2 dp_replicate x dp_shard mesh) on 4, and 1 process: one global batch of 8,
+    the same losses. The HSDP run's summary records the mesh read off its trained parameters."""
     two = train("--max_steps", "4", output_dir=tmp_path / "two")
     one = train(
         "--max_steps", "4", "--num_processes", "1", "--per_device_train_batch_size", "8", output_dir=tmp_path / "one"
     )
-    a, b = two.summary["losses"], one.summary["losses"]
-    assert len(a) == len(b) == 4
-    for x, y in zip(a, b, strict=True):
+    hsdp = train(
+        *("--max_steps", "4", "--num_processes", "4", "--per_device_train_batch_size", "2"),
+        *("--use_parallelism_config", "--parallelism_config_dp_replicate_size", "2"),
+        *("--parallelism_config_dp_shard_size", "2"),
+        output_dir=tmp_path / "hsdp",
+    )
+    a, b, c = two.summary["losses"], one.summary["losses"], hsdp.summary["losses"]
+    assert len(a) == len(b) == len(c) == 4
+    for x, y, z in zip(a, b, c, strict=True):
         assert x == pytest.approx(y, rel=2e-4, abs=2e-4), (a, b)
+        assert z == pytest.approx(y, rel=2e-4, abs=2e-4), (c, b)
+    assert hsdp.summary["mesh"] == {"dp_replicate": 2, "dp_shard_cp": 2}
+    assert two.summary["mesh"] == {"dp_shard": 2}
+    assert "device mesh: dp_replicate 2 x dp_shard 2" in hsdp.proc.stdout
 
 
 def test_qlora_4bit_fsdp2(train) -> None:
