@@ -151,3 +151,16 @@ def packing_token_options(cfg: RunConfig) -> Iterator[Finding]:
                 f"data.{name}",
                 f"accepted for PEFT's examples/sft; with TRL 1.x it has no effect: {what}",
             )
+
+
+@rule("FT077", "training", "a Hub token on the command line ends up in the run's files")
+def hub_token_in_files(cfg: RunConfig) -> Iterator[Finding]:
+    if cfg.training.is_set("hub_token"):
+        yield warning(
+            cfg,
+            "FT077",
+            "training.hub_token",
+            "the token is written into the run's files (fsdp_tune_resolved.json, the manifest, training_args.bin) "
+            "and any copy of them",
+            "export HF_TOKEN instead (or `hf auth login`), and drop --hub_token",
+        )

@@ -3,6 +3,8 @@
 FSDP_TUNE_TEST_KILL="RANK:STEP"   SIGKILL that rank at the end of that step (first torchrun attempt only)
 FSDP_TUNE_TEST_HANG="RANK:STEP"   make that rank stop responding there instead
 FSDP_TUNE_TEST_POISON_STEP=N      the loss of step N becomes NaN (the NaN guard's test)
+FSDP_TUNE_TEST_FAKE_HUB=DIR       the Hub is a folder: repositories are created and uploaded into DIR, and
+                                  every call is recorded in DIR/calls.jsonl (--push_to_hub's test, offline)
 Nothing here acts unless one of these is set.
 """
 
@@ -15,6 +17,64 @@ import time
 from transformers import TrainerCallback
 
 KILL, HANG, POISON = "FSDP_TUNE_TEST_KILL", "FSDP_TUNE_TEST_HANG", "FSDP_TUNE_TEST_POISON_STEP"
+FAKE_HUB = "FSDP_TUNE_TEST_FAKE_HUB"
+
+
+def install_fake_hub() -> None:
+    """Point transformers' Hub client (transformers.trainer.hf_api) at a folder, when the test asks."""
+    folder = os.environ.get(FAKE_HUB)
+    if folder:
+        import transformers.trainer as trainer_module
+
+        trainer_module.hf_api = lambda: FakeHub(folder)
+
+
+class FakeHub:
+    """The two HfApi calls the Trainer makes, against a folder (the same arguments, recorded)."""
+
+    def __init__(self, folder: str):
+        from pathlib import Path
+
+        self.root = Path(folder)
+
+    def _record(self, call: str, **kwargs) -> None:
+        import json
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "calls.jsonl", "a") as f:
+            f.write(json.dumps({"call": call, **{k: v for k, v in kwargs.items() if k != "token"}}, default=str) + "\n")
+
+    def create_repo(self, repo_id: str, token=None, private=None, exist_ok=False, **kwargs):
+        from types import SimpleNamespace
+
+        full = repo_id if "/" in repo_id else f"fake-user/{repo_id}"
+        self._record("create_repo", repo_id=full, private=private, exist_ok=exist_ok)
+        return SimpleNamespace(repo_id=full)
+
+    def upload_folder(self, repo_id, folder_path, path_in_repo=None, ignore_patterns=(), run_as_future=False, **kw):
+        import fnmatch
+        import shutil
+        from concurrent.futures import Future
+        from pathlib import Path
+
+        source = Path(folder_path)
+        target = self.root / repo_id / (path_in_repo or "")
+        files = []
+        for path in sorted(p for p in source.rglob("*") if p.is_file()):
+            rel = path.relative_to(source).as_posix()
+            if any(fnmatch.fnmatch(rel, pattern) for pattern in ignore_patterns or ()):
+                continue
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target / rel)
+            files.append(rel)
+        self._record(
+            "upload_folder", repo_id=repo_id, path_in_repo=path_in_repo, files=files, message=kw.get("commit_message")
+        )
+        if run_as_future:
+            done: Future = Future()
+            done.set_result(None)
+            return done
+        return f"fake://{repo_id}"
 
 
 def callbacks() -> list[TrainerCallback]:

@@ -46,6 +46,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
         return
     check_finite(watch.nan_guard)
     summary = save_and_verify(trainer, spec, tokenizer)
+    push(trainer, spec)
     write_summary(trainer, spec, result, watch, started, truncation, summary)
 
 
@@ -55,7 +56,7 @@ def read_spec(resolved_path: str) -> RankSpec:
 
 def setup(spec: RankSpec) -> int:
     """Rank log, environment, accelerate/transformers patches, process group."""
-    from fsdp_tune.worker import fsdp_wrap
+    from fsdp_tune.worker import faults, fsdp_wrap, hub
     from fsdp_tune.worker.logs import setup_rank_log
 
     os.environ.update(spec.env)  # inherited from the launcher already; a spec run by hand gets it too
@@ -68,6 +69,8 @@ def setup(spec: RankSpec) -> int:
 
         cpu_fsdp.install()
     fsdp_wrap.install()
+    faults.install_fake_hub()  # test-only; nothing unless FSDP_TUNE_TEST_FAKE_HUB is set
+    hub.exclude_bookkeeping()
     init_process_group(spec)
     return rank
 
@@ -222,6 +225,15 @@ def save_and_verify(trainer, spec: RankSpec, tokenizer) -> dict:
         if spec.lora is not None:
             out["adapter_check"] = verify_adapter(spec.output_dir, expected)
     return out
+
+
+def push(trainer, spec: RankSpec) -> None:
+    """--push_to_hub: the adapter just saved and verified, from rank 0 (see worker/hub.py)."""
+    if trainer.args.push_to_hub:
+        from fsdp_tune.worker.hub import push_final
+
+        push_final(trainer, spec.output_dir)
+    trainer.accelerator.wait_for_everyone()
 
 
 def write_summary(trainer, spec: RankSpec, result, watch: Watchers, started: float, truncation, saved: dict) -> None:

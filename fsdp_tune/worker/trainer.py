@@ -34,19 +34,24 @@ def trainer_class():
 
     from fsdp_tune.worker import faults
     from fsdp_tune.worker.callbacks import mark_complete
+    from fsdp_tune.worker.hub import pushes_on_save
     from fsdp_tune.worker.save import load_adapter_into_fsdp, save_adapter
 
     class FsdpTuneTrainer(SFTTrainer):
         """SFTTrainer whose FULL_STATE_DICT saves go through fsdp-tune's gather (see save.py)."""
 
         def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-            if self.is_fsdp_enabled and "FULL_STATE_DICT" in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+            full = "FULL_STATE_DICT" in str(getattr(self.accelerator.state.fsdp_plugin, "state_dict_type", ""))
+            if self.is_fsdp_enabled and full:
                 output_dir = output_dir or self.args.output_dir
                 save_adapter(self, output_dir)
                 if self.args.should_save and self.processing_class is not None:
                     self.processing_class.save_pretrained(output_dir)
                 return
             super().save_model(output_dir, _internal_call)
+            if self.is_fsdp_enabled and _internal_call and pushes_on_save(self.args):
+                # the Trainer pushes the adapter files it finds in the checkpoint: a sharded one has none
+                save_adapter(self, output_dir or self.args.output_dir)
 
         def _save_checkpoint(self, model, trial) -> None:
             # Mark the new checkpoint complete before any old one is deleted (save_total_limit), so at

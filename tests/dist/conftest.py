@@ -64,8 +64,8 @@ def train(tmp_path, model_cache):
             HF_HUB_OFFLINE="1",
             HF_DATASETS_OFFLINE="1",
             HF_DATASETS_CACHE=str(model_cache / "datasets"),
-            **(env or {}),
         )
+        full_env.update(env or {})  # a test may override any of these
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
         run = Run(proc, out)
         if check:
