@@ -26,6 +26,12 @@ def main(argv: list[str]) -> None:
     which = argv[0] if argv else "all"
     results: dict = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results["machine"] = _machine()
+    if which == "sweep":  # not part of "all": a few minutes per row on 2 cores
+        from benchmarks import sweep
+
+        outcomes = sweep.run(ci="--ci" in argv, only=next((a for a in argv[1:] if not a.startswith("--")), None))
+        results["sweep"] = [vars(o) for o in outcomes]
+        print(sweep.as_markdown(outcomes))
     if which in ("cli", "all"):
         from benchmarks import cli_latency
 

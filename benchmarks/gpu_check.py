@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "4090": 165.0, "L40S": 362.0}
 
 SCENARIOS = {
@@ -104,7 +103,7 @@ def run(cpu_smoke: bool, model: str, steps: int, warmup: int) -> dict:
         args = ["--config", str(REPO / "configs" / "demo_cpu.yaml"), *common, *extra, "--output_dir", str(out)]
         plan = json.loads(
             subprocess.run(
-                [str(BIN / "fsdp-tune"), "plan", *args[:-2], "--json", *(["--cpu"] if cpu_smoke else [])],
+                [sys.executable, "-m", "fsdp_tune", "plan", *args[:-2], "--json", *(["--cpu"] if cpu_smoke else [])],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -113,7 +112,7 @@ def run(cpu_smoke: bool, model: str, steps: int, warmup: int) -> dict:
             ).stdout
         )
         proc = subprocess.run(
-            [str(BIN / "fsdp-tune"), "train", *args], capture_output=True, text=True, env=env, timeout=1800
+            [sys.executable, "-m", "fsdp_tune", "train", *args], capture_output=True, text=True, env=env, timeout=1800
         )
         if proc.returncode:
             results["scenarios"][name] = {"error": proc.stderr[-2000:]}

@@ -15,7 +15,6 @@ from benchmarks import plain_sft
 from benchmarks.timing import offline_env
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 STEPS, BATCH, SEQ = 4, 4, 128
 
 
@@ -51,7 +50,7 @@ def run() -> dict:
             d = work / label.replace(" ", "_").replace("+", "")
             plan = json.loads(
                 subprocess.run(
-                    [str(BIN / "fsdp-tune"), "plan", *common, *extra, "--json"],
+                    [sys.executable, "-m", "fsdp_tune", "plan", *common, *extra, "--json"],
                     capture_output=True,
                     text=True,
                     env=env,
@@ -59,7 +58,7 @@ def run() -> dict:
                 ).stdout
             )
             subprocess.run(
-                [str(BIN / "fsdp-tune"), "train", *common, *extra, "--output_dir", str(d)],
+                [sys.executable, "-m", "fsdp_tune", "train", *common, *extra, "--output_dir", str(d)],
                 capture_output=True,
                 text=True,
                 env=env,

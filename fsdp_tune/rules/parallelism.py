@@ -189,3 +189,17 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
             "training.eval_strategy",
             "under context parallelism evaluation reports eval_loss only",
         )
+
+
+@rule("FT049", "parallelism", "context parallelism has no CPU implementation")
+def cp_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if p.enabled and p.cp_size > 1 and cfg.launch.use_cpu:
+        yield error(
+            cfg,
+            "FT049",
+            "parallelism.cp_size",
+            "context parallelism shards attention along the sequence through SDPA's CUDA kernels; torch 2.13 has no "
+            "sharding strategy for SDPA's CPU kernel, so a CPU run would fail at the first attention call",
+            "run context parallelism on GPUs (use_cpu: false), or set cp_size to 1",
+        )
