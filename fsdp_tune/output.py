@@ -159,10 +159,23 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
     ]
     if plan["per_gpu_memory_gib"] is not None:
-        verdict = "fits" if plan["fits"] else "does NOT fit"
-        lines.append(
-            f"per-GPU memory: {plan['per_gpu_memory_gib']:.1f} GiB of {plan['gpu_memory_gib']:.1f} GiB: {verdict}"
+        verdict = (
+            "does NOT fit"
+            if not plan["fits"]
+            else "fits, at the card's capacity"
+            if plan.get("at_capacity")
+            else "fits"
         )
+        low, high = plan.get("range_gib") or (plan["per_gpu_memory_gib"],) * 2
+        lines.append(
+            f"per-GPU memory: {plan['per_gpu_memory_gib']:.1f} GiB (range {low:.1f}-{high:.1f}) of "
+            f"{plan['gpu_memory_gib']:.1f} GiB: {verdict}"
+        )
+        if "peak_allocated_gib" in plan:
+            lines.append(
+                f"  peak allocated {plan['peak_allocated_gib']:.1f} GiB ({plan['peak_phase']}), reserved "
+                f"~{plan['peak_reserved_gib']:.1f} GiB; the training step's peak, {plan['training_peak_gib']:.1f} GiB:"
+            )
     else:
         lines.append(f"per-rank peak host memory (CPU run): {plan['per_rank_host_peak_gib']:.2f} GiB")
     for name, gib in plan["components"].items():
@@ -190,6 +203,8 @@ def format_plan(plan: dict[str, Any]) -> str:
         )
     for note in plan.get("notes", []):
         lines.append(f"note: {note}")
+    for assumed in plan.get("assumptions", []):
+        lines.append(f"assumed: {assumed}")
     if plan["advice"]:
         lines.append("cheapest changes that make it fit:")
         for a in plan["advice"]:
