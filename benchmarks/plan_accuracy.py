@@ -3,8 +3,8 @@
 
 No training, no GPU: a few seconds. What is compared with what:
   peak_allocated -> the plan's peak allocated; peak_reserved -> allocated + FSDP's all-gather stream cache;
-  nvidia-smi -> that + the CUDA context and NCCL (the plan's point); unknown -> the nearest end of
-  [allocated, point]. A figure at the card's capacity is a lower bound (a caching allocator fills what it
+  nvidia-smi -> that + the CUDA context and NCCL (the plan's point); unknown (the source does not say
+  which of these it read) -> the nearest end of [allocated, the range's top]. A figure at the card's capacity is a lower bound (a caching allocator fills what it
   has), so there the check is that the plan says it fits, not the number.
 """
 
@@ -85,7 +85,7 @@ def compare(entry: dict[str, Any]) -> dict[str, Any]:
         "peak_allocated": allocated,
         "peak_reserved": plan["peak_reserved_gib"],
         "nvidia-smi": point,
-    }.get(entry["measured"], min(max(entry["value_gib"], allocated), point))
+    }.get(entry["measured"], min(max(entry["value_gib"], allocated), plan["range_gib"][1]))
     row.update(planned=round(planned, 2), range=plan["range_gib"], fits=plan["fits"], peak_phase=plan["peak_phase"])
     row["error"] = round((planned - entry["value_gib"]) / entry["value_gib"], 3)
     row["verdict_ok"] = plan["fits"] == entry["fits"]

@@ -147,11 +147,19 @@ def memory_plan(
 
 
 def _advice(cfg: RunConfig, shape: ModelShape, budget: float, stack: Stack | None, loading: str) -> list[dict]:
+    """Single changes that make it fit; on the transformers loading path of a 4-bit model (the whole model on
+    each GPU while loading) each change is also tried together with sharded loading."""
     options = []
     for label, variant, cost in _variants(cfg, loading):
-        v = device_memory(
-            estimate(variant, shape, stack=stack, loading="sharded" if "sharded" in label else loading), budget
-        )
-        if v["fits"]:
-            options.append({"change": label, "per_gpu_memory_gib": v["per_gpu_memory_gib"], "relative_step_cost": cost})
+        paths = ["sharded"] if "sharded" in label else [loading]
+        if loading == "transformers" and cfg.quantization.use_4bit_quantization and paths == [loading]:
+            paths.append("sharded")
+        for path in paths:
+            v = device_memory(estimate(variant, shape, stack=stack, loading=path), budget)
+            if v["fits"]:
+                change = label if path == loading or "sharded" in label else f"--loading sharded and {label}"
+                options.append(
+                    {"change": change, "per_gpu_memory_gib": v["per_gpu_memory_gib"], "relative_step_cost": cost}
+                )
+                break
     return sorted(options, key=lambda o: o["relative_step_cost"])
