@@ -4,8 +4,9 @@
 No training, no GPU: a few seconds. What is compared with what:
   peak_allocated -> the plan's peak allocated; peak_reserved -> allocated + FSDP's all-gather stream cache;
   nvidia-smi -> that + the CUDA context and NCCL (the plan's point); unknown (the source does not say
-  which of these it read) -> the nearest end of [allocated, the range's top]. A figure at the card's capacity is a lower bound (a caching allocator fills what it
-  has), so there the check is that the plan says it fits, not the number.
+  which of these it read) -> the nearest end of [allocated, the range's top]. A figure at the card's
+  capacity is a lower bound (a caching allocator fills what it has), so there the check is that the
+  plan says it fits, not the number.
 """
 
 from __future__ import annotations
