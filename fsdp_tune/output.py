@@ -160,22 +160,15 @@ def format_plan(plan: dict[str, Any]) -> str:
     ]
     if plan["per_gpu_memory_gib"] is not None:
         verdict = (
-            "does NOT fit"
-            if not plan["fits"]
-            else "fits, at the card's capacity"
-            if plan.get("at_capacity")
-            else "fits"
+            ("fits, at the card's capacity" if plan.get("at_capacity") else "fits") if plan["fits"] else "does NOT fit"
         )
-        low, high = plan.get("range_gib") or (plan["per_gpu_memory_gib"],) * 2
+        low, high = plan["range_gib"]
         lines.append(
             f"per-GPU memory: {plan['per_gpu_memory_gib']:.1f} GiB (range {low:.1f}-{high:.1f}) of "
-            f"{plan['gpu_memory_gib']:.1f} GiB: {verdict}"
+            f"{plan['gpu_memory_gib']:.1f} GiB: {verdict}\n  peak allocated {plan['peak_allocated_gib']:.1f} GiB "
+            f"({plan['peak_phase']}), reserved ~{plan['peak_reserved_gib']:.1f} GiB; the step's peak, "
+            f"{plan['training_peak_gib']:.1f} GiB:"
         )
-        if "peak_allocated_gib" in plan:
-            lines.append(
-                f"  peak allocated {plan['peak_allocated_gib']:.1f} GiB ({plan['peak_phase']}), reserved "
-                f"~{plan['peak_reserved_gib']:.1f} GiB; the training step's peak, {plan['training_peak_gib']:.1f} GiB:"
-            )
     else:
         lines.append(f"per-rank peak host memory (CPU run): {plan['per_rank_host_peak_gib']:.2f} GiB")
     for name, gib in plan["components"].items():
@@ -201,10 +194,7 @@ def format_plan(plan: dict[str, Any]) -> str:
             + f" -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
             f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
         )
-    for note in plan.get("notes", []):
-        lines.append(f"note: {note}")
-    for assumed in plan.get("assumptions", []):
-        lines.append(f"assumed: {assumed}")
+    lines += [f"note: {n}" for n in plan.get("notes", [])] + [f"assumed: {a}" for a in plan.get("assumptions", [])]
     if plan["advice"]:
         lines.append("cheapest changes that make it fit:")
         for a in plan["advice"]:

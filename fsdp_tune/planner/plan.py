@@ -15,7 +15,8 @@ from fsdp_tune.planner.steptime import GPUS, parse_memory, step_time
 
 
 def _variants(cfg: RunConfig, loading: str) -> list[tuple[str, RunConfig, float]]:
-    """Changes that save memory, with a rough step-time cost factor used to rank them (cheapest first)."""
+    """Changes that save memory, with a rough step-time cost factor used to rank them (cheapest first);
+    long because it is the list itself: each change with the flags that make it."""
     out = []
     f = cfg.fsdp
     if loading == "transformers" and cfg.quantization.use_4bit_quantization:
@@ -78,16 +79,8 @@ def _variants(cfg: RunConfig, loading: str) -> list[tuple[str, RunConfig, float]
     return out
 
 
-def memory_plan(
-    cfg: RunConfig,
-    gpu_key: str = "h100",
-    gpu_memory: str | None = None,
-    on_cpu: bool = False,
-    loading: str = "transformers",
-    stack: Stack | None = None,
-) -> dict:
-    """The plan `fsdp-tune plan` prints. `stack` replaces fsdp-tune's own code path (benchmarks/ uses it to
-    plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS)."""
+def _check(cfg: RunConfig, gpu_key: str, loading: str) -> str:
+    """The model name to plan, or a UsageError that says what to pass."""
     name = cfg.model.model_name_or_path
     if not name:
         raise UsageError(
@@ -105,6 +98,20 @@ def memory_plan(
         raise UsageError(f"--gpu {gpu_key}: unknown", f"one of: {', '.join(GPUS)}")
     if loading not in LOADINGS:
         raise UsageError(f"--loading {loading}: unknown", f"one of: {', '.join(LOADINGS)}")
+    return name
+
+
+def memory_plan(
+    cfg: RunConfig,
+    gpu_key: str = "h100",
+    gpu_memory: str | None = None,
+    on_cpu: bool = False,
+    loading: str = "transformers",
+    stack: Stack | None = None,
+) -> dict:
+    """The plan `fsdp-tune plan` prints. `stack` replaces fsdp-tune's own code path (benchmarks/ uses it to
+    plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS)."""
+    name = _check(cfg, gpu_key, loading)
     gpu = GPUS[gpu_key]
     budget = parse_memory(gpu_memory) if gpu_memory else gpu.memory_gib
     shape = measure(name)
