@@ -81,6 +81,7 @@ def main(argv: list[str]) -> None:
             print(
                 f"  {row['id']:<42} {row['measured']:<15} {row['published']:9.2f} {row['planned']:8.2f} "
                 f"{row['error']:+6.0%}  {verdict}{cap}"
+                + (f" (point {row['point']:.2f}, {row['point_error']:+.0%})" if row["measured"] == "unknown" else "")
             )
         print(
             f"  within {r['tolerance']:.0%}: {r['within_tolerance']} of {r['not_at_capacity']} not at capacity; "

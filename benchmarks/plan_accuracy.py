@@ -89,6 +89,9 @@ def compare(entry: dict[str, Any]) -> dict[str, Any]:
     }.get(entry["measured"], min(max(entry["value_gib"], allocated), plan["range_gib"][1]))
     row.update(planned=round(planned, 2), range=plan["range_gib"], fits=plan["fits"], peak_phase=plan["peak_phase"])
     row["error"] = round((planned - entry["value_gib"]) / entry["value_gib"], 3)
+    # for a figure of unknown kind the check is against the interval; the point's own error is shown beside it
+    row["point"] = point if entry["measured"] == "unknown" else row["planned"]
+    row["point_error"] = round((row["point"] - entry["value_gib"]) / entry["value_gib"], 3)
     row["verdict_ok"] = plan["fits"] == entry["fits"]
     row["within"] = row["at_capacity"] or abs(row["error"]) <= TOLERANCE
     return row
