@@ -76,14 +76,24 @@ def main(argv: list[str]) -> None:
         from benchmarks import plan_accuracy
 
         r = results["plan_accuracy"] = plan_accuracy.run()
-        print("fsdp-tune plan against the PEFT FSDP guide's published figures (GiB; no training)")
+        print("fsdp-tune plan against every public measurement found (GiB; each planned as it was made; no training)")
+        print(f"  {'measurement':<42} {'measured':<15} {'published':>9} {'planned':>8} {'error':>6}  fits")
         for row in r["rows"]:
-            low, high = row["published"]
-            published = f"{low:g}" if low == high else f"{low:g}-{high:g}"
+            if row["skip"]:
+                print(f"  {row['id']:<42} not planned: {row['skip']}")
+                continue
+            cap = " (at capacity)" if row["at_capacity"] else ""
+            verdict = ("fits" if row["fits"] else "does not fit") + ("" if row["verdict_ok"] else " WRONG")
             print(
-                f"  {row['scenario']:<44} planned {row['planned_gib']:7.1f}  published {published:>6}  "
-                f"error {row['error']:+.0%}"
+                f"  {row['id']:<42} {row['measured']:<15} {row['published']:9.2f} {row['planned']:8.2f} "
+                f"{row['error']:+6.0%}  {verdict}{cap}"
+                + (f" (point {row['point']:.2f}, {row['point_error']:+.0%})" if row["measured"] == "unknown" else "")
             )
+        print(
+            f"  within {r['tolerance']:.0%}: {r['within_tolerance']} of {r['not_at_capacity']} not at capacity; "
+            f"median |error| {r['median_abs_error']:.1%}; "
+            f"fits verdicts right: {r['fits_verdicts_right']} of {r['planned']}"
+        )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -133,6 +133,7 @@ def run(cpu_smoke: bool, model: str, steps: int, warmup: int) -> dict:
             "peak_reserved_gib": rank.get("peak_gpu_reserved_mib", 0) / 1024 or None,
             "peak_rss_gib": rank["peak_rss_mib"] / 1024,
             "planned_gib": plan["per_gpu_memory_gib"] if not cpu_smoke else plan["per_rank_host_peak_gib"],
+            "planned_allocated_gib": plan.get("peak_allocated_gib"),  # compare with peak_allocated_gib
             "loss_first": summary["loss_first"],
             "loss_last": summary["loss_last"],
         }

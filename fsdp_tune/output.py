@@ -159,9 +159,15 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
     ]
     if plan["per_gpu_memory_gib"] is not None:
-        verdict = "fits" if plan["fits"] else "does NOT fit"
+        verdict = (
+            ("fits, at the card's capacity" if plan.get("at_capacity") else "fits") if plan["fits"] else "does NOT fit"
+        )
+        low, high = plan["range_gib"]
         lines.append(
-            f"per-GPU memory: {plan['per_gpu_memory_gib']:.1f} GiB of {plan['gpu_memory_gib']:.1f} GiB: {verdict}"
+            f"per-GPU memory: {plan['per_gpu_memory_gib']:.1f} GiB (range {low:.1f}-{high:.1f}) of "
+            f"{plan['gpu_memory_gib']:.1f} GiB: {verdict}\n  peak allocated {plan['peak_allocated_gib']:.1f} GiB "
+            f"({plan['peak_phase']}), reserved ~{plan['peak_reserved_gib']:.1f} GiB; the step's peak, "
+            f"{plan['training_peak_gib']:.1f} GiB:"
         )
     else:
         lines.append(f"per-rank peak host memory (CPU run): {plan['per_rank_host_peak_gib']:.2f} GiB")
@@ -188,8 +194,7 @@ def format_plan(plan: dict[str, Any]) -> str:
             + f" -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
             f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
         )
-    for note in plan.get("notes", []):
-        lines.append(f"note: {note}")
+    lines += [f"note: {n}" for n in plan.get("notes", [])] + [f"assumed: {a}" for a in plan.get("assumptions", [])]
     if plan["advice"]:
         lines.append("cheapest changes that make it fit:")
         for a in plan["advice"]:

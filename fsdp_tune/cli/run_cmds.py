@@ -63,6 +63,9 @@ def plan_cmd(
     gpu: str = typer.Option("h100", "--gpu", help="h100 | h200 | a100 | 4090 (memory, TFLOP/s, link)."),
     gpu_memory: Optional[str] = typer.Option(None, "--gpu_memory", "--gpu-memory", help="e.g. 80GiB, 24GB."),
     cpu: bool = typer.Option(False, "--cpu", help="Plan a CPU run (host memory per rank)."),
+    loading: str = typer.Option(
+        "transformers", "--loading", help="transformers | sharded: how the weights reach the ranks."
+    ),
     as_json: bool = typer.Option(False, "--json"),
     debug: bool = DebugOpt,
 ) -> None:
@@ -75,7 +78,7 @@ def plan_cmd(
         from fsdp_tune.validate import load
 
         cfg = load(config, args).config
-        result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu)
+        result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu, loading=loading)
         typer.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
     guard(run, debug)

@@ -1,61 +1,58 @@
-"""The planner's arithmetic: bytes per component for one rank, from the typed config and a model shape.
+"""The planner's arithmetic: bytes per component for one rank, per phase of a step, from the typed config,
+the model's shape and the code path (planner/stack.py). Pure (no torch).
 
-Pure (no torch). Every constant below is a named, documented assumption; the components are summed per
-phase (loading, training) and the peak is the larger phase, because the loading copy is freed before
-training starts.
-
-Sources for the model: the FSDP2 design (all-gather one unit, free after use, prefetch the next),
-Korthikanti et al. 2022 for what a transformer layer keeps for backward (adapted to Llama: RMSNorm,
-rotary, SwiGLU; with SDPA/flash attention no s^2 term), bitsandbytes' 4-bit layout (blocksize 64,
-fp32 absmax, or 8-bit absmax + fp32 second level with nested quantization).
+No constant here is fitted to a published measurement. Per-token and per-logit terms come from reading
+the code the ranks run (planner/terms.py, checked on CPU by tests/dist/test_planner_terms.py); static
+terms from the dtypes and FSDP's sharding. What the formula predicts is peak *allocated* memory (what
+torch.cuda.max_memory_allocated reports): the sum of live tensors, at the phase of the step where it is
+largest. The caching allocator's reserve and the CUDA context are added separately in planner/plan.py,
+as a range, because only part of them follows from the code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsdp_tune.config.derived import compute_precision, gradient_checkpointing, model_dtype, quant_storage
+from fsdp_tune.config.derived import model_dtype
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.planner import host
 from fsdp_tune.planner.shape import ModelShape
+from fsdp_tune.planner.stack import Stack, stack_of
+from fsdp_tune.planner.terms import (
+    checkpoint_kept,
+    dequant_bytes,
+    layer_backward_transients,
+    layer_saved,
+    loss_bytes,
+)
+from fsdp_tune.planner.weights import (
+    DTYPE_BYTES,
+    adapters_of,
+    base_bytes,
+    lora_params,
+    pinned_per_param,
+    quant_constant_bytes,
+)
 
 GiB = 2**30
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-# --- assumptions (see the module docstring) -------------------------------------------------------------
-FOUR_BIT_BYTES = 0.5  # packed NF4/FP4 values, whatever the storage dtype (bf16 storage packs 4 per element)
-QUANT_CONST_BYTES = 4 / 64  # fp32 absmax per block of 64
-NESTED_CONST_BYTES = 1 / 64 + 4 / (64 * 256)  # 8-bit absmax + fp32 per 256 blocks
-ADAM_BYTES = 8  # exp_avg + exp_avg_sq in fp32
-LORA_PARAM_BYTES = 4  # PEFT keeps adapters in fp32 (autocast_adapter_dtype)
-PREFETCH_UNITS = 2  # the unit computing and the one being all-gathered
-LOSS_BYTES_PER_LOGIT = 8  # fp32 upcast of the logits in the loss + its gradient (on top of the logits)
-CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspaces, NCCL buffers
-# What the caching allocator reserves beyond the transient allocations (gathered units, activations and
-# their recompute, logits, dequantization buffers): blocks cached across the forward / recompute / backward
-# cycle, split-block fragmentation, and the backward's short-lived gradient buffers that the components do
-# not itemise. Persistent allocations (weight shards, quantization state, LoRA state) are made once at
-# start-up and get no overhead. FITTED, not derived: this one constant brings all three figures of PEFT's
-# FSDP guide (70B LoRA on 8 GPUs, 70B QLoRA on 2 with and without offload) within 6%; tests/dist/test_plan.py
-# checks them, so those tests confirm the model's shape (one constant, three figures), not its constant.
-ALLOCATOR_OVERHEAD = 0.5
-HOST_RUNTIME_GIB = {"cuda": 3.0, "cpu": 0.53}  # a rank's process with torch & the HF stack imported
-CPU_ALLOCATOR_OVERHEAD = 0.05
-# While loading on CPU, RSS holds the model two to three times: the tensors from_pretrained materialises,
-# the memory-mapped checkpoint pages it copies from (RSS counts them once faulted in, though the kernel can
-# reclaim them), and a transient copy as fully_shard replaces parameters with shards. Measured with
-# transformers 5.24 on a 125M-parameter Llama (2 ranks, 0.46 GiB in fp32, 0.53 GiB runtime): 1.52 to 1.95
-# GiB peak per rank across runs. The planner takes the middle. GPU host-RAM plans count one copy.
-LOAD_RSS_FACTOR = 2.5
-# host-RAM components belong to one phase or to both (no prefix); the peak takes the larger phase
-LOADING, TRAINING = "loading:", "training:"
-FIRST_STEP = f"{TRAINING} first step:"  # training-phase memory that is freed during the first step
+LOADINGS = ("transformers", "sharded")
+STATIC_KEYS = (
+    "sharded base weights",
+    "4-bit quantization constants (not sharded)",
+    "trainable params, grads, optimizer",
+)
+PHASES = ("loss (end of forward)", "loss backward", "last layer's backward", "optimizer step")
 
 
 @dataclass
 class Estimate:
     """Bytes per component for one rank on the device (GPU, or host for a CPU run), and per node on host."""
 
-    device: dict[str, float] = field(default_factory=dict)
+    device: dict[str, float] = field(default_factory=dict)  # static + the peak phase's transients
+    phases: dict[str, float] = field(default_factory=dict)  # every phase's total
+    peak_phase: str = ""
+    stream_pool: float = 0.0  # all-gather buffers cached in FSDP's own stream pool, beyond the peak's
+    gpu_loading: float = 0.0  # device bytes while the model loads (before FSDP shards it)
     host_node: dict[str, float] = field(default_factory=dict)
     load_per_rank: float = 0.0
     trainable_params: int = 0
@@ -64,222 +61,201 @@ class Estimate:
 
     @property
     def device_bytes(self) -> float:
-        return sum(self.device.values())
+        """Peak allocated on one device: the larger of the training peak and the loading phase."""
+        return max(sum(self.device.values()), self.gpu_loading)
 
     @property
     def host_node_bytes(self) -> float:
-        """Peak host RAM per node: the runtime, plus the larger of the loading and the training phase (the
-        loading copies are freed as FSDP shards the model, before the first step)."""
-        phase = {LOADING: 0.0, TRAINING: 0.0}
-        other = 0.0
-        for key, value in self.host_node.items():
-            prefix = key.split(":", 1)[0] + ":"
-            if prefix in phase:
-                phase[prefix] += value
-            else:
-                other += value
-        return other + max(phase.values())
+        return host.node_peak(self.host_node)
 
     @property
     def host_node_steady_bytes(self) -> float:
-        """Host RAM per node once training runs: loading copies and first-step transients gone."""
-        return sum(v for k, v in self.host_node.items() if not k.startswith((LOADING, FIRST_STEP)))
+        return host.node_steady(self.host_node)
 
     def cpu_rank_peak_bytes(self) -> float:
-        """A CPU rank's peak RSS: its runtime plus the larger of its loading phase and its training memory.
-        While loading, the model is resident about LOAD_RSS_FACTOR times (see there)."""
-        runtime = self.device.get("runtime (python, torch, HF stack)", 0.0)
-        training = self.device_bytes - runtime
-        return runtime + max(training, LOAD_RSS_FACTOR * self.load_per_rank)
+        return host.cpu_rank_peak(self.device, self.load_per_rank)
 
 
-def lora_params(cfg: RunConfig, shape: ModelShape) -> int:
-    if not cfg.lora.use_peft_lora:
-        return 0
-    targets = cfg.lora.lora_target_modules
-    every = targets == ("all-linear",)
-    r = cfg.lora.lora_r
-    per_layer = 0
-    for lin in shape.layer_linears:
-        if every or lin.name.split(".")[-1] in targets:
-            per_layer += r * (lin.in_features + lin.out_features) + (lin.out_features if cfg.lora.use_dora else 0)
-    return per_layer * shape.n_layers
+def micro_tokens(cfg: RunConfig) -> int:
+    return int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len
 
 
-def base_bytes(cfg: RunConfig, shape: ModelShape) -> tuple[float, float]:
-    """(all base weights as FSDP holds them, one decoder layer of them): what FSDP shards and offloads."""
-    dtype = DTYPE_BYTES[model_dtype(cfg)]
+def _units(cfg: RunConfig, shape: ModelShape, st: Stack, n_lora: int) -> dict[str, float]:
+    """Bytes of one gathered decoder layer, and of the edge units, as all-gathered (param dtype = compute)."""
+    c = st.compute_bytes
     if cfg.quantization.use_4bit_quantization:
-        layer_linear = sum(lin.in_features * lin.out_features for lin in shape.layer_linears)
-        layer = layer_linear * FOUR_BIT_BYTES + (shape.layer_params - layer_linear) * DTYPE_BYTES[quant_storage(cfg)]
-        rest = shape.total_params - shape.n_layers * shape.layer_params
-        return layer * shape.n_layers + rest * DTYPE_BYTES[quant_storage(cfg)], layer
-    return shape.total_params * dtype, shape.layer_params * dtype
+        layer = base_bytes(cfg, shape)[1]
+    else:
+        layer = shape.layer_params * c
+    layer += n_lora / shape.n_layers * c
+    head = (shape.head_params or shape.embedding_params) * c  # the lm_head (or the tied embedding)
+    root = (shape.embedding_params + shape.head_params + shape.other_params) * c
+    return {"layer": layer, "head": head, "root": root}
 
 
-def quant_constant_bytes(cfg: RunConfig, shape: ModelShape) -> float:
-    """The 4-bit weights' quantization state (absmax, and its second level with nested quantization).
+def _resharded(cfg: RunConfig) -> bool:
+    if cfg.fsdp.version == 1 and cfg.fsdp.sharding_strategy in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2", "NO_SHARD"):
+        return False
+    return cfg.fsdp.reshard_after_forward
 
-    bitsandbytes keeps it on each Linear4bit module (`module.quant_state`), not as a parameter, so FSDP
-    (1 and 2) neither shards nor offloads it: every rank holds all of it on its device."""
+
+def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -> dict[str, dict[str, float]]:
+    """Every phase's transient components (bytes). Long because it is one account of a step, phase by
+    phase: splitting it would scatter the terms that must add up."""
+    ad = adapters_of(cfg)
+    n_lora = lora_params(cfg, shape)
+    tokens, seq = micro_tokens(cfg), cfg.data.max_seq_len
+    quantized = cfg.quantization.use_4bit_quantization
+    saved = layer_saved(shape, st, ad, seq, quantized)
+    if st.checkpointing != "none":
+        kept = shape.n_layers * tokens * checkpoint_kept(shape, st)
+        recompute = tokens * saved
+    else:
+        kept = (
+            shape.n_layers * tokens * (saved + (st.compute_bytes * shape.hidden_size if st.compute_bytes == 4 else 0))
+        )
+        recompute = 0.0
+    u = _units(cfg, shape, st, n_lora) if world > 1 else {"layer": 0.0, "head": 0.0, "root": 0.0}
+    units = 2 if _resharded(cfg) else shape.n_layers
+    resident = u["root"] if st.fsdp_version == 1 else 0.0  # FSDP1's root unit stays gathered all step
+    edge = resident or u["head"]  # FSDP2 (accelerate): [norm, lm_head] gathered from its forward to its backward
+    always = 0.0 if units == 2 else units * u["layer"]
+    head_trains = ad.full
+    fwd_loss, bwd_loss = loss_bytes(tokens, shape, st, head_trains)
+    act = "activations (every layer)" if st.checkpointing == "none" else "activations kept (checkpointed layers)"
+    phases = {
+        PHASES[0]: {act: kept, "gathered FSDP units": edge + always, "logits and loss": fwd_loss},
+        PHASES[1]: {
+            act: kept,
+            "gathered FSDP units": edge + always + (u["layer"] if units == 2 else 0),
+            "logits and loss": bwd_loss,
+        },
+        PHASES[2]: {
+            act: kept,
+            "gathered FSDP units": resident + (units * u["layer"]),
+            "recomputed layer": recompute,
+            "backward transients (one layer)": tokens * layer_backward_transients(shape, st, seq),
+        },
+        PHASES[3]: {},
+    }
+    if quantized:
+        phases[PHASES[2]]["4-bit dequantized weight"] = dequant_bytes(shape, st, tokens)
+    if ad.full and world > 1:  # unsharded grads of a unit and the retained reduce-scatter input
+        grad_bytes = st.compute_bytes if st.pure_bf16 else 4
+        phases[PHASES[2]]["unsharded grads, reduce-scatter buffer"] = 2 * grad_bytes * u["layer"] / st.compute_bytes
+    if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)
+        trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
+        phases[PHASES[3]]["AdamW foreach temporaries"] = trainable * st.trainable_bytes / 4 / world
+    return phases
+
+
+def static_components(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, offload: bool) -> dict:
+    n_lora = lora_params(cfg, shape)
+    trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
+    shard = base_bytes(cfg, shape, st)[0] / world
+    if not cfg.lora.use_peft_lora and not cfg.quantization.use_4bit_quantization:
+        shard = 0.0  # full fine-tuning: the trainable master weights are the weights
+    train_state = trainable * st.trainable_bytes / world
+    return {
+        "sharded base weights": 0.0 if offload else shard,
+        "4-bit quantization constants (not sharded)": quant_constant_bytes(cfg, shape, st, world),
+        "trainable params, grads, optimizer": 0.0 if offload else train_state,
+    }
+
+
+def gpu_loading_bytes(cfg: RunConfig, shape: ModelShape, world: int, loading: str, offload: bool = False) -> float:
+    """Device bytes while loading, before FSDP shards the model. transformers 5.24 quantizes 4-bit models on
+    the GPU (quantizer_bnb_4bit.py: device_map = the current device; the meta-init shortcut is skipped for
+    quantized models): each rank holds the whole 4-bit model, one bf16 weight in flight. A model that is not
+    quantized loads on the host. The sharded path holds the rank's shards and one bf16 layer in flight."""
     if not cfg.quantization.use_4bit_quantization:
         return 0.0
-    const = NESTED_CONST_BYTES if cfg.quantization.use_nested_quant else QUANT_CONST_BYTES
-    return shape.linear_params * const
-
-
-def activation_bytes_per_token(cfg: RunConfig, shape: ModelShape) -> tuple[float, float]:
-    """(kept per layer under activation checkpointing, kept per layer without it), per token."""
-    act = 2 if compute_precision(cfg) in ("bf16", "fp16", "fp8") else 4
-    h, i = shape.hidden_size, shape.intermediate_size
-    kv = h * shape.n_kv_heads // shape.n_heads
-    # RMSNorm inputs (2h), rotary q/k (h + kv), attention q, k, v, out (2h + 2kv), SwiGLU gate, up, silu, product (4i)
-    elements = 6 * h + 3 * kv + 4 * i
-    if cfg.lora.use_peft_lora and cfg.lora.lora_dropout > 0:
-        elements += 6 * h + i  # each LoRA module keeps its own dropped-out input (q, k, v, o, gate, up: h; down: i)
-    full = elements * act
-    if cfg.lora.use_peft_lora and cfg.lora.lora_dropout > 0:
-        full += 6 * h + i  # dropout masks, one byte per element
-    return h * act, full
-
-
-def estimate(cfg: RunConfig, shape: ModelShape, on_cpu: bool = False) -> Estimate:
-    """Every component of one rank's memory, in the order a step meets them (long because it is one
-    account: splitting it would scatter the terms that must add up; see the module docstring)."""
-    world = max(cfg.launch.num_processes, 1)
-    local = cfg.launch.nproc_per_node
-    est = Estimate(total_params=shape.total_params)
-    n_lora = lora_params(cfg, shape)
-    est.trainable_params = n_lora if cfg.lora.use_peft_lora else shape.total_params
-    all_base, layer = base_bytes(cfg, shape)
-    compute_bytes = 2 if compute_precision(cfg) in ("bf16", "fp16", "fp8") else DTYPE_BYTES[model_dtype(cfg)]
-    offload = cfg.fsdp.cpu_offload and not on_cpu
-
-    # weights: this rank's shard, and the full units gathered around it
-    shard = all_base / world
-    unit = layer if cfg.quantization.use_4bit_quantization else shape.layer_params * compute_bytes
-    edge_unit = max(shape.embedding_params, shape.head_params) * compute_bytes  # embedding / lm_head units
-    in_flight = PREFETCH_UNITS if cfg.fsdp.reshard_after_forward else shape.n_layers
-    gathered = max(unit * in_flight, edge_unit + unit)
-    if cfg.fsdp.version == 1:
-        # FSDP1's root unit (embeddings, final norm, lm_head: not decoder layers) is not resharded after
-        # forward: it stays gathered for the whole step
-        root = (shape.embedding_params + shape.head_params + shape.other_params) * compute_bytes
-        gathered = unit * in_flight + root
-    if world == 1:
-        gathered = 0.0  # nothing to gather: the "shard" is the whole model
-    # trainable state: LoRA weights + grads + AdamW, sharded (full fine-tuning: every weight)
-    if cfg.lora.use_peft_lora:
-        train_state = n_lora * (LORA_PARAM_BYTES * 2 + ADAM_BYTES) / world
-    else:
-        train_state = shape.total_params * (4 + 4 + ADAM_BYTES) / world  # fp32 master, grads, AdamW
-        if not cfg.quantization.use_4bit_quantization:
-            shard = 0.0  # the fp32 master copy is the weights
-    # activations
-    tokens = int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len
-    kept, full_layer = activation_bytes_per_token(cfg, shape)
-    checkpointing = cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg)
-    if checkpointing:
-        activations = tokens * (kept * shape.n_layers + full_layer)
-    else:
-        activations = tokens * full_layer * shape.n_layers
-    logits = tokens * shape.vocab_size * (compute_bytes + LOSS_BYTES_PER_LOGIT)
-    dequant = 0.0
-    if cfg.quantization.use_4bit_quantization:
-        biggest = max(lin.in_features * lin.out_features for lin in shape.layer_linears)
-        dequant = 2 * biggest * DTYPE_BYTES[cfg.quantization.bnb_4bit_compute_dtype]  # weight dequantized for matmul
-
-    dev = est.device
-    dev["sharded base weights"] = 0.0 if offload else shard
+    whole, _ = base_bytes(cfg, shape)
     consts = quant_constant_bytes(cfg, shape)
-    if consts:
-        dev["4-bit quantization constants (not sharded)"] = consts
-    dev["gathered FSDP units"] = gathered
-    dev["trainable params, grads, optimizer"] = 0.0 if offload else train_state
-    dev["activations"] = activations
-    dev["logits and loss"] = logits
-    if dequant:
-        dev["4-bit dequantization buffers"] = dequant
-    if on_cpu:
-        dev["allocator overhead"] = sum(dev.values()) * CPU_ALLOCATOR_OVERHEAD
-        dev["runtime (python, torch, HF stack)"] = HOST_RUNTIME_GIB["cpu"] * GiB
-    else:
-        transient = gathered + activations + logits + dequant
-        dev["allocator overhead"] = transient * ALLOCATOR_OVERHEAD
-        dev["CUDA context"] = CUDA_CONTEXT_GIB * GiB
+    if loading == "sharded":
+        return (0.0 if offload else whole / world) + consts + shape.layer_params * 2
+    biggest = max((lin.in_features * lin.out_features for lin in shape.layer_linears), default=0)
+    return whole + consts + biggest * 2
 
-    # loading: every local rank reads the checkpoint, or only local rank 0 (cpu_ram_efficient_loading)
-    load_dtype = DTYPE_BYTES[model_dtype(cfg)] if not cfg.quantization.use_4bit_quantization else None
-    full_model = shape.total_params * load_dtype if load_dtype else all_base + consts
-    loaders = 1 if cfg.fsdp.cpu_ram_efficient_loading and world > 1 else local
-    est.load_per_rank = full_model  # the worst rank (local rank 0) holds a full copy while loading
-    host = est.host_node
-    host["runtime (python, torch, HF stack)"] = HOST_RUNTIME_GIB["cpu" if on_cpu else "cuda"] * GiB * local
-    host[f"{LOADING} full model copies"] = full_model * loaders
-    if offload:
-        _offloaded(cfg, shape, est, shard, layer, train_state)
+
+def estimate(
+    cfg: RunConfig,
+    shape: ModelShape,
+    on_cpu: bool = False,
+    stack: Stack | None = None,
+    loading: str = "transformers",
+) -> Estimate:
+    """Every component of one rank's memory at the peak of a step, with every phase's total."""
+    st = stack or stack_of(cfg, on_cpu)
+    world = max(cfg.launch.num_processes, 1)
+    offload = cfg.fsdp.cpu_offload and not on_cpu
+    est = Estimate(total_params=shape.total_params)
+    est.trainable_params = lora_params(cfg, shape) if cfg.lora.use_peft_lora else shape.total_params
+    static = static_components(cfg, shape, st, world, offload)
+    phases = transient_phases(cfg, shape, st, world)
+    est.phases = {name: sum(static.values()) + sum(items.values()) for name, items in phases.items()}
+    est.peak_phase = max(est.phases, key=est.phases.get)
+    est.device = {**static, **phases[est.peak_phase]}
+    if st.all_gather_stream_pool and world > 1:
+        # FSDP all-gathers into buffers of its own stream; that stream's cache keeps two units' worth
+        # (the one in use and the prefetched one), whatever the peak phase holds live
+        u = _units(cfg, shape, st, lora_params(cfg, shape))
+        live = phases[est.peak_phase].get("gathered FSDP units", 0.0)
+        est.stream_pool = max(0.0, 2 * u["layer"] + (u["root"] if st.fsdp_version == 1 else u["head"]) - live)
     if on_cpu:
-        # the device is the host: training memory of every local rank, after the loading copies are freed
-        host[f"{TRAINING} every rank's training memory"] = (
-            sum(v for k, v in dev.items() if k != "runtime (python, torch, HF stack)") * local
-        )
+        est.device[host.RUNTIME] = host.HOST_RUNTIME_GIB["cpu"] * GiB
+    else:
+        est.gpu_loading = gpu_loading_bytes(cfg, shape, world, loading, offload)
+        if est.gpu_loading > sum(est.device.values()):
+            est.notes.append(
+                f"the peak is while loading ({loading} loading path): each rank holds "
+                f"{est.gpu_loading / GiB:.1f} GiB before FSDP shards the model"
+            )
+    _host(cfg, shape, st, est, on_cpu, loading, static)
     return est
 
 
-def _offloaded(
-    cfg: RunConfig, shape: ModelShape, est: Estimate, shard: float, layer: float, train_state: float
+def _host(
+    cfg: RunConfig, shape: ModelShape, st: Stack, est: Estimate, on_cpu: bool, loading: str, static: dict
 ) -> None:
-    """Host RAM per node under cpu_offload, from what torch's FSDP does with the shards.
-
-    Offloaded shards are pinned, and torch's caching host allocator rounds every pinned block up to a
-    power of two. FSDP1 pins one flat parameter per unit and pre-allocates a pinned gradient of the same
-    size for every unit, frozen or not (`FlatParamHandle.init_flat_param_attributes`); it does so at the
-    first forward while the unpinned shard it offloaded at wrap time lives on until that unit's first
-    reshard, so the first step holds three copies. FSDP2 pins each parameter's shard at wrap time and
-    offloads gradients only of trainable parameters."""
     world = max(cfg.launch.num_processes, 1)
     local = cfg.launch.nproc_per_node
-    host = est.host_node
-    if not shard:  # full fine-tuning: the fp32 master weights are the shards; with their grads and AdamW
-        host[f"{TRAINING} offloaded fp32 weights, grads, AdamW"] = train_state * local
+    all_base, layer = base_bytes(cfg, shape, st)
+    consts = quant_constant_bytes(cfg, shape)
+    if cfg.quantization.use_4bit_quantization:
+        full_model = all_base + consts
+    else:
+        full_model = shape.total_params * DTYPE_BYTES[model_dtype(cfg)]
+    est.load_per_rank = host.loading_per_rank(loading, full_model, full_model / world, shape.layer_params * 2)
+    h = est.host_node
+    h[host.RUNTIME] = host.HOST_RUNTIME_GIB["cpu" if on_cpu else "cuda"] * GiB * local
+    h[f"{host.LOADING} model copies ({loading} loading)"] = est.load_per_rank * local
+    if cfg.fsdp.cpu_offload and not on_cpu:
+        _offload_host(cfg, shape, st, est, world, local, layer)
+    if on_cpu:
+        h[f"{host.TRAINING} every rank's training memory"] = (
+            sum(v for k, v in est.device.items() if k != host.RUNTIME) * local
+        )
+
+
+def _offload_host(
+    cfg: RunConfig, shape: ModelShape, st: Stack, est: Estimate, world: int, local: int, layer: float
+) -> None:
+    n_lora = lora_params(cfg, shape)
+    trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
+    train_state = trainable * st.trainable_bytes / world
+    h = est.host_node
+    if not cfg.lora.use_peft_lora and not cfg.quantization.use_4bit_quantization:
+        h[f"{host.TRAINING} offloaded fp32 weights, grads, AdamW"] = train_state * local
         est.notes.append("cpu_offload: the fp32 weights, their gradients and AdamW live in host RAM")
         return
-    if cfg.fsdp.version == 1:
-        units = [layer / world] * shape.n_layers
-        units.append((shard * world - layer * shape.n_layers) / world)  # the root unit: embeddings, norm, head
-        pinned = sum(_pow2(u) for u in units)
-        host[f"{TRAINING} offloaded weight shards (pinned)"] = pinned * local
-        host[f"{TRAINING} offloaded grads (pinned, every unit)"] = pinned * local
-        host[f"{FIRST_STEP} unpinned shard copies"] = shard * local
-    else:
-        host[f"{TRAINING} offloaded weight shards (pinned)"] = _pinned_per_param(cfg, shape, world) * local
-    host[f"{TRAINING} offloaded trainable state"] = train_state * local
-    if cfg.fsdp.version == 1:
-        est.notes.append(
-            "cpu_offload (FSDP1): pinned weight shards and a pinned gradient buffer for every unit, frozen "
-            "ones included; FSDP2 offloads gradients of trainable parameters only"
-        )
-    else:
-        est.notes.append("cpu_offload: sharded weights and trainable state live in host RAM")
-
-
-def _pinned_per_param(cfg: RunConfig, shape: ModelShape, world: int) -> float:
-    """FSDP2: one pinned block per parameter shard."""
-    storage = DTYPE_BYTES[quant_storage(cfg)] if cfg.quantization.use_4bit_quantization else None
-    per_elem = FOUR_BIT_BYTES if storage else DTYPE_BYTES[model_dtype(cfg)]
-    dtype = storage or DTYPE_BYTES[model_dtype(cfg)]
-    layer = sum(_pow2(lin.in_features * lin.out_features * per_elem / world) for lin in shape.layer_linears)
-    layer_other = shape.layer_params - sum(lin.in_features * lin.out_features for lin in shape.layer_linears)
-    rest = shape.total_params - shape.n_layers * shape.layer_params
-    # the non-Linear parameters (norms, embeddings, head) are few blocks; rounding them is noise
-    return shape.n_layers * layer + (shape.n_layers * layer_other + rest) * dtype / world
-
-
-def _pow2(size: float) -> float:
-    """A pinned block of `size` bytes as torch's caching host allocator allocates it."""
-    if size <= 0:
-        return 0.0
-    block = 1
-    while block < size:
-        block *= 2
-    return float(block)
+    shard = base_bytes(cfg, shape, st)[0] / world
+    units = [layer / world] * shape.n_layers + [(shard * world - layer * shape.n_layers) / world]
+    h.update(host.offloaded(cfg.fsdp.version, units, pinned_per_param(cfg, shape, world), shard, local))
+    h[f"{host.TRAINING} offloaded trainable state"] = train_state * local
+    est.notes.append(
+        "cpu_offload (FSDP1): pinned weight shards and a pinned gradient buffer for every unit, frozen ones "
+        "included; FSDP2 offloads gradients of trainable parameters only"
+        if cfg.fsdp.version == 1
+        else "cpu_offload: sharded weights and trainable state live in host RAM"
+    )

@@ -2,11 +2,16 @@
 
 Exact for any architecture transformers knows (no formulas per family). torch/transformers are imported
 only here, inside `measure`, so `plan` pays for them only when it needs a shape.
+
+Mixture-of-experts layers: transformers 5 fuses a layer's experts into 3-D parameters (Mixtral's
+`experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]), which are no nn.Linear; they are
+counted in `expert_params` (part of `layer_params`) and a token runs `top_k` of the `n_experts`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cache
 
 from fsdp_tune.sources.model import find_config
 
@@ -24,27 +29,57 @@ class ModelShape:
     total_params: int
     embedding_params: int  # input embeddings
     head_params: int  # lm_head (0 when tied to the embeddings)
-    layer_params: int  # one decoder layer
+    layer_params: int  # one decoder layer (its experts included)
     n_layers: int
     other_params: int  # final norm and the like
     layer_linears: tuple[Linear, ...]  # the Linear modules of one decoder layer
     layer_class: str
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # of the dense MLP, or of one expert
     vocab_size: int
     n_heads: int
     n_kv_heads: int
+    head_dim: int = 0  # 0: hidden_size // n_heads
+    n_norms: int = 2  # normalisation modules per decoder layer (Gemma-2 has four)
+    expert_params: int = 0  # fused (3-D) expert parameters of one layer
+    n_experts: int = 0
+    top_k: int = 0  # experts a token runs through
+    tied_head: bool = False
 
     @property
     def linear_params(self) -> int:
-        """Parameters of all decoder-layer Linear weights (what 4-bit quantization packs)."""
+        """Parameters of all decoder-layer Linear weights (what bitsandbytes 4-bit quantization packs; fused
+        3-D experts are no nn.Linear and stay in the storage dtype)."""
         return self.n_layers * sum(lin.in_features * lin.out_features for lin in self.layer_linears)
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * (self.head_dim or self.hidden_size // self.n_heads)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * (self.head_dim or self.hidden_size // self.n_heads)
+
+    @property
+    def mlp_width(self) -> int:
+        """Intermediate activations a token makes in one layer's MLP: top_k experts' worth under MoE."""
+        return self.intermediate_size * (self.top_k if self.n_experts else 1)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through: all but the experts it is not routed to."""
+        if not self.n_experts:
+            return self.total_params
+        idle = self.expert_params * (self.n_experts - self.top_k) // self.n_experts
+        return self.total_params - self.n_layers * idle
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+@cache
 def measure(name: str) -> ModelShape:
+    """Long because it reads every fact of the shape from one meta-device build, in one place."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -64,6 +99,9 @@ def measure(name: str) -> ModelShape:
     n_embed = embed.weight.numel()
     n_head = 0 if tied or head is None else head.weight.numel()
     n_layer = sum(p.numel() for p in layer.parameters())
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_experts = getattr(text, "num_local_experts", None) or getattr(text, "num_experts", None) or 0
+    experts = sum(p.numel() for p in layer.parameters() if p.dim() == 3) if n_experts else 0
     return ModelShape(
         source=source,
         total_params=total,
@@ -74,11 +112,18 @@ def measure(name: str) -> ModelShape:
         other_params=total - n_embed - n_head - n_layer * len(layers),
         layer_linears=linears,
         layer_class=type(layer).__name__,
-        hidden_size=config.hidden_size,
-        intermediate_size=getattr(config, "intermediate_size", 4 * config.hidden_size),
-        vocab_size=config.vocab_size,
-        n_heads=config.num_attention_heads,
-        n_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        hidden_size=text.hidden_size,
+        intermediate_size=getattr(text, "moe_intermediate_size", None)
+        or getattr(text, "intermediate_size", 4 * text.hidden_size),
+        vocab_size=text.vocab_size,
+        n_heads=text.num_attention_heads,
+        n_kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        n_norms=sum(1 for m in layer.modules() if "norm" in type(m).__name__.lower()),
+        expert_params=experts,
+        n_experts=n_experts if experts else 0,
+        top_k=(getattr(text, "num_experts_per_tok", None) or 0) if experts else 0,
+        tied_head=tied,
     )
 
 

@@ -1,0 +1,84 @@
+"""Step time from FLOPs and bytes moved: what a GPU's public figures allow, at an assumed utilisation."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from fsdp_tune.config.derived import gradient_checkpointing
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.errors import UsageError
+from fsdp_tune.planner.memory import GiB
+from fsdp_tune.planner.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_gib: float
+    bf16_tflops: float  # dense, public spec sheets
+    link_gbs: float  # per-GPU collective bandwidth within a node (NVLink, or PCIe), GB/s
+    host_gbs: float  # host <-> GPU copies (PCIe, one direction, pinned memory), GB/s: what cpu_offload pays
+
+
+GPUS = {
+    "h100": Gpu("H100 80GB SXM", 79.6, 989.0, 450.0, 50.0),  # PCIe Gen5 x16
+    "h200": Gpu("H200 141GB SXM", 139.8, 989.0, 450.0, 50.0),
+    "a100": Gpu("A100 80GB SXM", 79.2, 312.0, 300.0, 25.0),  # PCIe Gen4 x16
+    "4090": Gpu("RTX 4090 24GB", 23.6, 165.0, 25.0, 25.0),
+}
+ASSUMED_MFU = 0.45  # the fraction of peak a well-fed bf16 LoRA step reaches; a stated assumption, not a measurement
+
+
+def parse_memory(text: str) -> float:
+    m = re.fullmatch(r"\s*([\d.]+)\s*(gib|gb|g|mib|mb)?\s*", text.lower())
+    if not m:
+        raise UsageError(f"--gpu_memory {text}: not a size", "e.g. 80GiB, 24GB")
+    value, unit = float(m.group(1)), m.group(2) or "gib"
+    return value * {"gib": 1, "g": 1, "gb": 1e9 / GiB, "mib": 1 / 1024, "mb": 1e6 / GiB}[unit]
+
+
+def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
+    """FLOPs and communication of one optimizer step per GPU, and a time from the GPU's public figures."""
+    world = max(cfg.launch.num_processes, 1)
+    micro = int(cfg.training.get("per_device_train_batch_size") or 8)
+    accum = int(cfg.training.get("gradient_accumulation_steps") or 1)
+    tokens = micro * cfg.data.max_seq_len * accum
+    n = shape.active_params  # MoE: a token runs its top-k experts, not all of them
+    lora = cfg.lora.use_peft_lora
+    # forward 2N; backward 2N for activation gradients, + 2N weight gradients when every weight trains;
+    # + a second forward under activation checkpointing
+    per_token = 2 * n + 2 * n + (0 if lora else 2 * n)
+    if cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg):
+        per_token += 2 * n
+    attention = 4 * shape.n_layers * shape.hidden_size * cfg.data.max_seq_len * (3 if not lora else 2.5)
+    flops = tokens * (per_token + attention)
+    total = shape.total_params  # every expert is all-gathered, routed to or not
+    weight_bytes = total * 2 if not cfg.quantization.use_4bit_quantization else total * 0.53
+    gathers = (2 if cfg.fsdp.reshard_after_forward else 1) * accum
+    comm = weight_bytes * gathers * (world - 1) / world if world > 1 else 0.0
+    if not lora:
+        comm += total * 4 * (world - 1) / world  # reduce-scatter of fp32 gradients
+    host = 0.0
+    if cfg.fsdp.cpu_offload:
+        # every all-gather first copies this rank's shard to the GPU; gradients of what trains come back
+        host = weight_bytes / world * gathers + (total * 4 / world if not lora else 0.0)
+    compute_s = flops / (gpu.bf16_tflops * 1e12 * ASSUMED_MFU)
+    comm_s = comm / (gpu.link_gbs * 1e9)
+    host_s = host / (gpu.host_gbs * 1e9)
+    # FSDP overlaps the next all-gather (and its host copy) with the current compute: the slowest one sets the pace
+    times = {"compute": compute_s, "communication": comm_s, "host transfers": host_s}
+    step_s = max(times.values())
+    return {
+        "tokens_per_step_per_gpu": tokens,
+        "tflops_per_step_per_gpu": flops / 1e12,
+        "comm_gb_per_step_per_gpu": comm / 1e9,
+        "host_transfer_gb_per_step_per_gpu": host / 1e9,
+        "compute_s": compute_s,
+        "comm_s": comm_s,
+        "host_transfer_s": host_s,
+        "step_s": step_s,
+        "tokens_per_s_per_gpu": tokens / step_s if tokens else 0.0,
+        "assumed_mfu": ASSUMED_MFU,
+        "bound": max(times, key=times.get),
+    }
