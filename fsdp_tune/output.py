@@ -12,39 +12,15 @@ from fsdp_tune.summary import RunSummary
 
 # What a reader of `validate-config` needs first; the rest is in --json.
 SUMMARY_KEYS = {
-    "launch": (
-        "num_processes",
-        "num_machines",
-        "machine_rank",
-        "main_process_ip",
-        "main_process_port",
-        "rdzv_backend",
-        "mixed_precision",
-        "use_cpu",
-    ),
-    "fsdp": (
-        "version",
-        "reshard_after_forward",
-        "cpu_offload",
-        "auto_wrap_policy",
-        "transformer_layer_cls_to_wrap",
-        "min_num_params",
-        "state_dict_type",
-        "cpu_ram_efficient_loading",
-        "activation_checkpointing",
-        "sharding_strategy",
-    ),
-    "model": ("model_name_or_path", "use_flash_attn", "dtype"),
-    "data": ("dataset_name", "splits", "chat_template_format", "max_seq_len", "packing", "dataset_text_field"),
-    "lora": ("use_peft_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora"),
-    "quantization": (
-        "use_4bit_quantization",
-        "use_8bit_quantization",
-        "use_nested_quant",
-        "bnb_4bit_quant_type",
-        "bnb_4bit_compute_dtype",
-        "bnb_4bit_quant_storage_dtype",
-    ),
+    "launch": "num_processes num_machines machine_rank main_process_ip main_process_port rdzv_backend "
+    "mixed_precision use_cpu".split(),
+    "fsdp": "version reshard_after_forward cpu_offload auto_wrap_policy transformer_layer_cls_to_wrap min_num_params "
+    "state_dict_type cpu_ram_efficient_loading activation_checkpointing sharding_strategy".split(),
+    "model": "model_name_or_path use_flash_attn dtype".split(),
+    "data": "dataset_name splits chat_template_format max_seq_len packing dataset_text_field".split(),
+    "lora": "use_peft_lora lora_r lora_alpha lora_dropout lora_target_modules use_dora".split(),
+    "quantization": "use_4bit_quantization use_8bit_quantization use_nested_quant bnb_4bit_quant_type "
+    "bnb_4bit_compute_dtype bnb_4bit_quant_storage_dtype".split(),
 }
 
 

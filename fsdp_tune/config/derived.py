@@ -64,3 +64,23 @@ def mesh_sizes(cfg: RunConfig) -> dict[str, int]:
     rest = math.prod(fixed.values())
     shard = p.dp_shard_size if p.dp_shard_size is not None else max(cfg.launch.num_processes // max(rest, 1), 1)
     return {**fixed, "dp_shard_size": shard}
+
+
+def mesh_active(cfg: RunConfig) -> bool:
+    """A ParallelismConfig mesh beyond plain sharding over every rank (HSDP, CP or TP)."""
+    p = cfg.parallelism
+    return p.enabled and any(v > 1 for k, v in mesh_sizes(cfg).items() if k != "dp_shard_size")
+
+
+def shard_group(cfg: RunConfig) -> int:
+    """How many ranks one parameter is sharded over: every rank for plain FSDP; under a mesh accelerate shards
+    over the flattened dp_shard x cp dimensions (replicas across dp_replicate hold the same shards)."""
+    if not mesh_active(cfg):
+        return max(cfg.launch.num_processes, 1)
+    sizes = mesh_sizes(cfg)
+    return max(sizes["dp_shard_size"] * sizes["cp_size"], 1)
+
+
+def cp_degree(cfg: RunConfig) -> int:
+    """Context parallelism splits every sequence over this many ranks (1 without CP)."""
+    return mesh_sizes(cfg)["cp_size"] if mesh_active(cfg) else 1

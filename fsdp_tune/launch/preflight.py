@@ -181,6 +181,17 @@ def _gpus(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
                 f"--num_processes {gpus * w.nnodes}, or check CUDA_VISIBLE_DEVICES / gpu_ids",
             )
         )
+    mesh = spec.parallelism or {}
+    if spec.device == "cpu" and mesh.get("cp_size", 1) > 1:
+        findings.append(
+            _err(
+                "PF026",
+                "parallelism_config_cp_size",
+                "this machine has no GPU, and context parallelism has no CPU implementation (torch 2.13: no "
+                "sharding strategy for SDPA's CPU kernel)",
+                "run it on GPUs; on CPU, set parallelism_config_cp_size to 1",
+            )
+        )
     if cfg.fsdp.version == 1 and spec.device == "cpu":
         findings.append(
             _err(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsdp_tune.config.derived import model_dtype
+from fsdp_tune.config.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.planner import host
 from fsdp_tune.planner.shape import ModelShape
@@ -77,7 +77,8 @@ class Estimate:
 
 
 def micro_tokens(cfg: RunConfig) -> int:
-    return int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len
+    """Tokens of one micro-batch on one rank: context parallelism gives each rank 1/cp of every sequence."""
+    return int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len // cp_degree(cfg)
 
 
 def _units(cfg: RunConfig, shape: ModelShape, st: Stack, n_lora: int) -> dict[str, float]:
@@ -104,7 +105,7 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
     phase: splitting it would scatter the terms that must add up."""
     ad = adapters_of(cfg)
     n_lora = lora_params(cfg, shape)
-    tokens, seq = micro_tokens(cfg), cfg.data.max_seq_len
+    tokens, seq = micro_tokens(cfg), cfg.data.max_seq_len // cp_degree(cfg)
     quantized = cfg.quantization.use_4bit_quantization
     saved = layer_saved(shape, st, ad, seq, quantized)
     if st.checkpointing != "none":
@@ -187,7 +188,7 @@ def estimate(
 ) -> Estimate:
     """Every component of one rank's memory at the peak of a step, with every phase's total."""
     st = stack or stack_of(cfg, on_cpu)
-    world = max(cfg.launch.num_processes, 1)
+    world = shard_group(cfg)  # the ranks a parameter is sharded over (every rank, or a mesh's shard group)
     offload = cfg.fsdp.cpu_offload and not on_cpu
     est = Estimate(total_params=shape.total_params)
     est.trainable_params = lora_params(cfg, shape) if cfg.lora.use_peft_lora else shape.total_params
@@ -212,13 +213,30 @@ def estimate(
                 f"{est.gpu_loading / GiB:.1f} GiB before FSDP shards the model"
             )
     _host(cfg, shape, st, est, on_cpu, loading, static)
+    est.notes += mesh_notes(cfg)
     return est
+
+
+def mesh_notes(cfg: RunConfig) -> list[str]:
+    if not mesh_active(cfg):
+        return []
+    sizes = {k.removesuffix("_size"): v for k, v in mesh_sizes(cfg).items() if v > 1}
+    notes = [
+        "device mesh " + " x ".join(f"{k} {v}" for k, v in sizes.items()) + f": weights and trainable state are "
+        f"sharded over {shard_group(cfg)} ranks (dp_shard x cp) and replicated across dp_replicate; all-gathers "
+        "stay within a shard group"
+    ]
+    if cp_degree(cfg) > 1:
+        notes.append(f"context parallelism: each rank holds 1/{cp_degree(cfg)} of every sequence's activations")
+    if sizes.get("tp", 1) > 1:
+        notes.append("tensor parallelism is not modelled: weights and activations per rank are over-counted")
+    return notes
 
 
 def _host(
     cfg: RunConfig, shape: ModelShape, st: Stack, est: Estimate, on_cpu: bool, loading: str, static: dict
 ) -> None:
-    world = max(cfg.launch.num_processes, 1)
+    world = shard_group(cfg)
     local = cfg.launch.nproc_per_node
     all_base, layer = base_bytes(cfg, shape, st)
     consts = quant_constant_bytes(cfg, shape)

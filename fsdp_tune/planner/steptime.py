@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fsdp_tune.config.derived import gradient_checkpointing
+from fsdp_tune.config.derived import cp_degree, gradient_checkpointing, shard_group
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.memory import GiB
@@ -40,10 +40,10 @@ def parse_memory(text: str) -> float:
 
 def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     """FLOPs and communication of one optimizer step per GPU, and a time from the GPU's public figures."""
-    world = max(cfg.launch.num_processes, 1)
+    world = shard_group(cfg)  # all-gathers and reduce-scatters run within a shard group
     micro = int(cfg.training.get("per_device_train_batch_size") or 8)
     accum = int(cfg.training.get("gradient_accumulation_steps") or 1)
-    tokens = micro * cfg.data.max_seq_len * accum
+    tokens = micro * cfg.data.max_seq_len * accum // cp_degree(cfg)
     n = shape.active_params  # MoE: a token runs its top-k experts, not all of them
     lora = cfg.lora.use_peft_lora
     # forward 2N; backward 2N for activation gradients, + 2N weight gradients when every weight trains;

@@ -73,3 +73,25 @@ def test_dry_run_json_is_the_rank_spec(tmp_path) -> None:
     assert spec.fsdp_config["version"] == 2 and spec.trainer_args["fsdp_config"] is not None
     assert spec.lora["r"] == 8 and spec.output_dir == str(out)
     assert data["torchrun"][-1] == spec.resolved_path and not out.exists()
+
+
+def test_accelerate_nd_example_shows_its_mesh(tmp_path) -> None:
+    """accelerate's own N-D example (cp 4 x dp_shard 2 on 8 GPUs): the plan carries the mesh to the ranks; on a
+    machine without GPUs pre-flight says why it cannot run here (context parallelism has no CPU kernel)."""
+    import json
+
+    nd = str(FIXTURES / "peer-configs" / "accelerate-nd.yaml")
+    flags = ["--model_name_or_path", "builtin:tiny-llama", "--dataset_name", "builtin:demo-chat"]
+    r = train("--config", nd, *flags, "--output_dir", str(tmp_path / "o"), "--dry_run")
+    assert r.exit_code == 0, r.output
+    assert "device mesh: cp 4 x dp_shard 2" in r.output
+    data = json.loads(train("--config", nd, *flags, "--output_dir", str(tmp_path / "o"), "--dry_run", "--json").stdout)
+    assert data["spec"]["parallelism"] == {
+        "dp_replicate_size": 1,
+        "tp_size": 1,
+        "cp_size": 4,
+        "dp_shard_size": 2,
+        "cp_comm_strategy": "allgather",
+    }
+    if data["spec"]["device"] == "cpu":
+        assert "PF026" in [f["rule"] for f in data["preflight"]]
