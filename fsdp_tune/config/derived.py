@@ -84,3 +84,8 @@ def shard_group(cfg: RunConfig) -> int:
 def cp_degree(cfg: RunConfig) -> int:
     """Context parallelism splits every sequence over this many ranks (1 without CP)."""
     return mesh_sizes(cfg)["cp_size"] if mesh_active(cfg) else 1
+
+
+def fsdp1_unsharded(cfg: RunConfig) -> bool:
+    """FSDP1 runs as NO_SHARD: asked for, or clamped to it by torch on a single process."""
+    return cfg.fsdp.version == 1 and (cfg.fsdp.sharding_strategy == "NO_SHARD" or cfg.launch.num_processes == 1)

@@ -12,6 +12,7 @@ from typing import Any
 
 from fsdp_tune.config.derived import (
     compute_precision,
+    fsdp1_unsharded,
     gradient_checkpointing,
     mesh_sizes,
     model_dtype,
@@ -19,7 +20,7 @@ from fsdp_tune.config.derived import (
     quant_storage,
 )
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
 from fsdp_tune.launch.spec import DataSpec, ModelSpec, RankSpec, World
 
 DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
@@ -46,7 +47,8 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None) -> RankS
         checkpointing=checkpointing,
         use_reentrant=cfg.run.use_reentrant,
         trainer_args=args,
-        parallelism=mesh(cfg),
+        parallelism=mesh(cfg, on_cpu),
+        fsdp_mixed_precision=fsdp2_qlora_policy(cfg),
         model=model_spec(cfg),
         lora=lora_kwargs(cfg),
         data=DataSpec(
@@ -82,21 +84,39 @@ def world(cfg: RunConfig) -> World:
     )
 
 
-def mesh(cfg: RunConfig) -> dict[str, Any] | None:
+def mesh(cfg: RunConfig, on_cpu: bool = False) -> dict[str, Any] | None:
     """accelerate's ParallelismConfig for the run (the device mesh), or None for plain FSDP over all ranks.
 
     The sizes are the ones the rules checked against the world size (FT044); dp_shard_size left unset
-    takes what the other dimensions leave, as accelerate does."""
+    takes what the other dimensions leave, as accelerate does. A CPU run always gets an explicit mesh: without
+    one, fully_shard builds its default mesh on the accelerator torch was *built* for, so on a CUDA build the
+    "CPU" run would all-gather on the GPUs (or fail where they are hidden); accelerate builds a given mesh on
+    its own device, the CPU (accelerator.py get_device_mesh)."""
     p = cfg.parallelism
-    if not p.enabled:
-        return None
-    sizes = mesh_sizes(cfg)
-    if all(v == 1 for k, v in sizes.items() if k != "dp_shard_size"):
+    world = max(cfg.launch.num_processes, 1)
+    if not p.enabled or all(v == 1 for k, v in mesh_sizes(cfg).items() if k != "dp_shard_size"):
+        if on_cpu and world > 1:
+            return {"dp_replicate_size": 1, "tp_size": 1, "cp_size": 1, "dp_shard_size": world}
         return None  # only dp_shard: exactly what plain FSDP does
+    sizes = mesh_sizes(cfg)
     out: dict[str, Any] = {k: v for k, v in sizes.items() if k != "sp_size"}
     if p.cp_size > 1:
         out["cp_comm_strategy"] = p.cp_comm_strategy
     return out
+
+
+def fsdp2_qlora_policy(cfg: RunConfig) -> dict[str, str] | None:
+    """FSDP2's MixedPrecisionPolicy for QLoRA: every dtype the 4-bit storage dtype.
+
+    FSDP2 casts every floating parameter to the policy's param_dtype when it all-gathers, packed 4-bit weights
+    included: with the run's precision there (what accelerate sets) fp32 storage crashes bitsandbytes'
+    dequantize and fp16/bf16 storage under the other half precision corrupts the weights silently.
+    transformers sets the storage dtype only on its FSDP1 path (update_fsdp_plugin_peft, called only when the
+    optimizer is created late, which FSDP2 forbids): fsdp-tune decides it here for FSDP2."""
+    if cfg.fsdp.version != 2 or not cfg.quantization.use_4bit_quantization:
+        return None
+    storage = quant_storage(cfg)
+    return {"param_dtype": storage, "reduce_dtype": storage, "output_dtype": storage}
 
 
 def backend(cfg: RunConfig, on_cpu: bool) -> str:
@@ -125,6 +145,10 @@ def fsdp_config(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         for key in ("backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states"):
             if getattr(f, key) is not None:
                 out[key] = getattr(f, key)
+        if fsdp1_unsharded(cfg):
+            # transformers' FSDP1 default is use_orig_params=true, which loses the frozen parameters from the
+            # state dict of a NO_SHARD unit after backward (FT033 warns when it was asked for); false saves fine
+            out["use_orig_params"] = False
     else:
         out["reshard_after_forward"] = f.reshard_after_forward
     if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and f.transformer_layer_cls_to_wrap:
@@ -221,6 +245,8 @@ def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:
         "ACCELERATE_USE_FSDP": "true",
         "FSDP_CPU_RAM_EFFICIENT_LOADING": str(cfg.fsdp.cpu_ram_efficient_loading).lower(),
     }
+    if not on_cpu and needs_nccl_p2p_off(machine):
+        env.update(NCCL_P2P_DISABLE="1", NCCL_IB_DISABLE="1")  # what `accelerate launch` sets on such hosts
     if on_cpu and machine.cuda:
         # a CPU run on a machine with GPUs: fully_shard would put the shards on the default accelerator
         # under a gloo group; the ranks must not see the GPUs at all

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 class Machine:
     cuda: bool  # NVIDIA devices are present (whether or not this run uses them)
     gpus: int | None  # GPUs the ranks would see (narrowed by CUDA_VISIBLE_DEVICES); None when it cannot be told
-    gpu_names: tuple[str, ...] = ()  # as nvidia-smi names them, when it could be asked
+    gpu_names: tuple[str, ...] = ()  # every GPU of the host, as nvidia-smi names them, when it could be asked
     cuda_visible_devices: str | None = None  # the launcher's own CUDA_VISIBLE_DEVICES, if set
+    driver_version: str | None = None  # the NVIDIA driver's, from nvidia-smi
 
     @classmethod
     def cpu_only(cls) -> Machine:
@@ -42,25 +43,47 @@ def visible_gpus(cuda_visible_devices: str | None) -> int | None:
     return len(nodes) or None
 
 
-def _gpu_names() -> tuple[str, ...]:
-    """GPU model names from nvidia-smi (a few tens of ms); empty when it is missing or fails."""
+def _gpus_and_driver() -> tuple[tuple[str, ...], str | None]:
+    """(GPU names, driver version) from nvidia-smi (a few tens of ms); empty when it is missing or fails."""
     if shutil.which("nvidia-smi") is None:
-        return ()
+        return (), None
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return ()
-    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip()) if out.returncode == 0 else ()
+        return (), None
+    rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not rows:
+        return (), None
+    return tuple(r[0] for r in rows), (rows[0][1] if len(rows[0]) > 1 else None)
 
 
 def probe() -> Machine:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     cuda = cuda_present()
+    names, driver = _gpus_and_driver() if cuda else ((), None)
     return Machine(
         cuda=cuda,
         gpus=visible_gpus(visible) if cuda else 0,
-        gpu_names=_gpu_names() if cuda else (),
+        gpu_names=names,
         cuda_visible_devices=visible,
+        driver_version=driver,
     )
+
+
+def needs_nccl_p2p_off(machine: Machine) -> bool:
+    """accelerate's check_cuda_p2p_ib_support (utils/environment.py): RTX 40-series cards with a driver older
+    than 550.40.07 cannot use NCCL's P2P/IB paths; every rank's PartialState refuses to start on such a host
+    unless NCCL_P2P_DISABLE and NCCL_IB_DISABLE are set, which `accelerate launch` does (and torchrun does not)."""
+    if len(machine.gpu_names) <= 1 or not any("RTX 40" in n for n in machine.gpu_names):
+        return False
+    if not machine.driver_version:
+        return True  # cannot tell: the safe side (slower collectives, never a refusal)
+    try:
+        return tuple(int(x) for x in machine.driver_version.split(".")[:3]) < (550, 40, 7)
+    except ValueError:
+        return True

@@ -67,7 +67,8 @@ class RankSpec:
     checkpointing: str  # "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"
     use_reentrant: bool
     trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
-    parallelism: dict[str, int] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
+    parallelism: dict[str, Any] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
+    fsdp_mixed_precision: dict[str, str] | None  # FSDP2 MixedPrecisionPolicy dtypes (QLoRA), None: accelerate's
     model: ModelSpec
     lora: dict[str, Any] | None  # LoraConfig kwargs, None for full fine-tuning
     data: DataSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import offload_active
+from fsdp_tune.config.derived import fsdp1_unsharded, offload_active
 from fsdp_tune.config.keys import FSDP1_ONLY, STRATEGY_TO_RESHARD
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
@@ -256,4 +256,19 @@ def activation_offload(cfg: RunConfig) -> Iterator[Finding]:
             "fsdp.activation_checkpointing_offload",
             "activation offload is an FSDP2 feature (accelerate refuses it with FSDP1 after the model is loaded)",
             "`fsdp_version: 2` (fsdp-tune convert --fsdp2)",
+        )
+
+
+@rule("FT033", "fsdp", "FSDP1 without sharding runs with use_orig_params off")
+def fsdp1_no_shard_orig_params(cfg: RunConfig) -> Iterator[Finding]:
+    f = cfg.fsdp
+    if fsdp1_unsharded(cfg) and f.use_orig_params is True:
+        yield warning(
+            cfg,
+            "FT033",
+            "fsdp.use_orig_params",
+            "FSDP1 without sharding (NO_SHARD, or one process) loses the frozen units' parameters from the state "
+            "dict after a backward pass with use_orig_params on, and the save fails ('FSDP assumes ... is in the "
+            "state_dict'): it is turned off for this run",
+            "drop fsdp_use_orig_params, or use FSDP2",
         )

@@ -92,3 +92,18 @@ def lora_targets(cfg: RunConfig) -> Iterator[Finding]:
             f"{', '.join(t for t in targets if t not in missing)}",
             hint,
         )
+
+
+@rule("FT082", "model", "flash-attention needs half precision")
+def flash_attention_dtype(cfg: RunConfig) -> Iterator[Finding]:
+    from fsdp_tune.config.derived import model_dtype
+
+    if cfg.model.use_flash_attn and model_dtype(cfg) == "float32":
+        yield error(
+            cfg,
+            "FT082",
+            "model.use_flash_attn",
+            "the model would load in float32 (no bf16/fp16 mixed precision): transformers only warns, and "
+            "flash-attention then fails at the first forward ('FlashAttention only support fp16 and bf16')",
+            "--bf16 True (or --dtype bfloat16), or drop --use_flash_attn (SDPA is used)",
+        )

@@ -203,3 +203,18 @@ def cp_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
             "sharding strategy for SDPA's CPU kernel, so a CPU run would fail at the first attention call",
             "run context parallelism on GPUs (use_cpu: false), or set cp_size to 1",
         )
+
+
+@rule("FT035", "parallelism", "tensor parallelism with FSDP and LoRA")
+def tp_with_lora(cfg: RunConfig) -> Iterator[Finding]:
+    p = cfg.parallelism
+    if p.enabled and p.tp_size > 1:
+        yield error(
+            cfg,
+            "FT035",
+            "parallelism.tp_size",
+            "tensor parallelism is not something accelerate applies: the model must be loaded tensor-parallel by "
+            "transformers, which the Trainer then refuses to prepare under FSDP2 ('a model and optimizer must be "
+            "passed together'); and PEFT's LoRA on row-parallel layers (o_proj, down_proj) fails in the forward",
+            "use HSDP (dp_replicate_size x dp_shard_size) or plain FSDP; set tp_size to 1",
+        )

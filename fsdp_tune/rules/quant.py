@@ -58,14 +58,16 @@ def storage_matches(cfg: RunConfig) -> Iterator[Finding]:
     if not q.use_4bit_quantization or q.bnb_4bit_quant_storage_dtype not in (None, *FLOATS):
         return
     storage = quant_storage(cfg)
-    if compute_precision(cfg) == "fp16" and storage != "float32":
+    if compute_precision(cfg) == "fp16" and storage != "float32" and cfg.fsdp.version == 1:
+        # FSDP2 all-gathers the packed weights in their storage dtype (launch/decide.py fsdp2_qlora_policy), so
+        # any float storage works there; FSDP1 flattens each unit into one dtype, the run's
         yield error(
             cfg,
             "FT053",
             "quantization.bnb_4bit_quant_storage_dtype",
-            f"fp16 mixed precision with {storage} storage: FSDP would cast the packed 4-bit weights, "
+            f"FSDP1 with fp16 mixed precision and {storage} storage: FSDP1 would cast the packed 4-bit weights, "
             "and bf16 storage silently computes in bf16 under an fp16 scaler",
-            "--bnb_4bit_quant_storage_dtype float32 with fp16, or use --bf16 True",
+            "--bnb_4bit_quant_storage_dtype float32 with fp16, or FSDP2 (fsdp-tune convert --fsdp2)",
         )
     if cfg.model.dtype not in (None, "auto") and cfg.model.dtype != storage:
         yield error(

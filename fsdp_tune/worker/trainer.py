@@ -12,7 +12,15 @@ def sft_config(spec: RankSpec):
     args = dict(spec.trainer_args)
     if spec.parallelism:
         args["parallelism_config"] = parallelism_config(spec.parallelism)
-    return SFTConfig(**args)
+    config = SFTConfig(**args)
+    if spec.fsdp_mixed_precision:
+        import torch
+
+        # the Trainer builds accelerate's FSDP plugin from these; a policy set here is kept (state.py sets the
+        # run's precision only without override)
+        policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.items()}
+        config.fsdp_plugin_args["mixed_precision_policy"] = policy
+    return config
 
 
 def parallelism_config(mesh: dict):

@@ -65,7 +65,7 @@ def test_missing_dataset_file(tmp_path) -> None:
 
 
 def test_flash_attn_on_cpu_is_refused(tmp_path) -> None:
-    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--use_flash_attn", "True")
+    r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--use_flash_attn", "True", "--bf16", "True")
     assert r.exit_code == 2 and "PF020" in r.output
 
 

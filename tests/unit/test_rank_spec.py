@@ -1,0 +1,157 @@
+"""GPU decisions as data: the RankSpec fsdp-tune decides for machines this one is not (no GPU runs here).
+
+Each row is a machine (GPU count and model, driver) and a launch; the expected fields are what the ranks then
+execute. The reasons are in launch/decide.py, each with the library source it follows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_tune.launch.decide import decide
+from fsdp_tune.launch.machine import Machine
+from fsdp_tune.launch.torchrun import torchrun_args
+from fsdp_tune.validate import check
+from tests.conftest import REPO, seed_flags
+
+H100x8 = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8, driver_version="560.35.03")
+H100x1 = Machine(cuda=True, gpus=1, gpu_names=("NVIDIA H100 80GB HBM3",), driver_version="560.35.03")
+RTX4090x2_OLD = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA GeForce RTX 4090",) * 2, driver_version="535.104.05")
+RTX4090x2_NEW = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA GeForce RTX 4090",) * 2, driver_version="550.54.14")
+CPU_ONLY = Machine.cpu_only()
+LORA = ["--use_peft_lora", "--output_dir", "/tmp/spec"]
+QLORA = [*LORA, "--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "bfloat16"]
+
+
+def spec_for(machine: Machine, *flags: str, config: str | None = None):
+    checked = check(config, list(flags))
+    assert not checked.errors, checked.findings
+    return decide(checked.config, machine)
+
+
+def get(spec, path: str):
+    value = spec
+    for part in path.split("."):
+        value = value[part] if isinstance(value, dict) else getattr(value, part)
+    return value
+
+
+SCENARIOS = [
+    (
+        "1 GPU, FSDP2 LoRA bf16",
+        H100x1,
+        [*LORA, "--bf16", "True"],
+        {"device": "cuda", "backend": "nccl", "precision": "bf16", "model.dtype": "bfloat16", "parallelism": None},
+    ),
+    (
+        "8 GPUs, FSDP2 + cpu_offload: gloo beside NCCL for the offloaded gradients",
+        H100x8,
+        [*LORA, "--num_processes", "8", "--fsdp_offload_params", "true", "--bf16", "True"],
+        {"backend": "cuda:nccl,cpu:gloo", "trainer_args.fsdp_config.cpu_offload": True},
+    ),
+    (
+        "2 x RTX 4090 on a driver before 550.40.07: NCCL P2P/IB off, as accelerate launch does",
+        RTX4090x2_OLD,
+        [*LORA, "--num_processes", "2"],
+        {"env.NCCL_P2P_DISABLE": "1", "env.NCCL_IB_DISABLE": "1"},
+    ),
+    (
+        "QLoRA FSDP2, fp32 storage under bf16: FSDP2 keeps the packed weights in their storage dtype",
+        H100x8,
+        [*QLORA, "--num_processes", "2", "--bnb_4bit_quant_storage_dtype", "float32", "--bf16", "True"],
+        {
+            "fsdp_mixed_precision": {"param_dtype": "float32", "reduce_dtype": "float32", "output_dtype": "float32"},
+            "model.dtype": "float32",
+            "model.quantization.bnb_4bit_quant_storage": "float32",
+        },
+    ),
+    (
+        "QLoRA FSDP2, bf16 storage: the policy is bf16",
+        H100x8,
+        [*QLORA, "--num_processes", "2", "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True"],
+        {"fsdp_mixed_precision.param_dtype": "bfloat16", "model.dtype": "bfloat16"},
+    ),
+    (
+        "FSDP1 on one GPU: NO_SHARD saves only with use_orig_params off",
+        H100x1,
+        [*LORA, "--fsdp_version", "1", "--bf16", "True"],
+        {"fsdp_version": 1, "trainer_args.fsdp_config.use_orig_params": False, "fsdp_mixed_precision": None},
+    ),
+    (
+        "two nodes of 8, c10d rendezvous",
+        H100x8,
+        [*LORA, "--num_processes", "16", "--num_machines", "2", "--machine_rank", "1"]
+        + ["--main_process_ip", "10.0.0.1", "--rdzv_backend", "c10d"],
+        {"world.nnodes": 2, "world.nproc_per_node": 8, "world.node_rank": 1, "world.standalone": False},
+    ),
+    (
+        "HSDP across two nodes: replicate across, shard within",
+        H100x8,
+        [*LORA, "--num_processes", "16", "--num_machines", "2", "--main_process_ip", "10.0.0.1"]
+        + ["--use_parallelism_config", "--parallelism_config_dp_replicate_size", "2"],
+        {"parallelism.dp_replicate_size": 2, "parallelism.dp_shard_size": 8},
+    ),
+    (
+        "a CPU run on a machine with GPUs: the ranks do not see them, and the mesh is built on the CPU",
+        H100x8,
+        [*LORA, "--use_cpu", "true", "--num_processes", "2"],
+        {
+            "device": "cpu",
+            "backend": "gloo",
+            "env.CUDA_VISIBLE_DEVICES": "",
+            "parallelism.dp_shard_size": 2,
+            "trainer_args.use_cpu": True,
+        },
+    ),
+    (
+        "FSDP activation checkpointing: the Trainer's own gradient checkpointing (TRL's default) yields",
+        H100x8,
+        [*LORA, "--num_processes", "2", "--fsdp_activation_checkpointing", "true"],
+        {"checkpointing": "fsdp", "trainer_args.activation_checkpointing": False},
+    ),
+    (
+        "fp16 AMP: the model stays fp32 under the scaler; the NaN guard does not watch the scaled grad norm",
+        H100x8,
+        [*LORA, "--num_processes", "2", "--fp16", "True"],
+        {"precision": "fp16", "model.dtype": "float32", "check_grad_norm": False, "trainer_args.fp16": True},
+    ),
+]
+
+
+@pytest.mark.parametrize("name,machine,flags,expected", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_gpu_scenario(name: str, machine: Machine, flags: list[str], expected: dict) -> None:
+    spec = spec_for(machine, *flags)
+    got = {path: get(spec.as_dict(), path) for path in expected}
+    assert got == expected
+
+
+def test_rtx_40_with_a_new_driver_keeps_nccl_p2p() -> None:
+    env = spec_for(RTX4090x2_NEW, *LORA, "--num_processes", "2").env
+    assert "NCCL_P2P_DISABLE" not in env and "NCCL_IB_DISABLE" not in env
+
+
+def test_gpu_plan_and_cpu_plan_of_one_config_differ_only_where_the_machine_decides() -> None:
+    gpu = spec_for(H100x8, *LORA, "--num_processes", "2", "--bf16", "True").as_dict()
+    cpu = spec_for(CPU_ONLY, *LORA, "--num_processes", "2", "--bf16", "True").as_dict()
+    differing = {k for k in gpu if gpu[k] != cpu[k]}
+    assert differing == {"device", "backend", "cpu_fsdp_shim", "trainer_args", "parallelism"}
+
+
+@pytest.mark.parametrize("script", ["run_peft_fsdp.sh", "run_peft_qlora_fsdp.sh"])
+def test_seed_launches_on_their_gpus(script: str) -> None:
+    """The PEFT guide's launches on the machines they were written for: 8 and 2 GPUs, FSDP1 as configured."""
+    config, flags = seed_flags(script)
+    spec = spec_for(H100x8, *flags, config=str(REPO / config))
+    f = spec.fsdp_config
+    assert (spec.device, spec.fsdp_version, f["use_orig_params"], f["state_dict_type"]) == (
+        "cuda",
+        1,
+        False,
+        "SHARDED_STATE_DICT",
+    )
+    assert "--nproc_per_node=" + str(spec.world.nproc_per_node) in torchrun_args(spec)
+    if script == "run_peft_qlora_fsdp.sh":  # offload on: gloo beside NCCL; FSDP1 takes the storage dtype itself
+        assert spec.backend == "cuda:nccl,cpu:gloo" and spec.fsdp_mixed_precision is None
+        assert spec.model.quantization["bnb_4bit_quant_storage"] == "bfloat16" and spec.model.dtype == "bfloat16"
+    else:
+        assert spec.backend == "nccl" and spec.precision == "bf16" and spec.world.world_size == 8
