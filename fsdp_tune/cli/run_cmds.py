@@ -35,11 +35,13 @@ def train(
         if as_json and dry_run:
             data = {"spec": planned.spec.as_dict(), "torchrun": torchrun.command(planned.spec)}
             data["preflight"] = [f.as_dict() for f in planned.machine_findings]
+            data["run_id"] = planned.run_id
             typer.echo(json.dumps(data, indent=2))
             return
         if planned.checked.findings:
             typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
         typer.echo(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+        typer.echo(f"  run id: {planned.run_id}")
         if dry_run:
             _dry_run_memory(planned.config)
             if planned.machine_findings:

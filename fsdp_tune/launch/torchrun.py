@@ -21,6 +21,7 @@ from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.runfiles import (
     METRICS_NAME,
     PREVIOUS_METRICS_NAME,
+    RUN_ID_ENV,
     STOP_FILE,
     SUMMARY_NAME,
     torchrun_log_dir,
@@ -81,7 +82,7 @@ def materialize_model(spec: RankSpec) -> RankSpec:
     return replace(spec, model=replace(spec.model, name_or_path=str(materialize(name.removeprefix("builtin:")))))
 
 
-def prepare(cfg: RunConfig, spec: RankSpec) -> RankSpec:
+def prepare(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> RankSpec:
     """Materialise builtin models and write the rank spec (with the config it came from, for people)."""
     spec = materialize_model(spec)
     out = Path(spec.output_dir)
@@ -92,7 +93,8 @@ def prepare(cfg: RunConfig, spec: RankSpec) -> RankSpec:
         (out / SUMMARY_NAME).unlink(missing_ok=True)
         if not spec.resume_from_checkpoint and (out / METRICS_NAME).exists():
             (out / METRICS_NAME).replace(out / PREVIOUS_METRICS_NAME)
-    write_atomic(spec.resolved_path, json.dumps({"spec": spec.as_dict(), "config": cfg.as_dict()}, indent=2))
+    resolved = {"run_id": run_id, "spec": spec.as_dict(), "config": cfg.as_dict()}
+    write_atomic(spec.resolved_path, json.dumps(resolved, indent=2))
     return spec
 
 
@@ -107,15 +109,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(spec: RankSpec) -> Outcome:
+def run(spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = ()) -> Outcome:
     """Start torchrun and wait.
 
     torchrun runs in its own session so a terminal's Ctrl-C reaches only us. The first SIGINT/SIGTERM
     writes the stop file: every rank finishes its step, saves a checkpoint and exits. A second one
     terminates torchrun (and with it the ranks) at once. torchrun's stderr passes through to ours, and
-    its tail is kept for the failure report.
+    its tail is kept for the failure report. `keep_fds` stay open in torchrun (the output folder's lock
+    lives as long as the run).
     """
     env = dict(os.environ, **spec.env)
+    if run_id:
+        env[RUN_ID_ENV] = run_id
     stop_file = Path(spec.output_dir, STOP_FILE)
     stop_file.unlink(missing_ok=True)
     w = spec.world
@@ -128,20 +133,15 @@ def run(spec: RankSpec) -> Outcome:
             flush=True,
         )
     proc = subprocess.Popen(
-        command(spec), env=env, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent
+        command(spec),
+        env=env,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        pass_fds=keep_fds,
     )
     tail = bytearray()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        out = sys.stderr.buffer
-        while chunk := os.read(proc.stderr.fileno(), 65536):
-            out.write(chunk)
-            out.flush()
-            tail.extend(chunk)
-            del tail[:-65536]
-
-    reader = threading.Thread(target=pump, daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc, tail), daemon=True)
     reader.start()
     received: list[int] = []
 
@@ -166,3 +166,14 @@ def run(spec: RankSpec) -> Outcome:
         reader.join(timeout=5)
         stop_file.unlink(missing_ok=True)
     return Outcome(code, received[0] if received else None, tail.decode("utf-8", "replace"))
+
+
+def _pump(proc: subprocess.Popen, tail: bytearray) -> None:
+    """torchrun's stderr to ours, keeping the tail for the failure report."""
+    assert proc.stderr is not None
+    out = sys.stderr.buffer
+    while chunk := os.read(proc.stderr.fileno(), 65536):
+        out.write(chunk)
+        out.flush()
+        tail.extend(chunk)
+        del tail[:-65536]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import signal
 import time
@@ -11,7 +12,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from fsdp_tune.runfiles import COMPLETE_MARKER, METRICS_NAME, STOP_FILE
+from fsdp_tune.launch.checkpoints import write_marker
+from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE
 
 
 def peak_rss_mib() -> float:
@@ -19,10 +21,11 @@ def peak_rss_mib() -> float:
 
 
 def mark_complete(output_dir: str, step: int) -> None:
-    """Called once Trainer has written every file of checkpoint-`step` (before it rotates old ones)."""
+    """Called on rank 0 once every rank has written every file of checkpoint-`step` (before old ones are
+    rotated): the marker lists them with sizes and hashes, and names the run (launch/checkpoints.py)."""
     folder = Path(output_dir) / f"checkpoint-{step}"
     if folder.is_dir():
-        (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": step}))
+        write_marker(folder, step, os.environ.get(RUN_ID_ENV))
 
 
 class MetricsCallback(TrainerCallback):
@@ -30,6 +33,7 @@ class MetricsCallback(TrainerCallback):
 
     def __init__(self, output_dir: str):
         self.path = Path(output_dir) / METRICS_NAME
+        self.run_id = os.environ.get(RUN_ID_ENV)
         self.first_step_at: float | None = None
         self.started_at = time.time()
 
@@ -45,6 +49,7 @@ class MetricsCallback(TrainerCallback):
             "epoch": state.epoch,
             "time": round(time.time() - self.started_at, 3),
             "peak_rss_mib": round(peak_rss_mib(), 1),
+            "run_id": self.run_id,
             **logs,
         }
         with open(self.path, "a") as f:
