@@ -53,6 +53,7 @@ class Interrupted:
 
     interrupted_at_step: int
     checkpoint_saved: bool
+    signal: int | None = None  # what asked (the ranks' or the launcher's signal); None: the stop file alone
 
     kind = "interrupted"
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, guard, split_config, style  # noqa: F401
+from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, echo_out, guard, split_config, style  # noqa: F401
 
 
 def train(
@@ -40,8 +40,8 @@ def train(
             return
         if planned.checked.findings:
             typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
-        typer.echo(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
-        typer.echo(f"  run id: {planned.run_id}")
+        echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+        echo_out(f"  run id: {planned.run_id}")
         if dry_run:
             _dry_run_memory(planned.config)
             if planned.machine_findings:
@@ -52,7 +52,7 @@ def train(
             return
         summary = execute(planned, lambda m: typer.echo(m, err=True))
         if summary:
-            typer.echo(format_summary(summary))
+            echo_out(format_summary(summary))
         if planned.spec.world.node_rank == 0:
             _plot(planned.spec.output_dir)
 
@@ -89,7 +89,7 @@ def _plot(output_dir: str) -> None:
     from fsdp_tune.tools.report import plot
 
     try:
-        typer.echo(f"  loss plot: {plot([output_dir], Path(output_dir) / LOSS_PLOT_NAME)}")
+        echo_out(f"  loss plot: {plot([output_dir], Path(output_dir) / LOSS_PLOT_NAME)}")
     except Exception as err:  # noqa: BLE001
         typer.echo(
             f"warning: loss.png not drawn ({type(err).__name__}: {err}); try `fsdp-tune report {output_dir}`", err=True

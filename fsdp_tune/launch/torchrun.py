@@ -6,7 +6,6 @@ only builds its command line from the spec's World and watches it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.failure import Outcome
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.launch.stopping import TORCHRUN_SIGNALS, StopRelay
 from fsdp_tune.runfiles import (
     METRICS_NAME,
     PREVIOUS_METRICS_NAME,
@@ -38,6 +38,10 @@ def torchrun_args(spec: RankSpec) -> list[str]:
         f"--nproc_per_node={w.nproc_per_node}",
         f"--max_restarts={w.max_restarts}",
         f"--log_dir={torchrun_log_dir(spec.output_dir)}",
+        # forward SLURM's --signal USR1 too, and give the ranks time to finish the step and the checkpoint
+        # before torchrun kills them: their collectives give up after the same timeout
+        f"--signals_to_handle={TORCHRUN_SIGNALS}",
+        f"--shutdown_timeout={spec.timeout_s}",
     ]
     if w.standalone:
         args.append("--standalone")
@@ -112,11 +116,10 @@ def _die_with_parent() -> None:
 def run(spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = ()) -> Outcome:
     """Start torchrun and wait.
 
-    torchrun runs in its own session so a terminal's Ctrl-C reaches only us. The first SIGINT/SIGTERM
-    writes the stop file: every rank finishes its step, saves a checkpoint and exits. A second one
-    terminates torchrun (and with it the ranks) at once. torchrun's stderr passes through to ours, and
-    its tail is kept for the failure report. `keep_fds` stay open in torchrun (the output folder's lock
-    lives as long as the run).
+    torchrun runs in its own session so a terminal's Ctrl-C reaches only us; a stop request (see
+    stopping.py) writes the stop file: every rank finishes its step, saves a checkpoint and exits.
+    `keep_fds` stay open in torchrun (the output folder's lock lives as long as the run). torchrun's stderr
+    passes through to ours, and its tail is kept for the failure report.
     """
     env = dict(os.environ, **spec.env)
     if run_id:
@@ -143,37 +146,27 @@ def run(spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = (
     tail = bytearray()
     reader = threading.Thread(target=_pump, args=(proc, tail), daemon=True)
     reader.start()
-    received: list[int] = []
-
-    def on_signal(signum, _frame):
-        received.append(signum)
-        if len(received) == 1:
-            sys.stderr.write(
-                f"\nfsdp-tune: {signal.Signals(signum).name}: finishing the current step and saving a "
-                "checkpoint; signal again to stop at once\n"
-            )
-            stop_file.write_text(str(signum))
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    relay = StopRelay(proc.pid, stop_file).install()
     try:
         code = proc.wait()
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        relay.restore()
         reader.join(timeout=5)
         stop_file.unlink(missing_ok=True)
-    return Outcome(code, received[0] if received else None, tail.decode("utf-8", "replace"))
+    return Outcome(code, relay.signal, tail.decode("utf-8", "replace"))
 
 
 def _pump(proc: subprocess.Popen, tail: bytearray) -> None:
-    """torchrun's stderr to ours, keeping the tail for the failure report."""
+    """torchrun's stderr to ours, keeping the tail. When ours is gone (`2>&1 | head` exited), keep reading:
+    a full pipe would block torchrun and the ranks on their next write."""
     assert proc.stderr is not None
     out = sys.stderr.buffer
     while chunk := os.read(proc.stderr.fileno(), 65536):
-        out.write(chunk)
-        out.flush()
+        if out is not None:
+            try:
+                out.write(chunk)
+                out.flush()
+            except (OSError, ValueError):
+                out = None
         tail.extend(chunk)
         del tail[:-65536]

@@ -3,13 +3,14 @@ launch, read the outcome."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.errors import Finding, PreflightError, Severity, UsageError
+from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
 from fsdp_tune.launch import manifest, outdir, ownership, torchrun
 from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, read_marker, verify
 from fsdp_tune.launch.decide import decide
@@ -156,13 +157,24 @@ def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_
 
 
 def _outcome(spec: RankSpec, outcome: Outcome, echo_err: Echo) -> run_summary.RunSummary | None:
-    result = run_summary.read(spec.output_dir)
+    """A finished run's summary; an interrupted run (whoever received the signal: fsdp-tune, torchrun or
+    only the ranks) is exit 130/143 with the resume hint; anything else is the failure report."""
+    try:
+        result = run_summary.read(spec.output_dir)
+    except (OSError, ValueError, TypeError):
+        result = None
+    if isinstance(result, run_summary.RunSummary) and outcome.returncode == 0:
+        return result  # finished, even when a stop request came after the last step
+    if isinstance(result, run_summary.Interrupted):
+        saved = "checkpoint saved" if result.checkpoint_saved else "no checkpoint (checkpoints are off)"
+        echo_err(
+            f"stopped at step {result.interrupted_at_step}: {saved}; continue with --resume_from_checkpoint latest"
+        )
+        signum = outcome.signal or result.signal or signal.SIGTERM
+        code = ExitCode.INTERRUPTED if signum == signal.SIGINT else ExitCode.TERMINATED
+        received = "" if outcome.signal else " (received by the ranks)"
+        raise LaunchError(f"stopped by {signal.Signals(signum).name}{received}", code)
     if outcome.returncode != 0 or outcome.signal is not None:
-        if isinstance(result, run_summary.Interrupted):
-            saved = "checkpoint saved" if result.checkpoint_saved else "no checkpoint (checkpoints are off)"
-            echo_err(
-                f"stopped at step {result.interrupted_at_step}: {saved}; continue with --resume_from_checkpoint latest"
-            )
         raise failure_report(spec.output_dir, outcome)
     return result if isinstance(result, run_summary.RunSummary) else None
 

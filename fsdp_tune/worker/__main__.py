@@ -7,6 +7,10 @@ import time
 
 STARTED = time.time()  # before torch is imported: time-to-first-step includes the imports
 
+from fsdp_tune.worker import signals  # noqa: E402
+
+signals.current()  # a stop request during start-up (imports, loading) is kept for the first step end
+
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 

@@ -7,6 +7,7 @@ completion marker, the summary), so `train` can be driven through its whole laun
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -81,7 +82,7 @@ class FakeRanks:
             write_checkpoint(out, step, rid)
         if launch.stop_at is not None:
             write_checkpoint(out, launch.stop_at, rid)
-            run_summary.write(out, run_summary.Interrupted(launch.stop_at, True))
+            run_summary.write(out, run_summary.Interrupted(launch.stop_at, True, signal.SIGTERM))
         elif launch.returncode == 0:
             steps = max(launch.checkpoints, default=1)
             run_summary.write(out, finished(steps, str(out)))
