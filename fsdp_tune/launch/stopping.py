@@ -26,9 +26,9 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 class StopRelay:
-    """The launcher's handler for STOP_SIGNALS while torchrun (process `pid`) runs."""
+    """The launcher's handler for STOP_SIGNALS while torchrun (process `pid`, once started) runs."""
 
-    def __init__(self, pid: int, stop_file: Path, clock=time.monotonic):
+    def __init__(self, stop_file: Path, clock=time.monotonic, pid: int | None = None):
         self.pid = pid
         self.stop_file = stop_file
         self.clock = clock
@@ -55,7 +55,7 @@ class StopRelay:
             )
             with contextlib.suppress(OSError):
                 self.stop_file.write_text(str(signum))
-        elif now - self.first_at >= SAME_REQUEST_S and not self.killed:
+        elif now - self.first_at >= SAME_REQUEST_S and not self.killed and self.pid is not None:
             self.killed = True
             _say(f"\nfsdp-tune: {signal.Signals(signum).name} again: stopping at once (no checkpoint)")
             kill_now(self.pid)

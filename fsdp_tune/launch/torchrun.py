@@ -135,23 +135,26 @@ def run(spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = (
             file=sys.stderr,
             flush=True,
         )
-    proc = subprocess.Popen(
-        command(spec),
-        env=env,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,
-        pass_fds=keep_fds,
-    )
+    relay = StopRelay(stop_file).install()  # before torchrun exists: a signal now is a stop request too
     tail = bytearray()
-    reader = threading.Thread(target=_pump, args=(proc, tail), daemon=True)
-    reader.start()
-    relay = StopRelay(proc.pid, stop_file).install()
+    reader = None
     try:
+        proc = subprocess.Popen(
+            command(spec),
+            env=env,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            pass_fds=keep_fds,
+        )
+        relay.pid = proc.pid
+        reader = threading.Thread(target=_pump, args=(proc, tail), daemon=True)
+        reader.start()
         code = proc.wait()
     finally:
         relay.restore()
-        reader.join(timeout=5)
+        if reader is not None:
+            reader.join(timeout=5)
         stop_file.unlink(missing_ok=True)
     return Outcome(code, relay.signal, tail.decode("utf-8", "replace"))
 

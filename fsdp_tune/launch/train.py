@@ -73,7 +73,8 @@ def _latest(output_dir: str, echo: Echo) -> str | None:
         else:
             echo(f"warning: skipping {c.path}: {c.problem} (left in place)")
     if best is None:
-        damaged = [c for c in skipped if c.complete and "belongs to run" not in (c.problem or "")]
+        ours = folder_run_id(output_dir)
+        damaged = [c for c in skipped if c.complete and not (ours and c.run_id and c.run_id != ours)]
         if damaged:
             hint = "--resume_from_checkpoint PATH of an older checkpoint, or --overwrite_output_dir to start over"
             raise PreflightError([_damaged(damaged[0].path, damaged[0].problem or "", hint)])

@@ -49,7 +49,7 @@ def test_the_launcher_writes_the_stop_file_once_and_ignores_the_same_delivery(tm
     from fsdp_tune.launch.stopping import StopRelay
 
     clock = Clock()
-    relay = StopRelay(os.getpid(), tmp_path / STOP_FILE, clock)
+    relay = StopRelay(tmp_path / STOP_FILE, clock, pid=os.getpid())
     relay.on_signal(signal.SIGUSR1)
     assert (tmp_path / STOP_FILE).read_text() == str(int(signal.SIGUSR1)) and relay.signal == signal.SIGUSR1
     clock.now += 0.5
