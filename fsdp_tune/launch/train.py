@@ -80,7 +80,13 @@ def _latest(output_dir: str, echo: Echo) -> str | None:
             raise PreflightError([_damaged(damaged[0].path, damaged[0].problem or "", hint)])
         echo(f"note: no complete checkpoint of this run in {output_dir}: starting from step 0")
         return None
-    whose = f"run {best.run_id}" if best.run_id else "written without a run id by an earlier fsdp-tune"
+    ours = folder_run_id(output_dir)
+    if not best.run_id:
+        whose = "written without a run id by an earlier fsdp-tune"
+    elif best.run_id == ours:
+        whose = f"run {best.run_id}, the run this folder holds"
+    else:
+        whose = f"run {best.run_id}: no manifest here names another run, so that run continues"
     echo(f"resuming from {best.path} (step {best.step}, {whose})")
     return str(best.path.resolve())
 
@@ -109,8 +115,14 @@ def plan_run(config: str | None, argv: list[str], echo: Echo, machine: Machine |
     findings = check_machine(cfg, spec, machine, resume_requested=resuming)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
-    run_id = (resuming and folder_run_id(spec.output_dir)) or ownership.new_run_id()
+    run_id = (resuming and (folder_run_id(spec.output_dir) or _run_of(resume))) or ownership.new_run_id()
     return Planned(checked, spec, findings, run_id)
+
+
+def _run_of(checkpoint: str | None) -> str | None:
+    """The run a checkpoint belongs to (its marker's run id): a folder without a manifest continues it."""
+    run_id = (read_marker(checkpoint) or {}).get("run_id") if checkpoint else None
+    return run_id if isinstance(run_id, str) else None
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:

@@ -134,6 +134,9 @@ def test_every_delivery_checkpoints_and_resumes(tmp_path, model_cache) -> None:
     last.proc.stdout.close()
     assert last.wait() == 0, last.stderr()
     err = last.stderr()
-    assert f"resuming from {out / f'checkpoint-{seen[-1]}'} (step {seen[-1]}, run {run_id})" in err
+    assert (
+        f"resuming from {out / f'checkpoint-{seen[-1]}'} (step {seen[-1]}, run {run_id}, the run this folder holds)"
+        in err
+    )
     assert json.loads((out / "fsdp_tune_summary.json").read_text())["steps"] == seen[-1] + 2
     assert (out / "adapter_model.safetensors").exists()

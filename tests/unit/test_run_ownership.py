@@ -56,7 +56,7 @@ def test_overwrite_moves_the_previous_run_aside_and_latest_resumes_only_this_run
     assert not (out / "checkpoint-4").exists()
 
     said, planned = plan(out, *SAVE, "--resume_from_checkpoint", "latest")
-    assert f"resuming from {out / 'checkpoint-2'} (step 2, run {second_id})" in said, said
+    assert f"resuming from {out / 'checkpoint-2'} (step 2, run {second_id}, the run this folder holds)" in said, said
     assert planned.run_id == second_id  # a resumed run continues its id
 
 
@@ -71,6 +71,17 @@ def test_latest_passes_over_a_checkpoint_of_another_run(tmp_path, fake_ranks) ->
     said, _ = plan(out, *SAVE, "--resume_from_checkpoint", "latest")
     assert "skipping" in said and "checkpoint-6: it belongs to run 20990101-000000-abcdef" in said, said
     assert f"resuming from {out / 'checkpoint-2'}" in said
+
+
+def test_checkpoints_copied_into_a_new_folder_continue_their_run(tmp_path) -> None:
+    """No manifest names the folder's run: the checkpoint's run continues (its later checkpoints match)."""
+    from tests.unit.fake_ranks import write_checkpoint
+
+    out = tmp_path / "copy"
+    write_checkpoint(out, 4, "20990101-000000-abcdef")
+    said, planned = plan(out, "--resume_from_checkpoint", "latest")
+    assert planned.run_id == "20990101-000000-abcdef", said
+    assert "(step 4, run 20990101-000000-abcdef: no manifest here names another run, so that run continues)" in said
 
 
 def test_a_second_run_into_a_live_output_dir_is_refused(tmp_path, fake_ranks) -> None:  # noqa: F811
