@@ -176,8 +176,8 @@ def _outcome(spec: RankSpec, outcome: Outcome, echo_err: Echo) -> run_summary.Ru
         result = run_summary.read(spec.output_dir)
     except (OSError, ValueError, TypeError):
         result = None
-    if isinstance(result, run_summary.RunSummary) and outcome.returncode == 0:
-        return result  # finished, even when a stop request came after the last step
+    if isinstance(result, run_summary.RunSummary) and (outcome.returncode == 0 or outcome.signal is not None):
+        return result  # finished before a stop request took effect (torchrun then ends on its SignalException)
     if isinstance(result, run_summary.Interrupted):
         saved = "checkpoint saved" if result.checkpoint_saved else "no checkpoint (checkpoints are off)"
         echo_err(

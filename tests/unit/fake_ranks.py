@@ -83,7 +83,7 @@ class FakeRanks:
         if launch.stop_at is not None:
             write_checkpoint(out, launch.stop_at, rid)
             run_summary.write(out, run_summary.Interrupted(launch.stop_at, True, signal.SIGTERM))
-        elif launch.returncode == 0:
+        elif launch.returncode == 0 or launch.signal_seen_by_launcher:
             steps = max(launch.checkpoints, default=1)
             run_summary.write(out, finished(steps, str(out)))
         return Outcome(launch.returncode, launch.signal_seen_by_launcher, "")

@@ -157,3 +157,11 @@ def test_a_rank_keeps_running_when_its_console_reader_leaves(tmp_path) -> None:
     assert proc.wait(timeout=30) == 0, proc.stderr.read()
     log = (tmp_path / "logs" / "rank-0.log").read_text()
     assert "line 2" in log and "survived" in log
+
+
+def test_a_run_that_finished_before_the_stop_took_effect_is_finished(tmp_path, fake_ranks) -> None:  # noqa: F811
+    """The last step was done when the signal came: torchrun ends on its SignalException (exit 1), the
+    summary says finished, and so does fsdp-tune (exit 0), as nothing is left to resume."""
+    fake_ranks.next(checkpoints=[6], returncode=1, signal_seen_by_launcher=signal.SIGTERM)
+    r = runner.invoke(app, ["train", "--config", str(FIXTURES / "tiny_lora.yaml"), "--output_dir", str(tmp_path / "o")])
+    assert r.exit_code == 0 and "done: 6 steps" in r.output, r.output
