@@ -22,6 +22,9 @@ LOSS_PLOT_NAME = "loss.png"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 LOG_DIR = "logs"  # logs/rank-K.log for every rank, logs/torchrun/ for torchrun's own files
+LOCK_NAME = "fsdp_tune.lock"  # held by the run that owns the folder (launch/ownership.py); empty when free
+RUN_ID_ENV = "FSDP_TUNE_RUN_ID"  # the ranks' environment: the run id they write into markers and metrics
+PREVIOUS_RUN_INFIX = ".previous-"  # --overwrite_output_dir moves a run to OUTPUT_DIR.previous-RUNID beside it
 
 
 def resolved_name(node_rank: int, nnodes: int) -> str:

@@ -6,11 +6,12 @@ The worker fills it in, the launcher prints it, `report` compares several. No to
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.runfiles import SUMMARY_NAME, write_atomic
+from fsdp_tune.runfiles import RUN_ID_ENV, SUMMARY_NAME, write_atomic
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,13 @@ class Interrupted:
 
     interrupted_at_step: int
     checkpoint_saved: bool
+    signal: int | None = None  # what asked (the ranks' or the launcher's signal); None: the stop file alone
 
     kind = "interrupted"
 
 
 def write(output_dir: str | Path, summary: RunSummary | Interrupted) -> Path:
-    data = {"kind": summary.kind, **asdict(summary)}
+    data = {"kind": summary.kind, "run_id": os.environ.get(RUN_ID_ENV), **asdict(summary)}
     return write_atomic(Path(output_dir) / SUMMARY_NAME, json.dumps(data, indent=2))
 
 

@@ -21,11 +21,24 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_o
 ConfigOpt = typer.Option(None, "--config", "-c", help="Accelerate YAML, Transformers fsdp_config JSON, or recipe.")
 DebugOpt = typer.Option(False, "--debug", help="Show Python tracebacks.")
 
-__all__ = ["PASSTHROUGH", "ConfigOpt", "DebugOpt", "Optional", "guard", "split_config", "style"]
+__all__ = ["PASSTHROUGH", "ConfigOpt", "DebugOpt", "Optional", "echo_out", "guard", "split_config", "style"]
 
 
 def style(text: str, **kw) -> str:
     return typer.style(text, **kw) if sys.stderr.isatty() else text
+
+
+def echo_out(text: str) -> None:
+    """A result on stdout. A reader that went away (`fsdp-tune train | head`) is no failure of the command:
+    stdout then points at /dev/null, so later writes and the flush at exit succeed too."""
+    import os
+
+    try:
+        typer.echo(text)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def split_config(config: Optional[str], args: list[str]) -> tuple[Optional[str], list[str]]:

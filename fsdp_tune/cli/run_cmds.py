@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, guard, split_config, style  # noqa: F401
+from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, echo_out, guard, split_config, style  # noqa: F401
 
 
 def train(
@@ -35,11 +35,13 @@ def train(
         if as_json and dry_run:
             data = {"spec": planned.spec.as_dict(), "torchrun": torchrun.command(planned.spec)}
             data["preflight"] = [f.as_dict() for f in planned.machine_findings]
+            data["run_id"] = planned.run_id
             typer.echo(json.dumps(data, indent=2))
             return
         if planned.checked.findings:
             typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
-        typer.echo(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+        echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+        echo_out(f"  run id: {planned.run_id}")
         if dry_run:
             _dry_run_memory(planned.config)
             if planned.machine_findings:
@@ -50,7 +52,7 @@ def train(
             return
         summary = execute(planned, lambda m: typer.echo(m, err=True))
         if summary:
-            typer.echo(format_summary(summary))
+            echo_out(format_summary(summary))
         if planned.spec.world.node_rank == 0:
             _plot(planned.spec.output_dir)
 
@@ -90,7 +92,7 @@ def _plot(output_dir: str) -> None:
     from fsdp_tune.tools.report import plot
 
     try:
-        typer.echo(f"  loss plot: {plot([output_dir], Path(output_dir) / LOSS_PLOT_NAME)}")
+        echo_out(f"  loss plot: {plot([output_dir], Path(output_dir) / LOSS_PLOT_NAME)}")
     except Exception as err:  # noqa: BLE001
         typer.echo(
             f"warning: loss.png not drawn ({type(err).__name__}: {err}); try `fsdp-tune report {output_dir}`", err=True

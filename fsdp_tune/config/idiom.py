@@ -48,7 +48,7 @@ def _fsdp_config(a: Assignment) -> tuple[list[Assignment], list[Finding]]:
     elif isinstance(value, str) and value.strip().startswith("{"):
         try:
             file = read_fsdp_mapping(json.loads(value), a.origin.key)
-        except (json.JSONDecodeError, AttributeError) as e:
+        except (json.JSONDecodeError, AttributeError, RecursionError) as e:
             return [], [_bad(a, f"not a JSON object: {e}", "pass a file, or a JSON object of FSDP keys")]
     elif isinstance(value, str) and Path(value).expanduser().is_file():
         file = read_file(str(Path(value).expanduser()))

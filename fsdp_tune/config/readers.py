@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from fsdp_tune.config import keys
+from fsdp_tune.config import keys, limits
 from fsdp_tune.config.names import flag_table, retired
 from fsdp_tune.config.schema import SECTIONS, Assignment, Origin, section_fields
 from fsdp_tune.config.suggest import did_you_mean
@@ -57,13 +57,18 @@ def _line_map(text: str) -> dict[tuple[str, ...], int]:
 def _parse(path: Path, text: str) -> Any:
     if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         try:
-            return json.loads(text)
+            return limits.check_depth(str(path), json.loads(text))
+        except RecursionError:
+            raise limits.too_deep(str(path), None) from None
         except json.JSONDecodeError as e:
             raise UsageError(
                 f"{path}:{e.lineno}: not valid JSON: {e.msg}", "fix the JSON syntax at that line"
             ) from None
+    limits.check_yaml(str(path), text)
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise limits.too_deep(str(path), None) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -91,6 +96,7 @@ def read_file(path_str: str) -> FileConfig:
             f"config file {path_str} does not exist" if not path.exists() else f"{path_str} is not a file",
             "pass an Accelerate YAML, a Transformers fsdp_config JSON or an fsdp-tune recipe",
         )
+    limits.check_size(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

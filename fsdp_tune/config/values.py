@@ -91,7 +91,7 @@ def to_dict(value: Any) -> dict:
     if isinstance(value, str):
         try:
             parsed = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             parsed = None
         if isinstance(parsed, dict):
             return parsed

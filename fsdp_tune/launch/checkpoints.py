@@ -1,14 +1,25 @@
-"""Find checkpoints in an output dir; `latest` means the newest complete one (launcher side, no torch)."""
+"""Checkpoints in an output dir: the completion marker, its verification, and what `latest` means.
+
+Rank 0 writes the marker into a checkpoint once every rank has finished writing it: the run id and every
+file with its size (and sha256, for files up to HASH_LIMIT). A checkpoint is complete when its marker is
+there, and resumable when every file it lists is still there, as long and (where hashed) the same: a
+deleted scheduler.pt or optimizer_0/ would otherwise restart the LR schedule or the optimizer without a
+word. `latest` means the newest resumable checkpoint of the run this folder holds. No torch: the launcher
+and the ranks (elastic restarts) share this module.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fsdp_tune.runfiles import COMPLETE_MARKER
+from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME, write_atomic
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+HASH_LIMIT = 64 * 2**20  # bigger files (model shards of a full fine-tune) are checked by size only
 
 
 @dataclass(frozen=True)
@@ -16,6 +27,8 @@ class Checkpoint:
     path: Path
     step: int
     complete: bool
+    run_id: str | None = None  # from the marker; None for an earlier fsdp-tune's marker or none
+    problem: str | None = None  # why it is not resumed (set by latest_complete and verify)
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
@@ -32,13 +45,96 @@ def list_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
             folders.append((int(m.group(1)), child))
     markers = any((f / COMPLETE_MARKER).exists() for _, f in folders)
     done = COMPLETE_MARKER if markers else "trainer_state.json"
-    return sorted((Checkpoint(f, step, (f / done).exists()) for step, f in folders), key=lambda c: c.step)
+    found = []
+    for step, folder in sorted(folders):
+        marker = read_marker(folder) or {}
+        found.append(Checkpoint(folder, step, (folder / done).exists(), marker.get("run_id")))
+    return found
+
+
+def write_marker(folder: str | Path, step: int, run_id: str | None) -> Path:
+    """Mark `folder` complete: call once every file of the checkpoint is written (by every rank)."""
+    folder = Path(folder)
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != COMPLETE_MARKER:
+            size = path.stat().st_size
+            files[path.relative_to(folder).as_posix()] = {
+                "size": size,
+                "sha256": _sha256(path) if size <= HASH_LIMIT else None,
+            }
+    marker = {"global_step": step, "run_id": run_id, "files": files}
+    return write_atomic(folder / COMPLETE_MARKER, json.dumps(marker, indent=1))
+
+
+def read_marker(folder: str | Path) -> dict | None:
+    try:
+        data = json.loads((Path(folder) / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def verify(folder: str | Path) -> str | None:
+    """Why the checkpoint in `folder` cannot be resumed as it was written, or None when it can.
+
+    A marker of an earlier fsdp-tune lists no files: nothing to check it against, so it is trusted."""
+    folder = Path(folder)
+    if not (folder / COMPLETE_MARKER).exists():
+        return f"it has no completion marker ({COMPLETE_MARKER}): it was never finished"
+    marker = read_marker(folder)
+    if marker is None:
+        return f"its completion marker {COMPLETE_MARKER} is unreadable"
+    for rel, record in (marker.get("files") or {}).items():
+        path = folder / rel
+        if not path.is_file():
+            top = rel.split("/")[0]
+            missing = f"{top}/" if "/" in rel and not (folder / top).exists() else rel
+            return f"{missing} is missing (listed in its completion marker)"
+        size = path.stat().st_size
+        if size != record.get("size"):
+            return f"{rel} is {size} bytes, {record.get('size')} when written (cut short or replaced)"
+        digest = record.get("sha256")
+        if digest and _sha256(path) != digest:
+            return f"{rel} changed since it was written (sha256 differs)"
+    return None
+
+
+def folder_run_id(output_dir: str | Path) -> str | None:
+    """The run this folder holds: the run id its manifest records (None for none, or an earlier fsdp-tune)."""
+    try:
+        data = json.loads((Path(output_dir) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    run_id = data.get("run_id") if isinstance(data, dict) else None
+    return run_id if isinstance(run_id, str) else None
 
 
 def latest_complete(output_dir: str | Path) -> tuple[Checkpoint | None, list[Checkpoint]]:
-    """(newest complete checkpoint, incomplete ones newer than it, which are skipped, never deleted)."""
-    found = list_checkpoints(output_dir)
-    complete = [c for c in found if c.complete]
-    best = complete[-1] if complete else None
-    skipped = [c for c in found if not c.complete and (best is None or c.step > best.step)]
-    return best, skipped
+    """(the newest checkpoint to resume, the newer ones passed over with the reason in `.problem`).
+
+    Passed over, never deleted: one without a marker (being written when the run stopped), one of another
+    run than the one this folder holds, one whose files are no longer as written."""
+    run_id = folder_run_id(output_dir)
+    skipped = []
+    for c in reversed(list_checkpoints(output_dir)):
+        if not c.complete:
+            skipped.append(replace(c, problem="no completion marker: it was being written when the run stopped"))
+            continue
+        if run_id and c.run_id and c.run_id != run_id:
+            skipped.append(replace(c, problem=f"it belongs to run {c.run_id}, not to this folder's run {run_id}"))
+            continue
+        problem = verify(c.path) if (c.path / COMPLETE_MARKER).exists() else None
+        if problem:
+            skipped.append(replace(c, problem=problem))
+            continue
+        return c, skipped
+    return None, skipped
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

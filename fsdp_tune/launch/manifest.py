@@ -52,12 +52,14 @@ def reproducible_config(cfg: RunConfig) -> dict:
     return data
 
 
-def write_start(cfg: RunConfig, spec: RankSpec) -> Path:
+def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> Path:
     """Written by node 0 before torchrun starts. `cfg` is the config as the user gave it (a builtin model is
-    recorded as builtin:NAME, not as this machine's cache folder), so the manifest reproduces the run anywhere."""
+    recorded as builtin:NAME, not as this machine's cache folder), so the manifest reproduces the run anywhere.
+    `run_id` names the run the folder holds (a resumed run keeps its id): `latest` resumes only its checkpoints."""
     path = Path(spec.output_dir) / MANIFEST_NAME
     data = {
         "fsdp_tune_manifest": 1,
+        "run_id": run_id,
         "command": sys.argv,
         "cwd": os.getcwd(),
         "git_commit": git_commit(),

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.checkpoints import list_checkpoints
+from fsdp_tune.launch import outdir, ownership
+from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
 from fsdp_tune.launch.spec import RankSpec
-from fsdp_tune.runfiles import RESOLVED_NAME, SUMMARY_NAME
 from fsdp_tune.sources import data as datasource
 from fsdp_tune.sources.model import hub_cache
 from fsdp_tune.sources.weights import check_weights
@@ -251,26 +251,16 @@ def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[
     unwritable = _unwritable(out)
     if unwritable:
         return [_err("PF032", "--output_dir", unwritable, "choose a folder you can write to")]
-    if not out.exists() or resume_requested or cfg.run.overwrite_output_dir or spec.world.node_rank > 0:
-        # machines other than 0 share the output dir that machine 0 has just checked
-        return []
+    if spec.world.node_rank > 0:
+        return []  # machines other than 0 share the output dir that machine 0 checks and owns
     if out.is_file():
         return [_err("PF030", "--output_dir", f"{out} is a file", "choose a folder")]
-    previous = [
-        p.name for p in (out / RESOLVED_NAME, out / SUMMARY_NAME, out / "adapter_model.safetensors") if p.exists()
-    ]
-    previous += [c.path.name for c in list_checkpoints(out)][:3]
-    if previous:
-        return [
-            _err(
-                "PF031",
-                "--output_dir",
-                f"{out} holds a previous run ({', '.join(previous)})",
-                "--resume_from_checkpoint latest to continue it, or --overwrite_output_dir to start over "
-                "(nothing is deleted), or another --output_dir",
-            )
-        ]
-    return []
+    holder = ownership.holder_of(out)
+    if holder:
+        return [ownership.in_use_finding(out, holder)]
+    folder = outdir.inspect(out)
+    found = outdir.findings(folder, resume=resume_requested, overwrite=bool(cfg.run.overwrite_output_dir))
+    return found + check_disk(cfg, spec)
 
 
 def _unwritable(out: Path) -> str | None:

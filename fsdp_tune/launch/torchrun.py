@@ -6,7 +6,6 @@ only builds its command line from the spec's World and watches it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -18,9 +17,11 @@ from pathlib import Path
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.failure import Outcome
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.launch.stopping import TORCHRUN_SIGNALS, StopRelay
 from fsdp_tune.runfiles import (
     METRICS_NAME,
     PREVIOUS_METRICS_NAME,
+    RUN_ID_ENV,
     STOP_FILE,
     SUMMARY_NAME,
     torchrun_log_dir,
@@ -37,6 +38,10 @@ def torchrun_args(spec: RankSpec) -> list[str]:
         f"--nproc_per_node={w.nproc_per_node}",
         f"--max_restarts={w.max_restarts}",
         f"--log_dir={torchrun_log_dir(spec.output_dir)}",
+        # forward SLURM's --signal USR1 too, and give the ranks time to finish the step and the checkpoint
+        # before torchrun kills them: their collectives give up after the same timeout
+        f"--signals_to_handle={TORCHRUN_SIGNALS}",
+        f"--shutdown_timeout={spec.timeout_s}",
     ]
     if w.standalone:
         args.append("--standalone")
@@ -81,7 +86,7 @@ def materialize_model(spec: RankSpec) -> RankSpec:
     return replace(spec, model=replace(spec.model, name_or_path=str(materialize(name.removeprefix("builtin:")))))
 
 
-def prepare(cfg: RunConfig, spec: RankSpec) -> RankSpec:
+def prepare(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> RankSpec:
     """Materialise builtin models and write the rank spec (with the config it came from, for people)."""
     spec = materialize_model(spec)
     out = Path(spec.output_dir)
@@ -92,7 +97,8 @@ def prepare(cfg: RunConfig, spec: RankSpec) -> RankSpec:
         (out / SUMMARY_NAME).unlink(missing_ok=True)
         if not spec.resume_from_checkpoint and (out / METRICS_NAME).exists():
             (out / METRICS_NAME).replace(out / PREVIOUS_METRICS_NAME)
-    write_atomic(spec.resolved_path, json.dumps({"spec": spec.as_dict(), "config": cfg.as_dict()}, indent=2))
+    resolved = {"run_id": run_id, "spec": spec.as_dict(), "config": cfg.as_dict()}
+    write_atomic(spec.resolved_path, json.dumps(resolved, indent=2))
     return spec
 
 
@@ -107,15 +113,17 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(spec: RankSpec) -> Outcome:
+def run(spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = ()) -> Outcome:
     """Start torchrun and wait.
 
-    torchrun runs in its own session so a terminal's Ctrl-C reaches only us. The first SIGINT/SIGTERM
-    writes the stop file: every rank finishes its step, saves a checkpoint and exits. A second one
-    terminates torchrun (and with it the ranks) at once. torchrun's stderr passes through to ours, and
-    its tail is kept for the failure report.
+    torchrun runs in its own session so a terminal's Ctrl-C reaches only us; a stop request (see
+    stopping.py) writes the stop file: every rank finishes its step, saves a checkpoint and exits.
+    `keep_fds` stay open in torchrun (the output folder's lock lives as long as the run). torchrun's stderr
+    passes through to ours, and its tail is kept for the failure report.
     """
     env = dict(os.environ, **spec.env)
+    if run_id:
+        env[RUN_ID_ENV] = run_id
     stop_file = Path(spec.output_dir, STOP_FILE)
     stop_file.unlink(missing_ok=True)
     w = spec.world
@@ -127,42 +135,41 @@ def run(spec: RankSpec) -> Outcome:
             file=sys.stderr,
             flush=True,
         )
-    proc = subprocess.Popen(
-        command(spec), env=env, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent
-    )
+    relay = StopRelay(stop_file).install()  # before torchrun exists: a signal now is a stop request too
     tail = bytearray()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        out = sys.stderr.buffer
-        while chunk := os.read(proc.stderr.fileno(), 65536):
-            out.write(chunk)
-            out.flush()
-            tail.extend(chunk)
-            del tail[:-65536]
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    received: list[int] = []
-
-    def on_signal(signum, _frame):
-        received.append(signum)
-        if len(received) == 1:
-            sys.stderr.write(
-                f"\nfsdp-tune: {signal.Signals(signum).name}: finishing the current step and saving a "
-                "checkpoint; signal again to stop at once\n"
-            )
-            stop_file.write_text(str(signum))
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    reader = None
     try:
+        proc = subprocess.Popen(
+            command(spec),
+            env=env,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            pass_fds=keep_fds,
+        )
+        relay.pid = proc.pid
+        reader = threading.Thread(target=_pump, args=(proc, tail), daemon=True)
+        reader.start()
         code = proc.wait()
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        reader.join(timeout=5)
+        relay.restore()
+        if reader is not None:
+            reader.join(timeout=5)
         stop_file.unlink(missing_ok=True)
-    return Outcome(code, received[0] if received else None, tail.decode("utf-8", "replace"))
+    return Outcome(code, relay.signal, tail.decode("utf-8", "replace"))
+
+
+def _pump(proc: subprocess.Popen, tail: bytearray) -> None:
+    """torchrun's stderr to ours, keeping the tail. When ours is gone (`2>&1 | head` exited), keep reading:
+    a full pipe would block torchrun and the ranks on their next write."""
+    assert proc.stderr is not None
+    out = sys.stderr.buffer
+    while chunk := os.read(proc.stderr.fileno(), 65536):
+        if out is not None:
+            try:
+                out.write(chunk)
+                out.flush()
+            except (OSError, ValueError):
+                out = None
+        tail.extend(chunk)
+        del tail[:-65536]

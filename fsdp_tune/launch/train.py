@@ -1,20 +1,23 @@
-"""`fsdp-tune train`: validate, resolve resume, decide the rank spec, pre-flight, launch, read the outcome."""
+"""`fsdp-tune train`: validate, resolve resume, decide the rank spec, pre-flight, own the output folder,
+launch, read the outcome."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.errors import Finding, PreflightError, Severity, UsageError
-from fsdp_tune.launch import manifest, torchrun
-from fsdp_tune.launch.checkpoints import latest_complete
+from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
+from fsdp_tune.launch import manifest, outdir, ownership, torchrun
+from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, read_marker, verify
 from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.failure import failure_report
+from fsdp_tune.launch.failure import Outcome, failure_report
 from fsdp_tune.launch.machine import Machine, probe
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
 from fsdp_tune.validate import Checked, load
 
 Echo = Callable[[str], None]
@@ -25,33 +28,78 @@ class Planned:
     checked: Checked
     spec: RankSpec
     machine_findings: list[Finding]  # pre-flight: what this machine and these files say about the launch
+    run_id: str = ""  # the run this launch is: the folder's run when it resumes it, a new one otherwise
 
     @property
     def config(self) -> RunConfig:
         return self.checked.config
 
+    @property
+    def resuming(self) -> bool:
+        return bool(self.config.training.get("resume_from_checkpoint"))
+
 
 def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
+    """The checkpoint to resume, verified against its completion marker (PF036 when it is not whole)."""
     wanted = cfg.training.get("resume_from_checkpoint")
     if not wanted:
         return None
     output_dir = cfg.training.get("output_dir") or ""
     if str(wanted).lower() == "latest":
-        best, skipped = latest_complete(output_dir)
-        for c in skipped:
-            echo(f"warning: skipping incomplete checkpoint {c.path} (no completion marker; left in place)")
-        if best is None:
-            echo(f"note: no complete checkpoint in {output_dir}: starting from step 0")
-            return None
-        echo(f"resuming from {best.path} (step {best.step})")
-        return str(best.path.resolve())
+        return _latest(output_dir, echo)
     path = Path(str(wanted)).expanduser()
     if not path.is_dir():
         raise UsageError(
             f"--resume_from_checkpoint {wanted}: no such checkpoint folder",
             "--resume_from_checkpoint latest picks the newest complete one in --output_dir",
         )
+    if not (path / COMPLETE_MARKER).exists():
+        echo(f"warning: {path} has no completion marker ({COMPLETE_MARKER}): it cannot be checked; loading it as is")
+    else:
+        problem = verify(path)
+        if problem:
+            raise PreflightError([_damaged(path, problem, "--resume_from_checkpoint latest, or another checkpoint")])
+        theirs, ours = (read_marker(path) or {}).get("run_id"), folder_run_id(output_dir)
+        if theirs and theirs != ours:
+            echo(f"note: continuing {path}, a checkpoint of run {theirs} (named by path)")
     return str(path.resolve())
+
+
+def _latest(output_dir: str, echo: Echo) -> str | None:
+    best, skipped = latest_complete(output_dir)
+    for c in skipped:
+        if not c.complete:
+            echo(f"warning: skipping incomplete checkpoint {c.path} (no completion marker; left in place)")
+        else:
+            echo(f"warning: skipping {c.path}: {c.problem} (left in place)")
+    if best is None:
+        ours = folder_run_id(output_dir)
+        damaged = [c for c in skipped if c.complete and not (ours and c.run_id and c.run_id != ours)]
+        if damaged:
+            hint = "--resume_from_checkpoint PATH of an older checkpoint, or --overwrite_output_dir to start over"
+            raise PreflightError([_damaged(damaged[0].path, damaged[0].problem or "", hint)])
+        echo(f"note: no complete checkpoint of this run in {output_dir}: starting from step 0")
+        return None
+    ours = folder_run_id(output_dir)
+    if not best.run_id:
+        whose = "written without a run id by an earlier fsdp-tune"
+    elif best.run_id == ours:
+        whose = f"run {best.run_id}, the run this folder holds"
+    else:
+        whose = f"run {best.run_id}: no manifest here names another run, so that run continues"
+    echo(f"resuming from {best.path} (step {best.step}, {whose})")
+    return str(best.path.resolve())
+
+
+def _damaged(path: Path, problem: str, hint: str) -> Finding:
+    return Finding(
+        "PF036",
+        Severity.ERROR,
+        "--resume_from_checkpoint",
+        "command line",
+        f"{path} cannot be resumed: {problem}; Trainer would restart what is missing without a word",
+        hint,
+    )
 
 
 def plan_run(config: str | None, argv: list[str], echo: Echo, machine: Machine | None = None) -> Planned:
@@ -63,8 +111,18 @@ def plan_run(config: str | None, argv: list[str], echo: Echo, machine: Machine |
     machine = machine or probe()
     resume = resolve_resume(cfg, echo)
     spec = decide(cfg, machine, resume)
-    findings = check_machine(cfg, spec, machine, resume_requested=bool(cfg.training.get("resume_from_checkpoint")))
-    return Planned(checked, spec, findings)
+    resuming = bool(cfg.training.get("resume_from_checkpoint"))
+    findings = check_machine(cfg, spec, machine, resume_requested=resuming)
+    if spec.world.node_rank == 0:
+        findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
+    run_id = (resuming and (folder_run_id(spec.output_dir) or _run_of(resume))) or ownership.new_run_id()
+    return Planned(checked, spec, findings, run_id)
+
+
+def _run_of(checkpoint: str | None) -> str | None:
+    """The run a checkpoint belongs to (its marker's run id): a folder without a manifest continues it."""
+    run_id = (read_marker(checkpoint) or {}).get("run_id") if checkpoint else None
+    return run_id if isinstance(run_id, str) else None
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:
@@ -73,24 +131,73 @@ def preflight_error(findings: list[Finding]) -> PreflightError | None:
 
 
 def execute(planned: Planned, echo_err: Echo) -> run_summary.RunSummary | None:
-    """Launch the planned run and wait; the summary of a finished run (None on machines other than 0 when
-    rank 0 runs elsewhere). Raises LaunchError for a failed or interrupted run."""
+    """Own the output folder, launch the planned run and wait; the summary of a finished run (None on
+    machines other than 0 when rank 0 runs elsewhere). Raises LaunchError for a failed or interrupted run."""
     error = preflight_error(planned.machine_findings)
     if error:
         raise error
-    spec = torchrun.prepare(planned.config, planned.spec)
+    if planned.spec.world.node_rank > 0:  # machine 0 owns the folder the machines share
+        return _launch(planned, echo_err, keep_fds=())
+    lock = ownership.acquire(planned.spec.output_dir, planned.run_id)
+    try:
+        if lock.note:
+            echo_err(lock.note)
+        if planned.config.run.overwrite_output_dir and not planned.resuming:
+            folder = outdir.inspect(planned.spec.output_dir)
+            if folder.kind in ("run", "foreign"):
+                moved = outdir.move_aside(folder)
+                echo_err(f"--overwrite_output_dir: moved what {folder.path} held to {moved} (nothing deleted)")
+        return _launch(planned, echo_err, keep_fds=(lock.fd,))
+    finally:
+        lock.release()
+
+
+def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_summary.RunSummary | None:
+    spec = torchrun.prepare(planned.config, planned.spec, planned.run_id)
     first_node = spec.world.node_rank == 0
     if first_node:  # one manifest per run, even when the nodes share the output folder
-        manifest.write_start(planned.config, spec)
-    outcome = torchrun.run(spec)
+        try:
+            manifest.write_start(planned.config, spec, planned.run_id)
+        except OSError as err:
+            raise PreflightError([_unwritable(spec, err)]) from None
+    outcome = torchrun.run(spec, planned.run_id, keep_fds)
     if first_node:
-        manifest.write_end(spec, outcome.returncode)
-    result = run_summary.read(spec.output_dir)
+        try:
+            manifest.write_end(spec, outcome.returncode)
+        except OSError as err:  # a full disk must not hide how the run ended
+            echo_err(f"warning: could not record the end of the run in {MANIFEST_NAME}: {err}")
+    return _outcome(spec, outcome, echo_err)
+
+
+def _outcome(spec: RankSpec, outcome: Outcome, echo_err: Echo) -> run_summary.RunSummary | None:
+    """A finished run's summary; an interrupted run (whoever received the signal: fsdp-tune, torchrun or
+    only the ranks) is exit 130/143 with the resume hint; anything else is the failure report."""
+    try:
+        result = run_summary.read(spec.output_dir)
+    except (OSError, ValueError, TypeError):
+        result = None
+    if isinstance(result, run_summary.RunSummary) and (outcome.returncode == 0 or outcome.signal is not None):
+        return result  # finished before a stop request took effect (torchrun then ends on its SignalException)
+    if isinstance(result, run_summary.Interrupted):
+        saved = "checkpoint saved" if result.checkpoint_saved else "no checkpoint (checkpoints are off)"
+        echo_err(
+            f"stopped at step {result.interrupted_at_step}: {saved}; continue with --resume_from_checkpoint latest"
+        )
+        signum = outcome.signal or result.signal or signal.SIGTERM
+        code = ExitCode.INTERRUPTED if signum == signal.SIGINT else ExitCode.TERMINATED
+        received = "" if outcome.signal else " (received by the ranks)"
+        raise LaunchError(f"stopped by {signal.Signals(signum).name}{received}", code)
     if outcome.returncode != 0 or outcome.signal is not None:
-        if isinstance(result, run_summary.Interrupted):
-            saved = "checkpoint saved" if result.checkpoint_saved else "no checkpoint (checkpoints are off)"
-            echo_err(
-                f"stopped at step {result.interrupted_at_step}: {saved}; continue with --resume_from_checkpoint latest"
-            )
         raise failure_report(spec.output_dir, outcome)
     return result if isinstance(result, run_summary.RunSummary) else None
+
+
+def _unwritable(spec: RankSpec, err: OSError) -> Finding:
+    return Finding(
+        "PF032",
+        Severity.ERROR,
+        "--output_dir",
+        "command line",
+        f"{Path(spec.output_dir) / MANIFEST_NAME} cannot be written ({err.strerror or err})",
+        "free some space or choose another --output_dir",
+    )

@@ -107,3 +107,24 @@ def flash_attention_dtype(cfg: RunConfig) -> Iterator[Finding]:
             "flash-attention then fails at the first forward ('FlashAttention only support fp16 and bf16')",
             "--bf16 True (or --dtype bfloat16), or drop --use_flash_attn (SDPA is used)",
         )
+
+
+@rule("FT083", "model", "trust_remote_code runs the model's own Python code on every rank")
+def remote_code(cfg: RunConfig) -> Iterator[Finding]:
+    if not cfg.model.trust_remote_code:
+        return
+    name = cfg.model.model_name_or_path or "the model"
+    files = model_source.code_files(name) if cfg.model.model_name_or_path else None
+    if files:
+        what = f"its code files {', '.join(files)}"
+    elif files is None:
+        what = "code downloaded from the hub with it at load time (not on this machine to name)"
+    else:
+        what = "no code file today (transformers knows the model), but any it gains later"
+    yield warning(
+        cfg,
+        "FT083",
+        "model.trust_remote_code",
+        f"every rank imports and runs Python that comes with {name}, with your permissions: {what}",
+        "read that code first, or drop trust_remote_code when transformers supports the model natively",
+    )

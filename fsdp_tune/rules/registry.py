@@ -29,6 +29,7 @@ READER_RULES = {
     "FT003": ("config", "a section that is not a mapping"),
     "FT004": ("config", "a parallelism_config key without its parallelism_config_ prefix"),
     "FT005": ("config", "a malformed command line (a flag without its value, a stray argument)"),
+    "FT006": ("config", "a config file too large, too deeply nested, or whose aliases expand too far"),
     "FT010": ("config", "a value of the wrong type or outside its allowed values"),
     "FT011": ("config", "an FSDP1 strategy name where FSDP2 needs reshard_after_forward true/false"),
     "FT012": ("config", "a TrainingArguments name transformers 5 retired (read under its new name, or ignored)"),

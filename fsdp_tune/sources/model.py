@@ -80,6 +80,31 @@ def model_config(name: str) -> dict | None:
     return None
 
 
+def code_files(name: str) -> list[str] | None:
+    """The Python files that come with a model (what trust_remote_code imports on every rank): *.py in its
+    local folder or newest cached snapshot, and the modules its config.json's auto_map names (`repo--module`
+    for code in another repository). None when the model is not on this machine."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        snapshots = hub_cache().expanduser() / f"models--{name.replace('/', '--')}" / "snapshots"
+        found = sorted(snapshots.glob("*"), key=lambda p: p.stat().st_mtime, reverse=True) if snapshots.is_dir() else []
+        if not found:
+            return None
+        folder = found[0]
+    files = sorted(p.name for p in folder.glob("*.py"))
+    try:
+        auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
+    except (OSError, ValueError, AttributeError):
+        auto_map = {}
+    for ref in auto_map.values():
+        for target in ref if isinstance(ref, list) else [ref]:
+            if isinstance(target, str) and "." in target:
+                module = target.rpartition(".")[0].replace("--", ": ") + ".py"
+                if module not in files:
+                    files.append(module)
+    return files
+
+
 def for_model(name: str | None) -> ModelSource | None:
     if not name:
         return None

@@ -7,14 +7,25 @@ import time
 
 STARTED = time.time()  # before torch is imported: time-to-first-step includes the imports
 
+from fsdp_tune.worker import signals  # noqa: E402
+
+signals.current()  # a stop request during start-up (imports, loading) is kept for the first step end
+
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
 
 @record
 def main() -> None:
+    from fsdp_tune.worker.errors import describe
     from fsdp_tune.worker.recipe import run
 
-    run(sys.argv[1], started=STARTED)
+    try:
+        run(sys.argv[1], started=STARTED)
+    except (Exception, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:  # noqa: BLE001 - torch.distributed.checkpoint's CheckpointException is one
+        # @record writes the error file (the failure report's root cause) for Exceptions only
+        raise RuntimeError(describe(err, sys.argv[1])) from err
 
 
 def _exit_without_native_teardown() -> None:

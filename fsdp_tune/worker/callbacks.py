@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
-import signal
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from fsdp_tune.runfiles import COMPLETE_MARKER, METRICS_NAME, STOP_FILE
+from fsdp_tune.launch.checkpoints import write_marker
+from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE
+from fsdp_tune.worker import signals
 
 
 def peak_rss_mib() -> float:
@@ -19,10 +21,11 @@ def peak_rss_mib() -> float:
 
 
 def mark_complete(output_dir: str, step: int) -> None:
-    """Called once Trainer has written every file of checkpoint-`step` (before it rotates old ones)."""
+    """Called on rank 0 once every rank has written every file of checkpoint-`step` (before old ones are
+    rotated): the marker lists them with sizes and hashes, and names the run (launch/checkpoints.py)."""
     folder = Path(output_dir) / f"checkpoint-{step}"
     if folder.is_dir():
-        (folder / COMPLETE_MARKER).write_text(json.dumps({"global_step": step}))
+        write_marker(folder, step, os.environ.get(RUN_ID_ENV))
 
 
 class MetricsCallback(TrainerCallback):
@@ -30,6 +33,7 @@ class MetricsCallback(TrainerCallback):
 
     def __init__(self, output_dir: str):
         self.path = Path(output_dir) / METRICS_NAME
+        self.run_id = os.environ.get(RUN_ID_ENV)
         self.first_step_at: float | None = None
         self.started_at = time.time()
 
@@ -45,6 +49,7 @@ class MetricsCallback(TrainerCallback):
             "epoch": state.epoch,
             "time": round(time.time() - self.started_at, 3),
             "peak_rss_mib": round(peak_rss_mib(), 1),
+            "run_id": self.run_id,
             **logs,
         }
         with open(self.path, "a") as f:
@@ -73,38 +78,45 @@ class StopOnSignalCallback(TrainerCallback):
     """Preemption and Ctrl-C: finish the current step, save a checkpoint, stop.
 
     The launcher asks by writing OUTPUT_DIR/STOP_FILE (torchrun runs in its own session, so a terminal's
-    Ctrl-C reaches only the launcher); a SIGTERM/SIGINT sent to a rank directly (a scheduler
-    preempting the job) asks the same. Ranks agree through an all-reduce at each step end, so all of
-    them stop at the same step and the checkpoint's collectives line up.
+    Ctrl-C reaches only the launcher); a signal to a rank directly (a scheduler preempting the job) asks the
+    same (worker/signals.py counts repeats as one). Ranks agree through an all-reduce at each step end, of the
+    signal number, so all of them stop at the same step, the checkpoint's collectives line up, and rank 0
+    knows what asked.
     """
 
     def __init__(self, output_dir: str, save: bool, device: str):
         self.stop_file = Path(output_dir) / STOP_FILE
         self.device = device
         self.save = save
-        self.requested = False
+        self.request = signals.current().install()  # again: a library loaded since may have replaced it
         self.stopped_at: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        self.signal: int | None = None
 
-    def _on_signal(self, signum, frame):
-        if self.requested:  # a second signal: stop at once
-            raise KeyboardInterrupt
-        self.requested = True
+    @property
+    def requested(self) -> bool:
+        return self.request.requested
 
     def on_step_end(self, args, state, control, **kwargs):
         import torch
         import torch.distributed as dist
 
-        local = self.requested or self.stop_file.exists()
+        local = self.request.signum or (self._stop_file_signal() if self.stop_file.exists() else 0)
         if dist.is_initialized():
-            flag = torch.tensor([1 if local else 0], device=self.device)
+            flag = torch.tensor([local], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            local = bool(flag.item())
+            local = int(flag.item())
         if local:
             self.stopped_at = state.global_step
+            self.signal = local
             control.should_training_stop = True
             control.should_save = self.save
+
+    def _stop_file_signal(self) -> int:
+        """The signal the launcher received (it writes the number), or SIGTERM's."""
+        try:
+            return int(self.stop_file.read_text().strip() or 15)
+        except (OSError, ValueError):
+            return 15
 
 
 class ShardingCheckCallback(TrainerCallback):

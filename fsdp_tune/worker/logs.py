@@ -15,14 +15,33 @@ class _Tee:
 
     def write(self, text: str) -> int:
         if self.stream is not None:
-            self.stream.write(text)
+            try:
+                self.stream.write(text)
+            except (BrokenPipeError, ValueError):
+                self._console_gone()
         self.log.write(text)
         return len(text)
 
     def flush(self) -> None:
         if self.stream is not None:
-            self.stream.flush()
+            try:
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):
+                self._console_gone()
         self.log.flush()
+
+    def _console_gone(self) -> None:
+        """The console's reader left (`fsdp-tune train | head`): the log keeps everything, the rank runs on.
+        Its descriptor now points at /dev/null, so nothing else writing there (or a flush at exit) fails."""
+        try:
+            fd = self.stream.fileno() if self.stream is not None else -1
+        except (OSError, ValueError):
+            fd = -1
+        self.stream = None
+        if fd >= 0:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
 
     def isatty(self) -> bool:
         return bool(self.stream is not None and self.stream.isatty())

@@ -197,7 +197,7 @@ def resume_point(spec: RankSpec) -> str | None:
 def finish_interrupted(trainer, spec: RankSpec, stopper) -> None:
     """Interrupted: the checkpoint (if any) is the deliverable; the final adapter is for finished runs."""
     if trainer.is_world_process_zero():
-        run_summary.write(spec.output_dir, run_summary.Interrupted(stopper.stopped_at, stopper.save))
+        run_summary.write(spec.output_dir, run_summary.Interrupted(stopper.stopped_at, stopper.save, stopper.signal))
     trainer.accelerator.wait_for_everyone()
 
 

@@ -70,6 +70,7 @@ def trainer_class():
                 super()._save_checkpoint(model, trial)
             finally:
                 self.args.save_total_limit = limit
+            self.accelerator.wait_for_everyone()  # every rank's files (shards, rng_state_K.pth) are written
             if self.args.should_save:
                 run_dir = self._get_output_dir(trial=trial)
                 mark_complete(run_dir, self.state.global_step)

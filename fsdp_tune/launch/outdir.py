@@ -1,0 +1,151 @@
+"""What the output folder holds before a run starts, and what the run may do with it.
+
+A folder is empty, a run's (fsdp-tune's files, or checkpoints and an adapter of another trainer), or
+someone's files that are not a run's (a README.md, a loss.png). A run starts in an empty folder; it
+continues a run's folder with --resume_from_checkpoint; --overwrite_output_dir moves whatever is there
+aside, to OUTPUT_DIR.previous-ID beside it (never deleted: a fresh folder the old checkpoints cannot leak
+from); anything else is refused before a process starts. A manifest replayed into the folder it came from
+would write over the run it records: refused too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.launch.checkpoints import folder_run_id, list_checkpoints
+from fsdp_tune.runfiles import (
+    ADAPTER_WEIGHTS,
+    LOCK_NAME,
+    LOG_DIR,
+    MANIFEST_NAME,
+    PREVIOUS_RUN_INFIX,
+    RESOLVED_NAME,
+    SUMMARY_NAME,
+)
+
+# left where they are: the lock (the new run holds it) and the rank specs other machines of a multi-node
+# run may already have written; logs alone make no run
+_TRANSIENT = re.compile(
+    rf"^(\.fsdp-tune-probe-.*|{re.escape(LOCK_NAME)}|node\d+-{re.escape(RESOLVED_NAME)}|{LOG_DIR})$"
+)
+_RUN_EVIDENCE = (MANIFEST_NAME, RESOLVED_NAME, SUMMARY_NAME, ADAPTER_WEIGHTS, "trainer_state.json")
+
+
+@dataclass(frozen=True)
+class Folder:
+    path: Path
+    kind: str  # "absent" | "empty" | "run" | "foreign"
+    run_id: str | None = None  # the run it holds, from its manifest
+    evidence: list[str] = field(default_factory=list)  # what makes it a run's, or the files that are not a run's
+
+    @property
+    def is_run(self) -> bool:
+        return self.kind == "run"
+
+
+def inspect(output_dir: str | Path) -> Folder:
+    out = Path(output_dir)
+    if not out.is_dir():
+        return Folder(out, "absent")
+    entries = sorted(p.name for p in out.iterdir() if not _TRANSIENT.match(p.name))
+    if not entries:
+        return Folder(out, "empty")
+    evidence = [n for n in _RUN_EVIDENCE if n in entries] + [c.path.name for c in list_checkpoints(out)]
+    if evidence:
+        return Folder(out, "run", folder_run_id(out), evidence)
+    return Folder(out, "foreign", None, entries)
+
+
+def aside_path(folder: Folder) -> Path:
+    """Where --overwrite_output_dir moves the folder's content: a new sibling, never an existing one."""
+    out = folder.path
+    stamp = folder.run_id or time.strftime("%Y%m%d-%H%M%S", time.localtime(out.stat().st_mtime))
+    target = out.with_name(f"{out.name}{PREVIOUS_RUN_INFIX}{stamp}")
+    n = 2
+    while target.exists():
+        target = out.with_name(f"{out.name}{PREVIOUS_RUN_INFIX}{stamp}-{n}")
+        n += 1
+    return target
+
+
+def move_aside(folder: Folder) -> Path:
+    """Move everything but the lock and other machines' rank specs to aside_path(); returns that folder."""
+    target = aside_path(folder)
+    target.mkdir()
+    for entry in sorted(folder.path.iterdir()):
+        if entry.name == LOCK_NAME or re.match(rf"^node[1-9]\d*-{re.escape(RESOLVED_NAME)}$", entry.name):
+            continue
+        os.rename(entry, target / entry.name)
+    return target
+
+
+def findings(folder: Folder, *, resume: bool, overwrite: bool) -> list[Finding]:
+    """PF031 a previous run, PF033 files that are not a run's, PF038 nowhere to move them aside."""
+    if folder.kind in ("absent", "empty"):
+        return []
+    shown = ", ".join(folder.evidence[:4]) + (", ..." if len(folder.evidence) > 4 else "")
+    if overwrite and not resume:
+        return _aside_findings(folder)
+    if folder.kind == "foreign":
+        return [
+            _err(
+                "PF033",
+                f"{folder.path} holds files that are not a run's ({shown}): a run would write over them",
+                "choose an empty or new --output_dir, or --overwrite_output_dir to move them aside to "
+                f"{folder.path.name}{PREVIOUS_RUN_INFIX}... first (nothing is deleted)",
+            )
+        ]
+    if resume:
+        return []
+    return [
+        _err(
+            "PF031",
+            f"{folder.path} holds a previous run ({shown})",
+            "--resume_from_checkpoint latest to continue it, or --overwrite_output_dir to start over (the "
+            f"previous run is moved aside to {folder.path.name}{PREVIOUS_RUN_INFIX}..., nothing is deleted), or "
+            "another --output_dir",
+        )
+    ]
+
+
+def _aside_findings(folder: Folder) -> list[Finding]:
+    parent = folder.path.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        problem = f"{parent} cannot be written"
+    elif os.stat(parent).st_dev != os.stat(folder.path).st_dev:
+        problem = f"{folder.path} is a mount point (its content cannot be moved beside it)"
+    else:
+        return []
+    return [
+        _err(
+            "PF038",
+            f"--overwrite_output_dir moves what {folder.path} holds aside, beside it, but {problem}",
+            "choose another --output_dir, or move the previous run away yourself",
+        )
+    ]
+
+
+def replay_findings(config_path: str | None, fmt: str | None, output_dir: str, resume: bool) -> list[Finding]:
+    """PF035: `train --config RUN/fsdp_tune_run.json` without a new --output_dir would write over RUN."""
+    if fmt != "manifest" or not config_path or resume:
+        return []
+    source = Path(config_path).resolve().parent
+    if source != Path(output_dir).resolve():
+        return []
+    return [
+        _err(
+            "PF035",
+            f"{config_path} is the manifest of the run in {source}: replaying it there would write over that run's "
+            "adapter, checkpoints and manifest",
+            f"--output_dir {source.name}-replay (a new folder), or --resume_from_checkpoint latest to continue it",
+        )
+    ]
+
+
+def _err(rule: str, message: str, hint: str) -> Finding:
+    return Finding(rule, Severity.ERROR, "--output_dir", "command line", message, hint)
