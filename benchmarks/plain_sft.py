@@ -41,12 +41,11 @@ def main() -> None:
     seq = int(os.environ.get("PLAIN_SEQ", "128"))
     if not ddp:
         os.environ["ACCELERATE_USE_FSDP"] = "true"
-    # What a careful user would have to write by hand: accelerate's FSDP path on CPU, and decoder-layer
-    # wrapping under FSDP2 (Trainer's PEFT policy would otherwise leave one unit for the whole model).
-    from fsdp_tune.worker import cpu_fsdp, fsdp_wrap
+    # What a careful user would have to write by hand: accelerate's FSDP path on CPU (with transformers 5.24
+    # the Trainer keeps the decoder-layer wrap policy under FSDP2; it swaps in PEFT's only on FSDP1).
+    from fsdp_tune.worker import cpu_fsdp
 
     cpu_fsdp.install()
-    fsdp_wrap.install()
     from datasets import load_dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback

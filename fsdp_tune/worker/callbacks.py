@@ -128,7 +128,7 @@ class ShardingCheckCallback(TrainerCallback):
         self.active = world_size > 1 and wrap_policy != "NO_WRAP"
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from fsdp_tune.worker.fsdp_wrap import describe_units
+        from fsdp_tune.worker.units import describe_units
 
         if not self.active or model is None:
             return

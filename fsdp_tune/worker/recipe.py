@@ -55,8 +55,8 @@ def read_spec(resolved_path: str) -> RankSpec:
 
 
 def setup(spec: RankSpec) -> int:
-    """Rank log, environment, accelerate/transformers patches, process group."""
-    from fsdp_tune.worker import faults, fsdp_wrap, hub
+    """Rank log, environment, the CPU shim (when the spec asks), test hooks, the Hub client, process group."""
+    from fsdp_tune.worker import faults, hub
     from fsdp_tune.worker.logs import setup_rank_log
 
     os.environ.update(spec.env)  # inherited from the launcher already; a spec run by hand gets it too
@@ -68,7 +68,6 @@ def setup(spec: RankSpec) -> int:
         from fsdp_tune.worker import cpu_fsdp
 
         cpu_fsdp.install()
-    fsdp_wrap.install()
     faults.install_fake_hub()  # test-only; nothing unless FSDP_TUNE_TEST_FAKE_HUB is set
     hub.exclude_bookkeeping()
     init_process_group(spec)

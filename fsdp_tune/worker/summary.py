@@ -15,7 +15,7 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
     import torch.distributed as dist
 
     from fsdp_tune.worker.callbacks import peak_rss_mib
-    from fsdp_tune.worker.fsdp_wrap import describe_units
+    from fsdp_tune.worker.units import describe_units
 
     mine = RankMemory(peak_rss_mib=round(peak_rss_mib(), 1))
     if torch.cuda.is_available():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,25 +14,23 @@ from tests.conftest import REPO
 
 
 def test_wheel_outside_the_checkout(tmp_path) -> None:
+    # built from a copy of the tracked files: setuptools' build/ folder in the checkout would keep modules
+    # that no longer exist (and a stale build/ must not make this pass)
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in tracked.split():
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    wheels = tmp_path / "wheels"
     build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(REPO),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert build.returncode == 0, build.stderr
-    [wheel] = tmp_path.glob("fsdp_tune-*.whl")
+    [wheel] = wheels.glob("fsdp_tune-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     elsewhere = tmp_path / "elsewhere"
