@@ -277,4 +277,12 @@ def _notes(cfg: RunConfig, on_cpu: bool) -> tuple[str, ...]:
         notes.append("cpu_offload has no effect on a CPU run: off")
     if cfg.fsdp.activation_checkpointing_offload and on_cpu:
         notes.append("activation_checkpointing_offload has no effect on a CPU run: off")
+    if cfg.fsdp.version == 1 and cfg.lora.use_peft_lora:
+        # by reading torch 2.13: FSDP1's flat parameters leave no way to gather the adapter alone that could be
+        # run here (FSDP1 does not run on CPU); get_model_state_dict's ignore_frozen_params drops keys only after
+        # the full gather
+        notes.append(
+            "FSDP1: the final save gathers the whole model into rank 0's host memory before keeping the adapter; "
+            "FSDP2 gathers the adapter alone (fsdp-tune convert --fsdp2)"
+        )
     return tuple(notes)
