@@ -272,3 +272,18 @@ def fsdp1_no_shard_orig_params(cfg: RunConfig) -> Iterator[Finding]:
             "state_dict'): it is turned off for this run",
             "drop fsdp_use_orig_params, or use FSDP2",
         )
+
+
+@rule("FT034", "fsdp", "SIZE_BASED_WRAP under FSDP2 wraps a container fully_shard refuses")
+def fsdp2_size_wrap(cfg: RunConfig) -> Iterator[Finding]:
+    f = cfg.fsdp
+    if f.version == 2 and f.auto_wrap_policy == "SIZE_BASED_WRAP" and f.min_num_params > 0:
+        yield error(
+            cfg,
+            "FT034",
+            "fsdp.auto_wrap_policy",
+            "accelerate's FSDP2 size policy picks every module above min_num_params, the decoder layers' ModuleList "
+            "among them, and fully_shard refuses it ('does not support containers that do not implement forward') "
+            "after the model is loaded (found by fsdp-tune's combination sweep, on CPU; by reading, the same on GPU)",
+            "use TRANSFORMER_BASED_WRAP (the model's decoder layers), or FSDP1's size policy (fsdp_version: 1)",
+        )
