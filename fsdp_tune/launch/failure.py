@@ -119,4 +119,17 @@ def _cause_from_error_file(path: str) -> str | None:
         return None
     message = data.get("message", {})
     text = message.get("message", "") if isinstance(message, dict) else str(message)
-    return text.strip().splitlines()[-1] if text.strip() else None
+    return _first_line(text)
+
+
+def _first_line(text: str, limit: int = 300) -> str | None:
+    """The exception's type and the start of its message (torchrun writes `Type: str(e)`). A message that runs on
+    over lines (a module's repr, a table) keeps its first line and a little of what follows, not its last line
+    (which can be a lone ')')."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    first = lines[0]
+    if len(lines) > 1:
+        first += " " + " ".join(lines[1:3]) + (" ..." if len(lines) > 3 else "")
+    return first if len(first) <= limit else first[: limit - 4] + " ..."

@@ -59,3 +59,14 @@ def test_a_real_exception_stays_the_root_cause(tmp_path) -> None:
     terminated = BLOCK.format(i=1, rank=1, code=-15, error_file="<N/A>", traceback="Signal 15 (SIGTERM) received")
     text = _report(tmp_path, _tail(root, [terminated]))
     assert "training failed on rank 0" in text and "root cause: ValueError: bad things" in text and "then:" not in text
+
+
+def test_a_message_over_several_lines_keeps_its_beginning(tmp_path) -> None:
+    """fully_shard's refusal ends with a module's repr: its last line is a lone ')'."""
+    err = tmp_path / "error.json"
+    message = "ValueError: fully_shard does not support containers that do not implement forward: ModuleList(\n"
+    message += "  (0-3): 4 x LlamaDecoderLayer(\n    (self_attn): ...\n  )\n)"
+    err.write_text(json.dumps({"message": {"message": message}}))
+    block = BLOCK.format(i=0, rank=0, code=1, error_file=err, traceback="<see error file>")
+    report = _report(tmp_path, _tail(block, []))
+    assert "root cause: ValueError: fully_shard does not support containers that do not implement forward" in report
