@@ -26,13 +26,17 @@ def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]], dict[str, int
     rank before the gather (FSDP2 DTensors report global shapes; PEFT sets num_experts before sharding)."""
     from peft.tuners.lora.layer import LoraLayer
 
-    from fsdp_tune.worker.save import canonical_name, peft_keys
+    from fsdp_tune.worker.save import canonical_name, peft_keys, resized_embedding_names, saved_name
 
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     adapter = peft_model.active_adapter
     keys = peft_keys(peft_model)
-    params = peft_model.named_parameters(remove_duplicate=False)
-    shapes = {keys[canonical_name(n)]: tuple(p.shape) for n, p in params if canonical_name(n) in keys}
+    embeddings = resized_embedding_names(peft_model)  # carried when the run grew the vocabulary
+    shapes = {}
+    for name, param in peft_model.named_parameters(remove_duplicate=False):
+        name = canonical_name(name)
+        if name in keys or name in embeddings:
+            shapes[keys.get(name) or saved_name(name, adapter)] = tuple(param.shape)
     ranks = {
         canonical_name(name): module.r[adapter] * getattr(module, "num_experts", 1)
         for name, module in peft_model.named_modules()
