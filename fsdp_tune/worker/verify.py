@@ -21,15 +21,25 @@ class AdapterIntegrityError(RuntimeError):
     pass
 
 
-def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]] | None, dict[str, int]]:
     """(saved key -> global shape, LoRA module prefix as saved -> rank dimension) from the live model, on every
-    rank before the gather (FSDP2 DTensors report global shapes; PEFT sets num_experts before sharding)."""
+    rank before the gather (FSDP2 DTensors report global shapes; PEFT sets num_experts before sharding). FSDP1
+    flattens the parameters (their shapes are the local flat shard's): ranks only."""
     from peft.tuners.lora.layer import LoraLayer
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 
     from fsdp_tune.worker.save import canonical_name, peft_keys, resized_embedding_names, saved_name
 
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     adapter = peft_model.active_adapter
+    ranks = {
+        canonical_name(name): module.r[adapter] * getattr(module, "num_experts", 1)
+        for name, module in peft_model.named_modules()
+        if isinstance(module, LoraLayer) and adapter in getattr(module, "r", {})
+    }
+    wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
+    if any(isinstance(m, FSDP1) for m in wrapped.modules()):
+        return None, ranks
     keys = peft_keys(peft_model)
     embeddings = resized_embedding_names(peft_model)  # carried when the run grew the vocabulary
     shapes = {}
@@ -37,11 +47,6 @@ def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]], dict[str, int
         name = canonical_name(name)
         if name in keys or name in embeddings:
             shapes[keys.get(name) or saved_name(name, adapter)] = tuple(param.shape)
-    ranks = {
-        canonical_name(name): module.r[adapter] * getattr(module, "num_experts", 1)
-        for name, module in peft_model.named_modules()
-        if isinstance(module, LoraLayer) and adapter in getattr(module, "r", {})
-    }
     return shapes, ranks
 
 
