@@ -61,7 +61,11 @@ ROWS = [
     ),
     Row("QLoRA uint8 storage", [*QLORA, "--bnb_4bit_quant_storage_dtype", "uint8"], expect_refused=("FT052",)),
     Row("DoRA", ["--use_dora", "True"]),
-    Row("QDoRA", [*QLORA, "--use_dora", "True", "--bnb_4bit_quant_storage_dtype", "float32"]),
+    Row(
+        "QDoRA (mixed adapter dtypes: refused)",
+        [*QLORA, "--use_dora", "True", "--bnb_4bit_quant_storage_dtype", "float32"],
+        expect_refused=("FT068",),
+    ),
     Row(
         "SIZE_BASED_WRAP under FSDP2",
         ["--fsdp_auto_wrap_policy", "SIZE_BASED_WRAP", "--fsdp_min_num_params", "20000"],

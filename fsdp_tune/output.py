@@ -244,7 +244,8 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     lines += [
         f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP",
         f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "
-        f"attention {spec.model.attn_implementation}; checkpointing: {_CHECKPOINTING[spec.checkpointing]}",
+        f"attention {spec.model.attn_implementation or 'as transformers picks (sdpa, else eager)'}; "
+        f"checkpointing: {_CHECKPOINTING[spec.checkpointing]}",
     ]
     if spec.lora:
         lo = spec.lora

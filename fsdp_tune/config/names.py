@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from fsdp_tune.config import keys
+from fsdp_tune.config.lora_fields import OWN, TRL_MODEL_CONFIG, lora_fields
 from fsdp_tune.config.schema import Assignment, Origin, section_fields, training_fields
 from fsdp_tune.config.values import BadValue, to_bool
 from fsdp_tune.errors import Finding, Severity
@@ -32,8 +33,26 @@ def flag_table() -> dict[str, str]:
             table[f"fsdp_{name}"] = path
     for name in keys.PARALLELISM_KEYS:
         table[f"{keys.PARALLELISM_PREFIX}{name}"] = f"parallelism.{name}"
+    table.update(peft_names())
+    table.update(TRL_MODEL_CONFIG)
     table.update(keys.FLAG_ALIASES)
     return table
+
+
+def peft_names() -> dict[str, str]:
+    """Every LoraConfig field by PEFT's name -> its setting (config/lora_fields.py)."""
+    return {name: OWN.get(name, f"peft.{name}") for name in lora_fields()}
+
+
+@cache
+def section_keys(section: str) -> dict[str, str]:
+    """Keys a recipe section takes -> canonical path: its fields; `lora:` also every LoraConfig field by PEFT's
+    name and TRL's ModelConfig LoRA names (`lora: {use_rslora: true, init_lora_weights: gaussian}`)."""
+    keys_ = {name: f"{section}.{name}" for name in section_fields(section)}
+    if section == "lora":
+        trl_lora = {k: v for k, v in TRL_MODEL_CONFIG.items() if v.startswith(("lora.", "peft."))}
+        keys_ = {**peft_names(), **trl_lora, **keys_}
+    return keys_
 
 
 def retired(name: str, value: object, origin: Origin) -> tuple[Assignment | None, Finding]:

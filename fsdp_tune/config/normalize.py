@@ -10,7 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.config import keys
-from fsdp_tune.config.schema import SECTIONS, Assignment, RunConfig, TrainingSettings
+from fsdp_tune.config.lora_fields import PeftSettings
+from fsdp_tune.config.schema import FLOAT_DTYPES, SECTIONS, Assignment, RunConfig, TrainingSettings
+from fsdp_tune.config.spellings import disagreements
 from fsdp_tune.config.values import BadValue, coerce, to_int, value_hint
 from fsdp_tune.errors import Finding, Severity
 
@@ -69,13 +71,20 @@ def build_config(assignments: list[Assignment], config_path: str | None = None) 
         kwargs = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith(name + ".") and v is not None}
         sections[name] = cls(**kwargs)
     training = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith("training.")}
-    cfg = RunConfig(**sections, training=TrainingSettings(training), origins=origins, config_path=config_path)
-    return _derive(cfg), findings
+    peft = PeftSettings({p.split(".", 1)[1]: v for p, v in values.items() if p.startswith("peft.") and v is not None})
+    cfg = RunConfig(
+        **sections, training=TrainingSettings(training), peft=peft, origins=origins, config_path=config_path
+    )
+    return _derive(cfg), findings + disagreements(assignments)
 
 
 def _derive(cfg: RunConfig) -> RunConfig:
-    """Settings implied by others: FSDP1's strategy decides resharding; QLoRA storage follows the dtype."""
+    """Settings implied by others: FSDP1's strategy decides resharding; a model dtype the user named is also the
+    4-bit compute dtype unless one is given (as TRL's get_quantization_config does for `--load_in_4bit --dtype`)."""
     fsdp = cfg.fsdp
     if fsdp.sharding_strategy and not cfg.is_set("fsdp.reshard_after_forward"):
         fsdp = replace(fsdp, reshard_after_forward=keys.STRATEGY_TO_RESHARD[fsdp.sharding_strategy])
-    return replace(cfg, fsdp=fsdp)
+    quant = cfg.quantization
+    if cfg.model.dtype in FLOAT_DTYPES and not cfg.is_set("quantization.bnb_4bit_compute_dtype"):
+        quant = replace(quant, bnb_4bit_compute_dtype=cfg.model.dtype)
+    return replace(cfg, fsdp=fsdp, quantization=quant)

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from fsdp_tune.config import keys, limits
-from fsdp_tune.config.names import flag_table, retired
-from fsdp_tune.config.schema import SECTIONS, Assignment, Origin, section_fields
+from fsdp_tune.config.names import flag_table, retired, section_keys
+from fsdp_tune.config.schema import SECTIONS, Assignment, Origin
 from fsdp_tune.config.suggest import did_you_mean
 from fsdp_tune.errors import Finding, Severity, UsageError
 
@@ -284,13 +284,13 @@ class _Reader:
                     else:
                         self.unknown((section, key), list(table), "`training`")
                 continue
-            known = list(section_fields(section))
+            known = section_keys(section)
             for key, value in body.items():
                 path = (section, key)
                 if key in known:
-                    self.set(f"{section}.{key}", value, path)
+                    self.set(known[key], value, path)
                 else:
-                    self.unknown(path, known, f"`{section}`")
+                    self.unknown(path, list(known), f"`{section}`")
 
 
 assert set(SECTIONS) | {"training"} == set(keys.RECIPE_SECTIONS)

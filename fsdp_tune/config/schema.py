@@ -13,6 +13,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from fsdp_tune.config.lora_fields import PeftSettings
+
 WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
@@ -104,6 +106,7 @@ class ParallelismSettings:
 @dataclass(frozen=True)
 class ModelSettings:
     model_name_or_path: str | None = _f(None, kind="str")
+    model_revision: str | None = _f(None, kind="str")  # a branch, tag or commit of the model (TRL's name)
     use_flash_attn: bool = _f(False)
     attn_implementation: str | None = _f(None, kind="str")
     dtype: str | None = _f(None, choices=("bfloat16", "float16", "float32", "auto"))
@@ -226,6 +229,7 @@ class RunConfig:
     quantization: QuantizationSettings = field(default_factory=QuantizationSettings)
     run: RunSettings = field(default_factory=RunSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
+    peft: PeftSettings = field(default_factory=PeftSettings)  # LoraConfig fields set by PEFT's names
     origins: dict[str, Origin] = field(default_factory=dict, compare=False)
     config_path: str | None = field(default=None, compare=False)
 
@@ -247,6 +251,7 @@ class RunConfig:
             section = getattr(self, name)
             out[name] = {f.name: _plain(getattr(section, f.name)) for f in fields(section)}
         out["training"] = {k: _plain(v) for k, v in self.training.args.items()}
+        out["peft"] = {k: _plain(v) for k, v in self.peft.args.items()}
         return out
 
 
@@ -275,4 +280,5 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
             for k, v in data.get("training", {}).items()
         }
     )
+    kwargs["peft"] = PeftSettings.from_plain(data.get("peft", {}))
     return RunConfig(**kwargs)

@@ -11,6 +11,7 @@ from dataclasses import MISSING
 from typing import Any
 
 from fsdp_tune.config import keys
+from fsdp_tune.config.lora_fields import lora_fields
 from fsdp_tune.config.schema import section_fields, training_fields
 
 TRUE = {"true", "t", "yes", "y", "on", "1"}
@@ -28,6 +29,8 @@ def kind_of(path: str) -> str:
     if section == "training":
         spec = training_fields().get(name)
         return spec["kind"] if spec else "any"
+    if section == "peft":
+        return lora_fields()[name]["kind"]
     f = section_fields(section)[name]
     if f.metadata.get("kind"):
         return f.metadata["kind"]
@@ -39,7 +42,7 @@ def kind_of(path: str) -> str:
 
 def choices_of(path: str) -> tuple[str, ...] | None:
     section, name = path.split(".", 1)
-    if section == "training":
+    if section in ("training", "peft"):
         return None
     return section_fields(section)[name].metadata.get("choices")
 
@@ -85,6 +88,35 @@ def to_list(value: Any) -> tuple[str, ...]:
     raise BadValue(f"must be a list or a comma-separated string, got {value!r}")
 
 
+def to_int_list(value: Any) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    return tuple(to_int(v) for v in to_list(value))
+
+
+def to_bool_or_str(value: Any) -> bool | str:
+    """init_lora_weights: true/false, or the name of an initialisation."""
+    try:
+        return to_bool(value)
+    except BadValue:
+        if isinstance(value, str) and value.strip():
+            return value.strip().lower()
+        raise BadValue(f"must be true, false or a name, got {value!r}") from None
+
+
+def to_json(value: Any) -> Any:
+    """A list or mapping as YAML gives it, or as a JSON string on the command line (a list of words stays a list)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            raise BadValue(f"must be JSON (a list or a mapping), got {value!r}") from None
+        return [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(value, (list, tuple)):
+        return [json.loads(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in value]
+    return value
+
+
 def to_dict(value: Any) -> dict:
     if isinstance(value, dict):
         return value
@@ -116,6 +148,12 @@ def coerce(path: str, value: Any) -> Any:
         return to_list(value)
     if kind == "dict":
         return to_dict(value)
+    if kind == "int_list":
+        return to_int_list(value)
+    if kind == "bool_or_str":
+        return to_bool_or_str(value)
+    if kind == "json":
+        return to_json(value)
     if kind == "str":
         if isinstance(value, (dict, list, bool)):
             raise BadValue(f"must be a string, got {value!r}")
@@ -140,5 +178,8 @@ def value_hint(path: str) -> str:
         "int": "use a whole number",
         "float": "use a number",
         "list": "use a list, or a comma-separated string",
+        "int_list": "use a list of whole numbers (or a comma-separated string of them)",
+        "bool_or_str": "use true, false or the name of an initialisation",
+        "json": "use a list or a mapping (JSON on the command line)",
         "dict": "use a mapping",
     }.get(kind, "")

@@ -91,6 +91,9 @@ def to_recipe(cfg: RunConfig) -> dict[str, Any]:
         changed = _changed(cfg, section)
         if changed:
             data[section] = changed
+    if cfg.peft.args:  # LoraConfig fields by PEFT's names live in the `lora:` section
+        peft = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.peft.args.items()}
+        data.setdefault("lora", {}).update(peft)
     if cfg.training.args:
         data["training"] = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.training.args.items()}
     return data

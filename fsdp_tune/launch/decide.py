@@ -20,8 +20,10 @@ from fsdp_tune.config.derived import (
     quant_storage,
 )
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch.lora import lora_kwargs
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
 from fsdp_tune.launch.spec import DataSpec, ModelSpec, RankSpec, World
+from fsdp_tune.sources.classes import chosen_attention
 
 DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
 DEFAULT_TIMEOUT_S = 1800  # TrainingArguments' ddp_timeout default
@@ -189,10 +191,11 @@ def trainer_args(cfg: RunConfig, on_cpu: bool, output_dir: str) -> dict[str, Any
     return args
 
 
-def attention(cfg: RunConfig) -> str:
-    if cfg.model.use_flash_attn:
-        return "flash_attention_2"
-    return cfg.model.attn_implementation or "sdpa"
+def attention(cfg: RunConfig) -> str | None:
+    """The user's, else the model class's default (sdpa, or eager where the class cannot take sdpa); None for a
+    model not on this machine: transformers then picks the same way when it loads it."""
+    m = cfg.model
+    return chosen_attention(m.model_name_or_path, m.attn_implementation, m.use_flash_attn)
 
 
 def model_spec(cfg: RunConfig) -> ModelSpec:
@@ -211,28 +214,13 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
     return ModelSpec(
         name_or_path=name,
         requested=name,
+        revision=cfg.model.model_revision,
         dtype=model_dtype(cfg),
         attn_implementation=attention(cfg),
         trust_remote_code=cfg.model.trust_remote_code,
         quantization=quantization,
         chat_template=None if template == "none" else template,
     )
-
-
-def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
-    lo = cfg.lora
-    if not lo.use_peft_lora:
-        return None
-    targets = lo.lora_target_modules
-    return {
-        "r": lo.lora_r,
-        "lora_alpha": lo.lora_alpha,
-        "lora_dropout": lo.lora_dropout,
-        "target_modules": "all-linear" if targets == ("all-linear",) else list(targets),
-        "use_dora": lo.use_dora,
-        "bias": "none",
-        "task_type": "CAUSAL_LM",
-    }
 
 
 def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:

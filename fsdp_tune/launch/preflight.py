@@ -137,24 +137,25 @@ def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding
 
 
 def _attention(cfg: RunConfig, spec: RankSpec) -> list[Finding]:
-    if not cfg.model.use_flash_attn:
+    if not str(spec.model.attn_implementation or "").startswith("flash_attention"):
         return []
+    key = "--use_flash_attn" if cfg.model.use_flash_attn else "--attn_implementation"
     if spec.device == "cpu":
         return [
             _err(
                 "PF020",
-                "--use_flash_attn",
+                key,
                 "flash-attention needs CUDA GPUs; this run is on CPU",
-                "drop --use_flash_attn (SDPA is used)",
+                f"drop {key} (SDPA is used)",
             )
         ]
     if importlib.util.find_spec("flash_attn") is None:
         return [
             _err(
                 "PF020",
-                "--use_flash_attn",
+                key,
                 "flash-attn is not installed",
-                "pip install flash-attn --no-build-isolation, or drop --use_flash_attn",
+                f"pip install flash-attn --no-build-isolation, or drop {key}",
             )
         ]
     return []

@@ -38,10 +38,11 @@ class ModelSpec:
     name_or_path: str  # what from_pretrained reads (a builtin model's folder once materialised)
     requested: str  # as the user named it (builtin:tiny-llama, a hub id, a folder)
     dtype: str  # the dtype the base model is loaded in
-    attn_implementation: str
+    attn_implementation: str | None  # None: transformers picks (sdpa if the class supports it, else eager)
     trust_remote_code: bool
     quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
     chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
+    revision: str | None = None  # the model's branch, tag or commit (--model_revision)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fsdp_tune.config.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.planner import host
+from fsdp_tune.planner.adapters import expert_copy_bytes
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack, stack_of
 from fsdp_tune.planner.terms import (
@@ -139,6 +140,11 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
         },
         PHASES[3]: {},
     }
+    copies = expert_copy_bytes(cfg, shape, st)
+    if copies:  # LoRA on fused experts: W + BA per MoE layer, saved for backward (planner/adapters.py)
+        held = 0.0 if st.checkpointing != "none" else shape.n_layers * copies
+        for phase in PHASES[:3]:
+            phases[phase]["experts rebuilt with their LoRA"] = copies if phase == PHASES[2] and not held else held
     if quantized:
         phases[PHASES[2]]["4-bit dequantized weight"] = dequant_bytes(shape, st, tokens)
     if ad.full and world > 1:  # unsharded grads of a unit and the retained reduce-scatter input

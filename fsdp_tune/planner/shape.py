@@ -42,6 +42,7 @@ class ModelShape:
     head_dim: int = 0  # 0: hidden_size // n_heads
     n_norms: int = 2  # normalisation modules per decoder layer (Gemma-2 has four)
     expert_params: int = 0  # fused (3-D) expert parameters of one layer
+    expert_tensors: tuple[tuple[str, int], ...] = ()  # (leaf name, values) of each: gate_up_proj, down_proj
     n_experts: int = 0
     top_k: int = 0  # experts a token runs through
     tied_head: bool = False
@@ -121,6 +122,9 @@ def measure(name: str) -> ModelShape:
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
         n_norms=sum(1 for m in layer.modules() if "norm" in type(m).__name__.lower()),
         expert_params=experts,
+        expert_tensors=tuple((n.rsplit(".", 1)[-1], p.numel()) for n, p in layer.named_parameters() if p.dim() == 3)
+        if n_experts
+        else (),
         n_experts=n_experts if experts else 0,
         top_k=(getattr(text, "num_experts_per_tok", None) or 0) if experts else 0,
         tied_head=tied,

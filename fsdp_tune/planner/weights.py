@@ -7,6 +7,7 @@ from __future__ import annotations
 from fsdp_tune.config.derived import model_dtype, quant_storage
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.planner import host
+from fsdp_tune.planner.adapters import counted_by_peft, peft_trainable
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 from fsdp_tune.planner.terms import Adapters
@@ -25,8 +26,12 @@ def adapters_of(cfg: RunConfig) -> Adapters:
 
 
 def lora_params(cfg: RunConfig, shape: ModelShape) -> int:
+    """LoRA (and DoRA) values: per nn.Linear of a layer; PEFT's own count where targets reach parameters (MoE
+    experts and routers, planner/adapters.py)."""
     if not cfg.lora.use_peft_lora:
         return 0
+    if counted_by_peft(cfg):
+        return peft_trainable(cfg)
     ad = adapters_of(cfg)
     per_layer = 0
     for lin in shape.layer_linears:

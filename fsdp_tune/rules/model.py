@@ -64,7 +64,11 @@ def lora_targets(cfg: RunConfig) -> Iterator[Finding]:
     src = model_source.for_model(cfg.model.model_name_or_path)
     if src is None:
         return
-    missing = [t for t in targets if t.split(".")[-1] not in src.submodules]
+    from fsdp_tune.config.lora_fields import moe_tables
+
+    family = moe_tables()["model_types"].get(src.model_type)  # PEFT maps these names onto fused experts
+    known = src.submodules | set(moe_tables()["targets"].get(family, {}))
+    missing = [t for t in targets if t.split(".")[-1] not in known]
     if not missing:
         return
     guesses = sorted({g for t in missing for g in difflib.get_close_matches(t.split(".")[-1], src.linears, n=2)})
@@ -127,4 +131,25 @@ def remote_code(cfg: RunConfig) -> Iterator[Finding]:
         "model.trust_remote_code",
         f"every rank imports and runs Python that comes with {name}, with your permissions: {what}",
         "read that code first, or drop trust_remote_code when transformers supports the model natively",
+    )
+
+
+@rule("FT084", "model", "the attention implementation must be one the model's class supports")
+def attention_support(cfg: RunConfig) -> Iterator[Finding]:
+    from fsdp_tune.sources.classes import FLAGS, attention_support
+
+    m = cfg.model
+    requested = "flash_attention_2" if m.use_flash_attn else m.attn_implementation
+    flag = FLAGS.get(requested or "")
+    support = attention_support(m.model_name_or_path) if flag else None
+    if support is None or support.supports[flag]:
+        return
+    why = support.why_not.get(flag)
+    yield error(
+        cfg,
+        "FT084",
+        "model.use_flash_attn" if m.use_flash_attn else "model.attn_implementation",
+        f"{support.model_class} does not support {requested}{f' ({why})' if why else ''}: transformers refuses to "
+        "load it so, on every rank",
+        f"drop it: fsdp-tune then uses {support.default}, what {support.model_class} supports",
     )

@@ -34,6 +34,7 @@ READER_RULES = {
     "FT011": ("config", "an FSDP1 strategy name where FSDP2 needs reshard_after_forward true/false"),
     "FT012": ("config", "a TrainingArguments name transformers 5 retired (read under its new name, or ignored)"),
     "FT013": ("config", "--fsdp option strings and --fsdp_config files (the Transformers idiom), read as settings"),
+    "FT014": ("config", "two spellings of one setting (--use_peft, --use_peft_lora) given different values"),
 }
 
 

@@ -134,7 +134,7 @@ def _read(model_type: str) -> ModelSource | None:
         model_type=model_type,
         modeling_file=str(path),
         classes=frozenset(_CLASS.findall(text)),
-        submodules=frozenset(name for name, _ in assignments),
+        submodules=frozenset(name for name, call in assignments if call != "Parameter"),  # modules, not tensors
         linears=frozenset(name for name, call in assignments if "Linear" in call or call == "Conv1D"),
         no_split_modules=no_split,
     )

@@ -10,7 +10,8 @@ def load_tokenizer(spec: RankSpec):
     from transformers import AutoTokenizer
 
     m = spec.model
-    tok = AutoTokenizer.from_pretrained(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    revision = {"revision": m.revision} if m.revision else {}
+    tok = AutoTokenizer.from_pretrained(m.name_or_path, trust_remote_code=m.trust_remote_code, **revision)
     template = TEMPLATES.get(m.chat_template or "")
     if template is not None:
         # PEFT's examples add the template's special tokens; only the missing ones, so a model that
@@ -47,9 +48,11 @@ def load_model(spec: RankSpec, tokenizer):
     m = spec.model
     kwargs = {
         "dtype": getattr(torch, m.dtype),
-        "attn_implementation": m.attn_implementation,
+        "attn_implementation": m.attn_implementation,  # None: transformers' own choice (sdpa, else eager)
         "trust_remote_code": m.trust_remote_code,
     }
+    if m.revision:
+        kwargs["revision"] = m.revision
     if m.quantization:
         kwargs["quantization_config"] = quantization_config(spec)
     model = AutoModelForCausalLM.from_pretrained(m.name_or_path, **kwargs)

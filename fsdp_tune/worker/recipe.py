@@ -212,17 +212,17 @@ def save_and_verify(trainer, spec: RankSpec, tokenizer) -> dict:
     """The final adapter (all ranks gather, rank 0 writes), the tokenizer and trainer state; rank 0 re-opens
     the adapter and proves it whole and trained. Returns what the summary records about it."""
     from fsdp_tune.worker.save import save_adapter
-    from fsdp_tune.worker.summary import adapter_shapes, vocab_growth
-    from fsdp_tune.worker.verify import verify_adapter
+    from fsdp_tune.worker.summary import vocab_growth
+    from fsdp_tune.worker.verify import expected_adapter, verify_adapter
 
-    expected = adapter_shapes(trainer) if spec.lora is not None else None
+    expected = expected_adapter(trainer) if spec.lora is not None else (None, None)
     save_adapter(trainer, spec.output_dir)
     out = {"vocab_grew": vocab_growth(trainer, tokenizer), "adapter_check": None}
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(spec.output_dir)
         trainer.state.save_to_json(str(Path(spec.output_dir) / "trainer_state.json"))
         if spec.lora is not None:
-            out["adapter_check"] = verify_adapter(spec.output_dir, expected)
+            out["adapter_check"] = verify_adapter(spec.output_dir, *expected)
     return out
 
 

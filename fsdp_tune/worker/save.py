@@ -17,9 +17,13 @@ def gather_trainable(model, also: frozenset[str] = frozenset()) -> dict:
     FSDP2 DTensors all-gathered; a collective on all ranks."""
     from torch.distributed.tensor import DTensor
 
-    out = {}
-    for name, param in model.named_parameters():
+    out: dict = {}
+    done: dict[int, object] = {}  # a tied parameter is gathered once and saved under each of its names
+    for name, param in model.named_parameters(remove_duplicate=False):
         if not param.requires_grad and canonical_name(name) not in also:
+            continue
+        if id(param) in done:
+            out[canonical_name(name)] = done[id(param)].clone()  # safetensors stores no aliases
             continue
         tensor = param.detach()
         if isinstance(tensor, DTensor):
@@ -36,7 +40,7 @@ def gather_trainable(model, also: frozenset[str] = frozenset()) -> dict:
                     stride=tensor.stride(),
                 )
             tensor = tensor.full_tensor()
-        out[canonical_name(name)] = tensor.to("cpu", copy=True).contiguous()
+        out[canonical_name(name)] = done[id(param)] = tensor.to("cpu", copy=True).contiguous()
     return out
 
 
@@ -55,6 +59,21 @@ def saved_name(name: str, adapter: str) -> str:
     return canonical_name(name).replace(f".{adapter}.", ".")
 
 
+def peft_keys(peft_model) -> dict[str, str]:
+    """Canonical parameter name -> its key in adapter_model.safetensors, for every parameter PEFT's own save
+    writes, trainable or not (LoRA and DoRA weights, expert LoRA, a modules_to_save copy, trainable tokens,
+    trained biases), as PEFT's get_peft_model_state_dict names and selects them: the file then loads with
+    PeftModel.from_pretrained whatever the options. PEFT selects and renames entries without reading them, so it
+    is given each live parameter name (activation-checkpoint wrappers included, so its walk of the modules
+    matches; tied ones under every name) as the entry itself."""
+    from peft.utils import get_peft_model_state_dict
+
+    names = {n: n for n, _ in peft_model.named_parameters(remove_duplicate=False)}
+    adapter = peft_model.active_adapter
+    chosen = get_peft_model_state_dict(peft_model, state_dict=names, adapter_name=adapter, save_embedding_layers=False)
+    return {canonical_name(name): canonical_name(key) for key, name in chosen.items() if isinstance(name, str)}
+
+
 def full_state_dict_fsdp1(model) -> dict:
     """FSDP1 flattens parameters: gather through torch's distributed state-dict API (all ranks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -71,16 +90,17 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     is_peft = hasattr(peft_model, "peft_config")
-    embeddings = resized_embedding_names(peft_model) if is_peft else frozenset()
+    keys = peft_keys(peft_model) if is_peft else {}
+    keep = (resized_embedding_names(peft_model) if is_peft else frozenset()) | frozenset(keys)
     is_fsdp1 = isinstance(wrapped, FSDP1) or any(isinstance(m, FSDP1) for m in wrapped.modules())
-    state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped, also=embeddings)
+    state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped, also=keep)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     path = Path(output_dir)
     if rank0:
         if is_peft:
             if is_fsdp1:
-                state = adapter_subset(peft_model, state, embeddings)
-            write_peft_adapter(peft_model, state, path)
+                state = adapter_subset(peft_model, state, keep)
+            write_peft_adapter(peft_model, state, path, keys)
         else:  # full fine-tuning: the model's own format
             peft_model.save_pretrained(output_dir, state_dict=state, is_main_process=True)
     if dist.is_initialized():
@@ -88,14 +108,12 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     return path if rank0 else None
 
 
-def adapter_subset(peft_model, state: dict, embeddings: frozenset[str]) -> dict:
-    """From a whole model's state dict (FSDP1 gathers everything), the adapter's tensors and the resized
-    embedding layers: the base weights must not end up in adapter_model.safetensors."""
+def adapter_subset(peft_model, state: dict, keep: frozenset[str]) -> dict:
+    """From a whole model's state dict (FSDP1 gathers everything), the adapter's tensors and those in `keep`
+    (what PEFT saves, the resized embedding layers): the base weights must not end up in the adapter file."""
     trainable = {canonical_name(n) for n, p in peft_model.named_parameters() if p.requires_grad}
     adapter = peft_model.active_adapter
-    return {
-        k: v for k, v in state.items() if k in trainable or k in embeddings or f".{adapter}." in k and ".lora_" in k
-    }
+    return {k: v for k, v in state.items() if k in trainable or k in keep or f".{adapter}." in k and ".lora_" in k}
 
 
 def resized_embedding_names(peft_model) -> frozenset[str]:
@@ -115,8 +133,9 @@ def resized_embedding_names(peft_model) -> frozenset[str]:
     return frozenset(names)
 
 
-def write_peft_adapter(peft_model, state: dict, output_dir: Path) -> None:
-    """adapter_model.safetensors + adapter_config.json in PEFT's layout (adapter name dropped from keys).
+def write_peft_adapter(peft_model, state: dict, output_dir: Path, keys: dict[str, str] | None = None) -> None:
+    """adapter_model.safetensors + adapter_config.json in PEFT's layout: keys as peft_keys names them (others,
+    the resized embeddings, with the adapter name dropped).
 
     Written directly rather than through PeftModel.save_pretrained(state_dict=...), which with FSDP's
     activation-checkpoint wrappers in the model filters every LoRA tensor out and writes an empty file.
@@ -126,7 +145,8 @@ def write_peft_adapter(peft_model, state: dict, output_dir: Path) -> None:
     from safetensors.torch import save_file
 
     adapter = peft_model.active_adapter
-    tensors = {saved_name(k, adapter): v for k, v in state.items()}
+    keys = keys or {}
+    tensors = {keys.get(k) or saved_name(k, adapter): v for k, v in state.items()}
     config = copy.deepcopy(peft_model.peft_config[adapter])
     config.inference_mode = True
     if config.base_model_name_or_path is None:
@@ -146,14 +166,17 @@ def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:
         return False
     saved = load_file(str(path), device="cpu")
     wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
-    adapter = trainer.accelerator.unwrap_model(trainer.model).active_adapter
+    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    adapter = peft_model.active_adapter
+    keys = peft_keys(peft_model)
     state = {}
     for name, param in wrapped.named_parameters():
-        if not param.requires_grad:
+        if not param.requires_grad and canonical_name(name) not in keys:
             continue
-        key = saved_name(name, adapter)
+        key = keys.get(canonical_name(name)) or saved_name(name, adapter)
         if key not in saved:
             raise RuntimeError(f"{path} has no tensor {key}: it was written for another model or adapter")
         state[name] = saved[key]
+
     set_model_state_dict(wrapped, state, options=StateDictOptions(full_state_dict=True, strict=False))
     return True

@@ -63,15 +63,6 @@ def vocab_growth(trainer, tokenizer) -> dict | None:
     return {"from": grew_from, "tokenizer": len(tokenizer), "rows": base.get_input_embeddings().weight.shape[0]}
 
 
-def adapter_shapes(trainer) -> dict[str, tuple[int, ...]]:
-    """Global shapes of the trainable tensors under their saved names (FSDP2 DTensors report global shapes)."""
-    from fsdp_tune.worker.save import saved_name
-
-    model = trainer.model_wrapped or trainer.model
-    adapter = trainer.accelerator.unwrap_model(trainer.model).active_adapter
-    return {saved_name(n, adapter): tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
-
-
 def mesh_of(model) -> dict[str, int] | None:
     """The device mesh the trained parameters live on, read off the model itself (dim name -> size), so a
     mesh setting that was dropped on the way cannot hide: None when no parameter is a DTensor (FSDP1)."""

@@ -135,7 +135,7 @@ def test_saves_with_fsdp_activation_checkpointing(train, extra) -> None:
         *extra,
     )
     assert run.summary["adapter_check"]["lora_tensors"] == 56
-    assert "activation checkpointing: FSDP" in run.proc.stdout
+    assert "checkpointing: FSDP activation checkpointing" in run.proc.stdout
     checkpoint = run.output_dir / "checkpoint-2"
     assert (checkpoint / "fsdp_tune_complete").exists()
     if "FULL_STATE_DICT" in extra:

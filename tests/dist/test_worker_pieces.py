@@ -9,14 +9,25 @@ import pytest
 from fsdp_tune.worker import cpu_fsdp
 
 
-def test_training_fields_table_matches_installed_trl() -> None:
-    import subprocess
-    import sys
+def _script(name: str):
+    import importlib.util
 
     from tests.conftest import REPO
 
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_training_fields.py"), "--check"], timeout=120)
-    assert out.returncode == 0, "training_fields.json is stale: run scripts/gen_training_fields.py"
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_tables_match_installed_trl_and_peft() -> None:
+    """The field tables the launcher reads without importing TRL/PEFT (built in this process: one import of each)."""
+    training = _script("gen_training_fields")
+    assert json.loads(training.OUT.read_text()) == training.build(), "stale: run scripts/gen_training_fields.py"
+    lora = _script("gen_lora_fields")
+    fields, model = lora.build()
+    assert json.loads(lora.LORA_OUT.read_text()) == fields, "stale: run scripts/gen_lora_fields.py"
+    assert json.loads(lora.MODEL_OUT.read_text()) == model, "stale: run scripts/gen_lora_fields.py"
 
 
 @pytest.mark.parametrize("version,ok", [("1.12.0", True), ("1.15.0.dev0", True), ("1.11.2", False), ("2.0.0", False)])
@@ -105,6 +116,38 @@ def test_verify_rejects_a_shard_and_an_untrained_adapter(tmp_path) -> None:
         tmp_path / "adapter_model.safetensors",
     )
     with pytest.raises(AdapterIntegrityError, match="all zeros"):
+        verify_adapter(str(tmp_path))
+
+
+def test_verify_knows_expert_ranks_rank_patterns_and_lora_bias(tmp_path) -> None:
+    """PEFT's ParamWrapper on fused experts: lora_A [r x E, in], lora_B [out, r x E]; rank_pattern's ranks;
+    lora_B.bias [out]: all whole, so all pass; one rank's half of an expert pair does not."""
+    import torch
+    from safetensors.torch import save_file
+
+    from fsdp_tune.worker.verify import AdapterIntegrityError, verify_adapter
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "rank_pattern": {"q": 8}}))
+    experts = "m.layers.0.mlp.experts"
+    tensors = {
+        f"{experts}.base_layer.lora_A.weight": torch.randn(2 * 4 * 4, 16),  # gate_up: 2r (fused) x 4 experts
+        f"{experts}.base_layer.lora_B.weight": torch.randn(64, 2 * 4 * 4),
+        f"{experts}.lora_A.weight": torch.randn(4 * 4, 32),  # down: r x 4 experts
+        f"{experts}.lora_B.weight": torch.randn(16, 4 * 4),
+        "m.q.lora_A.weight": torch.randn(8, 16),  # rank_pattern: 8
+        "m.q.lora_B.weight": torch.randn(16, 8),
+        "m.q.lora_B.bias": torch.randn(16),
+    }
+    save_file(tensors, tmp_path / "adapter_model.safetensors")
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    ranks = {f"{experts}.base_layer": 32, experts: 16, "m.q": 8}
+    assert verify_adapter(str(tmp_path), shapes, ranks)["ok"]
+    assert verify_adapter(str(tmp_path))["ok"]  # from the file alone: multiples of r (or the pattern's rank)
+    half = dict(tensors, **{f"{experts}.lora_A.weight": torch.randn(8, 32)})  # one rank's rows of the pair
+    save_file(half, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(AdapterIntegrityError, match="the model has"):
+        verify_adapter(str(tmp_path), shapes, ranks)
+    with pytest.raises(AdapterIntegrityError, match="one rank dimension"):
         verify_adapter(str(tmp_path))
 
 

@@ -8,6 +8,7 @@ from dataclasses import MISSING, fields
 
 import pytest
 
+from fsdp_tune.config.lora_fields import TRL_MODEL_CONFIG, lora_fields, model_config_fields
 from fsdp_tune.config.names import flag_table
 from fsdp_tune.config.schema import SECTIONS, training_fields
 from fsdp_tune.launch.decide import decide
@@ -50,6 +51,7 @@ VALUES = {
     "parallelism.sp_seq_length": 1024,
     "parallelism.sp_attn_implementation": "sdpa",
     "model.model_name_or_path": "some/model",
+    "model.model_revision": "v2.0",
     "model.attn_implementation": "eager",
     "fsdp.transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
     "fsdp.min_num_params": 100_000_000,
@@ -145,3 +147,69 @@ def test_training_argument_reaches_sftconfig(name: str) -> None:
         assert after.as_dict() != decide(check(None, BASE).config, GPUS).as_dict(), f"--{name} {value} is lost"
         return
     assert after.trainer_args.get(name) == changed.config.training.get(name), f"--{name} does not reach SFTConfig"
+
+
+# A value other than the default for every LoraConfig field (PEFT's names, in a recipe's `lora:` section).
+LORA_VALUES = {
+    "task_type": "SEQ_CLS",
+    "peft_type": "LORA",
+    "peft_version": "0.1.0",
+    "auto_mapping": {"base_model_class": "LlamaForCausalLM"},
+    "base_model_name_or_path": "other/model",
+    "revision": "v2.0",
+    "target_modules": ["q_proj", "v_proj"],
+    "exclude_modules": ["down_proj"],
+    "bias": "all",
+    "modules_to_save": ["lm_head"],
+    "init_lora_weights": "gaussian",
+    "layers_to_transform": [0],
+    "layers_pattern": ["layers"],
+    "rank_pattern": {"q_proj": 4},
+    "alpha_pattern": {"q_proj": 8},
+    "megatron_config": {"tensor_model_parallel_size": 2},
+    "megatron_core": "megatron.other",
+    "trainable_token_indices": [1, 2],
+    "loftq_config": {"loftq_bits": 4},
+    "eva_config": {"rho": 2.0},
+    "corda_config": {"corda_method": "kpm"},
+    "lora_ga_config": {"direction": "ArB2r"},
+    "velora_config": {"rank": 2},
+    "alora_invocation_tokens": [1, 2],
+    "monteclora_config": {"monteclora_n": 4},
+    "layer_replication": [[0, 1]],
+    "runtime_config": {"ephemeral_gpu_offload": True},
+    "target_parameters": ["mlp.down_proj.weight"],
+    "use_bdlora": {"nblocks": 2},
+    "arrow_config": {"top_k": 2},
+    "kasa_config": {"k": 2},
+}
+
+
+def _lora_value(name: str, spec: dict) -> object:
+    if name in LORA_VALUES:
+        return LORA_VALUES[name]
+    kind, default = spec["kind"], spec["default"]
+    return {"bool": not default, "int": (default or 0) + 3, "float": 0.25}[kind]
+
+
+@pytest.mark.parametrize("name", sorted(lora_fields()))
+def test_every_loraconfig_field_reaches_loraconfig_or_a_rule(name: str, tmp_path) -> None:
+    """PEFT's LoraConfig fields, each set by its PEFT name: it reaches the LoraConfig every rank builds
+    (RankSpec.lora), or a rule with an id refuses it or says it is dropped."""
+    base = check(_recipe(tmp_path), BASE)
+    changed = check(_recipe(tmp_path, f"lora.{name}", _lora_value(name, lora_fields()[name])), BASE)
+    key = f"lora.{name}"
+    assert any(o.key == key for o in changed.config.origins.values()), f"{name} was not read"
+    if any(
+        f.rule.startswith("FT0") and f.key == key and f.severity.value in ("error", "warning") for f in changed.findings
+    ):
+        return
+    assert not changed.errors, changed.findings
+    before, after = decide(base.config, GPUS).lora, decide(changed.config, GPUS).lora
+    assert before != after, f"{name} changes nothing in the LoraConfig and no rule says so"
+
+
+@pytest.mark.parametrize("name", sorted(model_config_fields()))
+def test_every_trl_model_config_flag_is_taken(name: str) -> None:
+    """TRL's ModelConfig flags (trl/scripts/sft.py's command line) are fsdp-tune flags that set one setting each."""
+    assert flag_table()[name] == TRL_MODEL_CONFIG[name]

@@ -69,6 +69,12 @@ def test_flash_attn_on_cpu_is_refused(tmp_path) -> None:
     assert r.exit_code == 2 and "PF020" in r.output
 
 
+def test_flash_attention_by_name_on_cpu_is_refused(tmp_path) -> None:
+    out = str(tmp_path / "o")
+    r = train("--config", BASE, "--output_dir", out, "--attn_implementation", "flash_attention_2", "--bf16", "True")
+    assert r.exit_code == 2 and "PF020 --attn_implementation" in r.output, r.output
+
+
 def test_fsdp1_on_cpu_is_refused(tmp_path) -> None:
     """The config says CPU: the rules refuse FSDP1 (FT022) before the machine is even looked at."""
     r = train("--config", BASE, "--output_dir", str(tmp_path / "o"), "--fsdp_version", "1")
