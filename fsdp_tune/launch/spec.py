@@ -78,6 +78,10 @@ class RankSpec:
     check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
     spec_version: int = SPEC_VERSION
     notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
+    # what rank 0 shows people (worker/logs.py, progress.py): "live" (a terminal: one progress line redrawn in place),
+    # "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also everything the libraries
+    # print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
+    console: str = "lines"
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
