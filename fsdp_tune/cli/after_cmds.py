@@ -1,4 +1,4 @@
-"""Commands for after a run: merge, report, env."""
+"""Commands for after a run: chat, merge, report, env."""
 
 from __future__ import annotations
 
@@ -39,6 +39,56 @@ def merge_cmd(
         )
 
     guard(run, debug)
+
+
+def chat_cmd(
+    run_dir: str = typer.Argument(..., metavar="RUN", help="A finished run's output dir."),
+    prompt: list[str] = typer.Option([], "--prompt", help="Answer this and exit (repeatable)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="A file of prompts, one per line."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message before each conversation."),
+    max_new_tokens: int = typer.Option(256, "--max_new_tokens", "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0: greedy (the default); above 0: sampling."),
+    base: Optional[str] = typer.Option(None, "--base", help="Base model (default: the one the run loaded)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda:N (default: cuda:0 if present)."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template.
+
+    Without --prompt/--prompts: type a message, read the streamed answer; an empty line or Ctrl-D ends.
+    """
+
+    def run() -> None:
+        from fsdp_tune.tools.chat import answer, load, prompts_from
+
+        asked = prompts_from(prompt, prompts)
+        chat = load(run_dir, base, device)
+        typer.echo(f"chat: {chat.described}", err=True)
+        opening = [{"role": "system", "content": system}] if system else []
+        for i, text in enumerate(asked):
+            if len(asked) > 1:
+                typer.echo(f"{'' if i == 0 else chr(10)}> {text}")
+            _said(answer(chat, [*opening, {"role": "user", "content": text}], max_new_tokens, temperature))
+        if asked:
+            return
+        typer.echo("type a message; an empty line or Ctrl-D ends", err=True)
+        history = list(opening)
+        while True:
+            try:
+                text = input("> ").strip()
+            except EOFError:
+                text = ""
+            if not text:
+                return
+            history.append({"role": "user", "content": text})
+            history.append({"role": "assistant", "content": _said(answer(chat, history, max_new_tokens, temperature))})
+
+    guard(run, debug)
+
+
+def _said(reply: str) -> str:
+    if not reply.strip():
+        typer.echo("(no reply: the model ended its turn at once)", err=True)
+    return reply
 
 
 def report_cmd(
