@@ -15,7 +15,10 @@ def merge_cmd(
     adapter: str = typer.Option(..., "--adapter", help="The adapter folder (a run's output dir)."),
     output: str = typer.Option(..., "-o", "--output", help="Folder for the merged model."),
     base: Optional[str] = typer.Option(None, "--base", help="Base model (default: the adapter's record)."),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp32"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: the base's own)"),
+    into: Optional[str] = typer.Option(
+        None, "--into", help="QLoRA: dequantized (the 4-bit weights it trained against; default) | base (16-bit)"
+    ),
     max_shard_size: str = typer.Option("5GB", "--max_shard_size", "--max-shard-size"),
     device: str = typer.Option("cpu", "--device", help="cpu, or one GPU such as cuda:0"),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty output folder."),
@@ -26,16 +29,21 @@ def merge_cmd(
     def run() -> None:
         from fsdp_tune.tools.merge import merge
 
-        r = merge(adapter, base, output, dtype, max_shard_size, device, force)
-        if r["quantized_adapter"]:
+        r = merge(adapter, base, output, dtype, max_shard_size, device, force, into)
+        if r["into"] == "dequantized":
             typer.echo(
-                f"note: QLoRA adapter: the base was loaded unquantized in {r['dtype']} (merging into 4-bit "
-                "weights would round the update away)"
+                f"note: QLoRA adapter: merged into the base's 4-bit weights as the run quantized them, dequantized "
+                f"to {r['dtype']} (what it was trained against); --into base merges into the 16-bit base instead"
+            )
+        elif r["quantized_adapter"]:
+            typer.echo(
+                f"note: QLoRA adapter: merged into the 16-bit base loaded unquantized in {r['dtype']} (the weights "
+                "before quantization; the adapter was trained against their 4-bit rounding: --into dequantized)"
             )
         typer.echo(
-            style("ok:", fg="green", bold=True) + f" merged {r['base']} + {adapter} -> {r['output']}; "
-            f"logits match base+adapter (max relative difference {r['max_rel_logit_diff']:.1e}, "
-            f"tolerance {r['tolerance']:.0e})"
+            style("ok:", fg="green", bold=True) + f" merged {r['base']} + {adapter} -> {r['output']} in {r['dtype']} "
+            f"({r['dtype_source']}); logits match {'4-bit base' if r['into'] == 'dequantized' else 'base'}+adapter "
+            f"(max relative difference {r['max_rel_logit_diff']:.1e}, tolerance {r['tolerance']:.0e})"
         )
 
     guard(run, debug)
