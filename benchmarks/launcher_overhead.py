@@ -44,6 +44,8 @@ def run(repeats: int = 3) -> dict:
                     str(REPO / "configs/demo_cpu.yaml"),
                     "--output_dir",
                     str(out),
+                    "--max_steps",  # plain_sft.py's steps (the demo itself trains longer, to chat after)
+                    "60",
                 ],
                 env,
             )

@@ -1,4 +1,4 @@
-"""Commands for after a run: merge, report, env."""
+"""Commands for after a run: chat, merge, report, env."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ def merge_cmd(
     adapter: str = typer.Option(..., "--adapter", help="The adapter folder (a run's output dir)."),
     output: str = typer.Option(..., "-o", "--output", help="Folder for the merged model."),
     base: Optional[str] = typer.Option(None, "--base", help="Base model (default: the adapter's record)."),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp32"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: the base's own)"),
+    into: Optional[str] = typer.Option(
+        None, "--into", help="QLoRA: dequantized (the 4-bit weights it trained against; default) | base (16-bit)"
+    ),
     max_shard_size: str = typer.Option("5GB", "--max_shard_size", "--max-shard-size"),
     device: str = typer.Option("cpu", "--device", help="cpu, or one GPU such as cuda:0"),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty output folder."),
@@ -26,19 +29,74 @@ def merge_cmd(
     def run() -> None:
         from fsdp_tune.tools.merge import merge
 
-        r = merge(adapter, base, output, dtype, max_shard_size, device, force)
-        if r["quantized_adapter"]:
+        r = merge(adapter, base, output, dtype, max_shard_size, device, force, into)
+        if r["into"] == "dequantized":
             typer.echo(
-                f"note: QLoRA adapter: the base was loaded unquantized in {r['dtype']} (merging into 4-bit "
-                "weights would round the update away)"
+                f"note: QLoRA adapter: merged into the base's 4-bit weights as the run quantized them, dequantized "
+                f"to {r['dtype']} (what it was trained against); --into base merges into the 16-bit base instead"
+            )
+        elif r["quantized_adapter"]:
+            typer.echo(
+                f"note: QLoRA adapter: merged into the 16-bit base loaded unquantized in {r['dtype']} (the weights "
+                "before quantization; the adapter was trained against their 4-bit rounding: --into dequantized)"
             )
         typer.echo(
-            style("ok:", fg="green", bold=True) + f" merged {r['base']} + {adapter} -> {r['output']}; "
-            f"logits match base+adapter (max relative difference {r['max_rel_logit_diff']:.1e}, "
-            f"tolerance {r['tolerance']:.0e})"
+            style("ok:", fg="green", bold=True) + f" merged {r['base']} + {adapter} -> {r['output']} in {r['dtype']} "
+            f"({r['dtype_source']}); logits match {'4-bit base' if r['into'] == 'dequantized' else 'base'}+adapter "
+            f"(max relative difference {r['max_rel_logit_diff']:.1e}, tolerance {r['tolerance']:.0e})"
         )
 
     guard(run, debug)
+
+
+def chat_cmd(
+    run_dir: str = typer.Argument(..., metavar="RUN", help="A finished run's output dir."),
+    prompt: list[str] = typer.Option([], "--prompt", help="Answer this and exit (repeatable)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="A file of prompts, one per line."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message before each conversation."),
+    max_new_tokens: int = typer.Option(256, "--max_new_tokens", "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0: greedy (the default); above 0: sampling."),
+    base: Optional[str] = typer.Option(None, "--base", help="Base model (default: the one the run loaded)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda:N (default: cuda:0 if present)."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template.
+
+    Without --prompt/--prompts: type a message, read the streamed answer; an empty line or Ctrl-D ends.
+    """
+
+    def run() -> None:
+        from fsdp_tune.tools.chat import answer, load, prompts_from
+
+        asked = prompts_from(prompt, prompts)
+        chat = load(run_dir, base, device)
+        typer.echo(f"chat: {chat.described}", err=True)
+        opening = [{"role": "system", "content": system}] if system else []
+        for i, text in enumerate(asked):
+            if len(asked) > 1:
+                typer.echo(f"{'' if i == 0 else chr(10)}> {text}")
+            _said(answer(chat, [*opening, {"role": "user", "content": text}], max_new_tokens, temperature))
+        if asked:
+            return
+        typer.echo("type a message; an empty line or Ctrl-D ends", err=True)
+        history = list(opening)
+        while True:
+            try:
+                text = input("> ").strip()
+            except EOFError:
+                text = ""
+            if not text:
+                return
+            history.append({"role": "user", "content": text})
+            history.append({"role": "assistant", "content": _said(answer(chat, history, max_new_tokens, temperature))})
+
+    guard(run, debug)
+
+
+def _said(reply: str) -> str:
+    if not reply.strip():
+        typer.echo("(no reply: the model ended its turn at once)", err=True)
+    return reply
 
 
 def report_cmd(

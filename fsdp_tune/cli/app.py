@@ -26,6 +26,7 @@ app.command("validate-config", context_settings=PASSTHROUGH)(check_cmds.validate
 app.command("train", context_settings=PASSTHROUGH)(run_cmds.train)
 app.command("plan", context_settings=PASSTHROUGH)(run_cmds.plan_cmd)
 app.command("convert")(check_cmds.convert_cmd)
+app.command("chat")(after_cmds.chat_cmd)
 app.command("merge")(after_cmds.merge_cmd)
 app.command("report")(after_cmds.report_cmd)
 app.command("env")(after_cmds.env_cmd)

@@ -16,9 +16,15 @@ def train(
     config: Optional[str] = ConfigOpt,
     dry_run: bool = typer.Option(False, "--dry_run", "--dry-run", help="Print the plan; start nothing."),
     as_json: bool = typer.Option(False, "--json", help="With --dry_run: print the rank spec as JSON."),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show everything the libraries print, live (it always goes to logs/rank-K.log)."
+    ),
     debug: bool = DebugOpt,
 ) -> None:
     """Validate, check this machine, then train through torchrun (same flags as validate-config).
+
+    The console shows the plan, each phase with its time, one progress line, evaluation results and the
+    summary; everything the libraries print goes to OUTPUT_DIR/logs/rank-K.log (--verbose: also here).
 
     Also: --resume_from_checkpoint latest|PATH, --overwrite_output_dir, --max_restarts N, --ddp_timeout S,
     --save_on_interrupt false. Exit codes: 0 trained, 1 training failed, 2 bad config or pre-flight,
@@ -27,11 +33,15 @@ def train(
     config, args = split_config(config, list(ctx.args))
 
     def run() -> None:
+        import sys
+
         from fsdp_tune.launch import torchrun
+        from fsdp_tune.launch.decide import console_mode
         from fsdp_tune.launch.train import execute, plan_run
         from fsdp_tune.output import describe_launch, format_findings, format_summary
 
-        planned = plan_run(config, args, lambda m: typer.echo(m, err=True))
+        console = console_mode(verbose, sys.stdout.isatty())
+        planned = plan_run(config, args, lambda m: typer.echo(m, err=True), console=console)
         if as_json and dry_run:
             data = {"spec": planned.spec.as_dict(), "torchrun": torchrun.command(planned.spec)}
             data["preflight"] = [f.as_dict() for f in planned.machine_findings]

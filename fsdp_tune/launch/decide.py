@@ -29,7 +29,13 @@ DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
 DEFAULT_TIMEOUT_S = 1800  # TrainingArguments' ddp_timeout default
 
 
-def decide(cfg: RunConfig, machine: Machine, resume: str | None = None) -> RankSpec:
+def console_mode(verbose: bool, tty: bool) -> str:
+    """What rank 0 shows (RankSpec.console). The ranks write to the launcher's stdout (torchrun passes it on),
+    so whether that is a terminal is known here."""
+    return "verbose" if verbose else "live" if tty else "lines"
+
+
+def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
     on_cpu = cfg.launch.use_cpu or not machine.cuda
     device = "cpu" if on_cpu else "cuda"
     output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
@@ -66,6 +72,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None) -> RankS
         checkpoint_on_stop=cfg.training.get("save_strategy") != "no" and cfg.run.save_on_interrupt,
         check_grad_norm=not args["fp16"],
         notes=_notes(cfg, on_cpu),
+        console=console,
     )
 
 
@@ -233,6 +240,9 @@ def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:
         "ACCELERATE_USE_FSDP": "true",
         "FSDP_CPU_RAM_EFFICIENT_LOADING": str(cfg.fsdp.cpu_ram_efficient_loading).lower(),
     }
+    if machine.omp_num_threads is None and cfg.launch.nproc_per_node > 1:
+        # what torchrun sets then (torch/distributed/run.py), said here so it prints no banner about it
+        env["OMP_NUM_THREADS"] = "1"
     if not on_cpu and needs_nccl_p2p_off(machine):
         env.update(NCCL_P2P_DISABLE="1", NCCL_IB_DISABLE="1")  # what `accelerate launch` sets on such hosts
     if on_cpu and machine.cuda:

@@ -20,6 +20,7 @@ class Machine:
     gpu_names: tuple[str, ...] = ()  # every GPU of the host, as nvidia-smi names them, when it could be asked
     cuda_visible_devices: str | None = None  # the launcher's own CUDA_VISIBLE_DEVICES, if set
     driver_version: str | None = None  # the NVIDIA driver's, from nvidia-smi
+    omp_num_threads: str | None = None  # the launcher's own OMP_NUM_THREADS, if set (torchrun keeps it)
 
     @classmethod
     def cpu_only(cls) -> Machine:
@@ -72,6 +73,7 @@ def probe() -> Machine:
         gpu_names=names,
         cuda_visible_devices=visible,
         driver_version=driver,
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.runfiles import resolved_name
+from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
 
 SPEC_VERSION = 1
 
@@ -79,6 +79,10 @@ class RankSpec:
     check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
     spec_version: int = SPEC_VERSION
     notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
+    # what rank 0 shows people (worker/logs.py, progress.py): "live" (a terminal: one progress line redrawn in place),
+    # "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also everything the libraries
+    # print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
+    console: str = "lines"
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
@@ -108,6 +112,15 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
     kwargs["data"] = DataSpec(**{**data["data"], "splits": tuple(data["data"]["splits"])})
     kwargs["notes"] = tuple(data.get("notes", ()))
     return RankSpec(**kwargs)
+
+
+def read_from(run_dir: str | Path) -> RankSpec | None:
+    """The rank spec a run executed (machine 0's), for the commands after a run; None for a folder fsdp-tune
+    did not train into (a downloaded adapter)."""
+    for path in (Path(run_dir) / RESOLVED_NAME, *sorted(Path(run_dir).glob(f"node0-{RESOLVED_NAME}"))):
+        if path.exists():
+            return from_dict(json.loads(path.read_text())["spec"])
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -102,15 +102,18 @@ def _damaged(path: Path, problem: str, hint: str) -> Finding:
     )
 
 
-def plan_run(config: str | None, argv: list[str], echo: Echo, machine: Machine | None = None) -> Planned:
-    """Everything decided before a process starts; nothing is written."""
+def plan_run(
+    config: str | None, argv: list[str], echo: Echo, machine: Machine | None = None, console: str = "lines"
+) -> Planned:
+    """Everything decided before a process starts; nothing is written. `console`: what rank 0 shows
+    (decide.console_mode)."""
     from fsdp_tune.launch.preflight import check_machine
 
     checked = load(config, argv)
     cfg = checked.config
     machine = machine or probe()
     resume = resolve_resume(cfg, echo)
-    spec = decide(cfg, machine, resume)
+    spec = decide(cfg, machine, resume, console)
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings = check_machine(cfg, spec, machine, resume_requested=resuming)
     if spec.world.node_rank == 0:

@@ -58,9 +58,13 @@ def materialize(name: str) -> Path:
     target = cache_dir() / f"{name}-v{VERSION}"
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
+        built = subprocess.run(
             [sys.executable, "-m", "fsdp_tune.worker.tiny_model", name, str(target)],
-            check=True,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,  # transformers' "Writing model shards" bar: not for the console
+            text=True,
         )
+        if built.returncode != 0:
+            sys.stderr.write(built.stderr)  # the builder's own report, when it failed
+            built.check_returncode()
     return target

@@ -1,19 +1,29 @@
 """`fsdp-tune merge`: fold a LoRA/DoRA adapter into its base model, outside FSDP, and prove it.
 
 Merging under PEFT + FSDP is unsupported (PEFT's FSDP guide, caveat 1), so this runs in one process on
-CPU (or one GPU). The base is loaded unquantized even for a QLoRA adapter: merging into 4-bit weights
-would round the update into NF4 and lose most of it. Peak host RAM stays near one copy of the model:
-the reference logits are computed before merging in place, and the merged copy is reloaded only
-after the first is freed.
+CPU (or one GPU). The merged model keeps the base model's own dtype unless --dtype says otherwise: an fp32
+base stays fp32 (merging it into bf16 would move its logits by ~1e-2).
+
+A QLoRA adapter was trained against the base's 4-bit weights as bitsandbytes dequantizes them, not against
+the 16-bit weights on disk. `--into dequantized` (the default for a QLoRA run) quantizes the base with the
+run's BitsAndBytesConfig, dequantizes it and merges there: the merged model computes what the run trained and
+evaluated, and is checked against the 4-bit base + adapter. `--into base` merges into the 16-bit base (the
+weights before quantization, which the adapter never saw), checked against that base + adapter. Merging into
+the 4-bit weights themselves would round the update into NF4 and lose most of it; neither does that.
+
+Peak host RAM stays near one copy of the model: the reference logits are computed before merging in
+place, and the merged copy is reloaded only after the first is freed.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import struct
 from pathlib import Path
 
 from fsdp_tune.errors import FsdpTuneError, UsageError
+from fsdp_tune.launch.spec import read_from
 from fsdp_tune.runfiles import RESOLVED_NAME
 
 DTYPES = {
@@ -24,6 +34,8 @@ DTYPES = {
     "fp32": "float32",
     "float32": "float32",
 }
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+INTO = ("base", "dequantized")
 # max |merged - (base + adapter)| / max |logits| accepted per dtype (merging re-rounds the weights)
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -43,39 +55,61 @@ def _trained_quantized(adapter_dir: Path) -> bool:
     return bool(data["config"]["quantization"]["use_4bit_quantization"])  # a run of fsdp-tune before the rank spec
 
 
+def own_dtype(base: str) -> tuple[str, str]:
+    """The base model's own dtype and where it was read: config.json's `dtype` (`torch_dtype` before
+    transformers 4.56), else the dtype most of its safetensors weights have; float32 when neither tells."""
+    from transformers.utils import cached_file
+
+    try:
+        config = json.loads(Path(cached_file(base, "config.json")).read_text())
+    except (OSError, ValueError):
+        config = {}
+    name = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
+    if name in DTYPES:
+        return DTYPES[name], "the base's own, from config.json"
+    counts: dict[str, int] = {}
+    for shard in sorted(Path(base).glob("*.safetensors"))[:1] if Path(base).is_dir() else []:
+        with open(shard, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for entry in header.values():
+            kind = SAFETENSORS_DTYPES.get(entry.get("dtype", "")) if isinstance(entry, dict) else None
+            if kind:
+                counts[kind] = counts.get(kind, 0) + 1
+    if counts:
+        return max(counts, key=counts.__getitem__), "the base's own, from its safetensors weights"
+    return "float32", "the base's own dtype could not be read"
+
+
 def merge(
-    adapter: str, base: str | None, output: str, dtype: str, max_shard_size: str, device: str, force: bool
+    adapter: str,
+    base: str | None,
+    output: str,
+    dtype: str | None,
+    max_shard_size: str,
+    device: str,
+    force: bool,
+    into: str | None = None,
 ) -> dict:
-    adapter_dir = Path(adapter)
-    if not (adapter_dir / "adapter_config.json").exists():
-        raise UsageError(
-            f"{adapter} has no adapter_config.json: not a PEFT adapter folder",
-            "pass the output dir of a finished run (or one of its checkpoints with a FULL adapter)",
-        )
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype}: unknown", "bf16, fp16 or fp32")
-    torch_dtype_name = DTYPES[dtype]
-    out = Path(output)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UsageError(f"{out} exists and is not empty; not overwritten", "pass --force, or another -o")
-    base = base or json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    if not base:
-        raise UsageError("the adapter does not record its base model", "pass --base MODEL")
+    """Merge, save, reload and compare; returns what was done. `dtype` None: the base's own; `into` None:
+    dequantized for a QLoRA run, base otherwise."""
+    adapter_dir, out = Path(adapter), Path(output)
+    base = _checked(adapter_dir, base, out, dtype, force)
+    quantized = _trained_quantized(adapter_dir)
+    into = _into(into, quantized, adapter)
 
     import torch
-    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    torch_dtype = getattr(torch, torch_dtype_name)
+    hf_logging.set_verbosity_error()  # the result lines are the output: no loading bars, no notes
+    hf_logging.disable_progress_bar()
+    dtype_name, dtype_source = (DTYPES[dtype], "as --dtype asked") if dtype else own_dtype(base)
+    torch_dtype = getattr(torch, dtype_name)
     has_tokenizer = (adapter_dir / "tokenizer_config.json").exists()
     tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype, low_cpu_mem_usage=True).to(device)
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)
-    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     inputs = _prompt(tokenizer).to(device)
-    with torch.no_grad():
-        reference = model(input_ids=inputs).logits.float().cpu()
+    load = _dequantized if into == "dequantized" else _unquantized
+    model, reference, tolerance = load(base, adapter_dir, tokenizer, torch_dtype, device, inputs)
     merged = model.merge_and_unload()
     merged.save_pretrained(out, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -88,17 +122,109 @@ def merge(
     result = {
         "output": str(out),
         "base": base,
-        "dtype": torch_dtype_name,
+        "dtype": dtype_name,
+        "dtype_source": dtype_source,
+        "into": into,
         "max_rel_logit_diff": rel,
-        "tolerance": TOLERANCE[torch_dtype_name],
-        "quantized_adapter": _trained_quantized(adapter_dir),
+        "tolerance": tolerance,
+        "quantized_adapter": quantized,
     }
-    if rel > TOLERANCE[torch_dtype_name]:
+    if rel > tolerance:
         raise MergeMismatch(
             f"the merged model's logits differ from base + adapter by {rel:.2e} (relative), above "
-            f"{TOLERANCE[torch_dtype_name]:.0e} for {torch_dtype_name}; {out} is not trustworthy"
+            f"{tolerance:.0e} for {dtype_name}; {out} is not trustworthy"
         )
     return result
+
+
+def _checked(adapter_dir: Path, base: str | None, out: Path, dtype: str | None, force: bool) -> str:
+    """The arguments, before anything heavy is imported; returns the base model to merge into."""
+    if not (adapter_dir / "adapter_config.json").exists():
+        raise UsageError(
+            f"{adapter_dir} has no adapter_config.json: not a PEFT adapter folder",
+            "pass the output dir of a finished run (or one of its checkpoints with a FULL adapter)",
+        )
+    if dtype is not None and dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype}: unknown", "bf16, fp16 or fp32")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UsageError(f"{out} exists and is not empty; not overwritten", "pass --force, or another -o")
+    base = base or json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UsageError("the adapter does not record its base model", "pass --base MODEL")
+    return base
+
+
+def _into(into: str | None, quantized: bool, adapter: str) -> str:
+    if into is None:
+        return "dequantized" if quantized else "base"
+    if into not in INTO:
+        raise UsageError(f"--into {into}: unknown", "base or dequantized")
+    if into == "dequantized" and not quantized:
+        raise UsageError(
+            f"--into dequantized: {adapter} was not trained against 4-bit weights (no QLoRA run of fsdp-tune)",
+            "--into base (the default here)",
+        )
+    return into
+
+
+def _unquantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: str, inputs):
+    """The 16-bit base in `torch_dtype` with the adapter; the reference is that model's logits."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype, low_cpu_mem_usage=True).to(device)
+    _resize(model, tokenizer)
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    with torch.no_grad():
+        reference = model(input_ids=inputs).logits.float().cpu()
+    return model, reference, TOLERANCE[str(torch_dtype).removeprefix("torch.")]
+
+
+def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: str, inputs):
+    """The base quantized as the run quantized it, with the adapter: the reference (what training computed).
+    Then the same 4-bit weights dequantized to `torch_dtype`, with the adapter again, to merge."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from fsdp_tune.worker.model import quantization_config
+
+    spec = read_from(adapter_dir)
+    q = spec.model.quantization
+    model = AutoModelForCausalLM.from_pretrained(
+        base,
+        dtype=getattr(torch, spec.model.dtype),
+        quantization_config=quantization_config(spec),
+        device_map={"": device},
+    )
+    _resize(model, tokenizer)
+    trained = _as_in_training(PeftModel.from_pretrained(model, str(adapter_dir)).eval())
+    with torch.no_grad():
+        reference = trained(input_ids=inputs).logits.float().cpu()
+    model = trained.unload().dequantize(dtype=torch_dtype).to(torch_dtype)
+    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    # the 4-bit forward computes in bnb_4bit_compute_dtype: the check is as fine as the coarser of the two
+    tolerance = max(TOLERANCE[str(torch_dtype).removeprefix("torch.")], TOLERANCE[q["bnb_4bit_compute_dtype"]])
+    return model, reference, tolerance
+
+
+def _as_in_training(model):
+    """The 4-bit layers on bitsandbytes' training path, where they dequantize and multiply in the compute dtype
+    as the run did. In eval mode without gradients, on CPUs with AVX512-BF16, bitsandbytes instead repacks the
+    weights in place for a bfloat16 kernel: other numbers than training's, and weights that no longer
+    dequantize. Only the bitsandbytes layers: LoRA's dropout stays off."""
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.train()
+    return model
+
+
+def _resize(model, tokenizer) -> None:
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)
 
 
 def _prompt(tokenizer):

@@ -26,7 +26,9 @@ def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return steps, [by_step[s] for s in steps]
 
 
-def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
+def figure(run_dirs: list[str | Path]):
+    """One figure for all runs: each run's training loss (a line) and eval loss (dashed, with points) in the
+    run's own colour above, its learning rate below."""
     # matplotlib's object API without pyplot: half the import time, and no GUI backend is ever touched
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -34,16 +36,16 @@ def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
     fig = Figure(figsize=(8, 6))
     FigureCanvasAgg(fig)
     ax_loss, ax_lr = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    for run_dir in run_dirs:
+    for i, (run_dir, label) in enumerate(zip(run_dirs, labels(run_dirs), strict=True)):
+        colour = f"C{i % 10}"
         records = load_metrics(run_dir)
-        label = Path(run_dir).name
         steps, loss = series(records, "loss")
-        ax_loss.plot(steps, loss, marker="." if len(steps) < 50 else None, label=f"{label} train")
+        ax_loss.plot(steps, loss, color=colour, marker="." if len(steps) < 50 else None, label=f"{label} train")
         e_steps, e_loss = series(records, "eval_loss")
         if e_steps:
-            ax_loss.plot(e_steps, e_loss, marker="o", linestyle="--", label=f"{label} eval")
+            ax_loss.plot(e_steps, e_loss, color=colour, marker="o", linestyle="--", label=f"{label} eval")
         lr_steps, lr = series(records, "learning_rate")
-        ax_lr.plot(lr_steps, lr, label=label)
+        ax_lr.plot(lr_steps, lr, color=colour, label=label)
     ax_loss.set_ylabel("loss")
     ax_loss.legend(fontsize="small")
     ax_loss.grid(alpha=0.3)
@@ -51,8 +53,18 @@ def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
     ax_lr.set_xlabel("step")
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def labels(run_dirs: list[str | Path]) -> list[str]:
+    """Each run's folder name; the whole path where two runs share a name (runs/a/out, runs/b/out)."""
+    names = [Path(r).name for r in run_dirs]
+    return [n if names.count(n) == 1 else str(r) for n, r in zip(names, run_dirs, strict=True)]
+
+
+def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
     out = Path(out)
-    fig.savefig(out, dpi=100)
+    figure(run_dirs).savefig(out, dpi=100)
     return out
 
 

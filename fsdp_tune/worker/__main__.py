@@ -7,9 +7,13 @@ import time
 
 STARTED = time.time()  # before torch is imported: time-to-first-step includes the imports
 
-from fsdp_tune.worker import signals  # noqa: E402
+from fsdp_tune.worker import phases, signals  # noqa: E402
+from fsdp_tune.worker.logs import console, setup_from_spec  # noqa: E402
 
 signals.current()  # a stop request during start-up (imports, loading) is kept for the first step end
+phases.mark("rank", STARTED)
+if len(sys.argv) > 1:
+    setup_from_spec(sys.argv[1])  # before torch: what the imports print goes to the rank log too
 
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
@@ -20,12 +24,18 @@ def main() -> None:
     from fsdp_tune.worker.recipe import run
 
     try:
-        run(sys.argv[1], started=STARTED)
-    except (Exception, KeyboardInterrupt, SystemExit, GeneratorExit):
+        try:
+            run(sys.argv[1], started=STARTED)
+        except (Exception, KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as err:  # noqa: BLE001 - torch.distributed.checkpoint's CheckpointException is one
+            # @record writes the error file (the failure report's root cause) for Exceptions only
+            raise RuntimeError(describe(err, sys.argv[1])) from err
+    except Exception:
+        import traceback
+
+        console().show_error(traceback.format_exc())  # a quiet console shows the rank's error as before
         raise
-    except BaseException as err:  # noqa: BLE001 - torch.distributed.checkpoint's CheckpointException is one
-        # @record writes the error file (the failure report's root cause) for Exceptions only
-        raise RuntimeError(describe(err, sys.argv[1])) from err
 
 
 def _exit_without_native_teardown() -> None:

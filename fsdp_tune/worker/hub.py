@@ -47,6 +47,8 @@ def push_final(trainer, output_dir: str) -> str | None:
     Every rank calls it; returns the commit URL on rank 0."""
     import transformers.trainer as trainer_module
 
+    from fsdp_tune.worker.logs import console
+
     if not trainer.is_world_process_zero():
         return None
     args = trainer.args
@@ -63,7 +65,7 @@ def push_final(trainer, output_dir: str) -> str | None:
         revision=args.hub_revision,
     )
     url = str(getattr(commit, "commit_url", commit))
-    print(f"fsdp-tune: pushed the adapter to {trainer.hub_model_id} ({url})", flush=True)
+    console().line(f"pushed the adapter to {trainer.hub_model_id} ({url})")
     return url
 
 

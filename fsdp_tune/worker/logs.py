@@ -1,7 +1,15 @@
-"""Each rank's full output goes to OUTPUT_DIR/logs/rank-K.log; the console shows rank 0 only."""
+"""Each rank's streams. Everything a rank and its libraries print goes, whole, to OUTPUT_DIR/logs/rank-K.log;
+the console gets what fsdp-tune writes for people through `console()` (rank 0: phases, the progress line,
+evaluation results, its own warnings and errors), and with --verbose everything rank 0 prints besides.
+
+The rank's stdout and stderr descriptors (1 and 2) are pointed at its log, so native code (gloo, NCCL, C++
+warnings) lands there too; the console's own descriptors are kept aside for `console()` and, with
+--verbose, for a copy of what Python code prints (native output then stays in the log only).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -50,12 +58,103 @@ class _Tee:
         return self.log.fileno() if self.stream is None else self.stream.fileno()
 
 
-def setup_rank_log(output_dir: str, rank: int) -> Path:
-    """Tee stdout/stderr into the rank's log; ranks other than 0 stay off the console."""
+class Console:
+    """What people see of a rank: lines on the console's stdout or stderr, each also written to the log,
+    and on a terminal one status line redrawn in place (`status`). A console whose reader left is dropped;
+    the log keeps everything."""
+
+    def __init__(self, out: TextIO | None, err: TextIO | None, log: TextIO | None, live: bool = False):
+        self.out, self.err, self.log, self.live = out, err, log, live
+        self.echoes_output = False  # --verbose: the rank's own output reaches the console already
+        self._status = ""
+
+    def line(self, text: str, err: bool = False) -> None:
+        self._clear_status()
+        self._write("err" if err else "out", text + "\n")
+        if self.log is not None:
+            self.log.write(text + "\n")
+            self.log.flush()
+        self._write("out", self._status and "\r" + self._status)
+
+    def status(self, text: str) -> None:
+        """The live line (a terminal only): redrawn over the previous one."""
+        if not self.live:
+            return
+        pad = " " * max(0, len(self._status) - len(text))
+        self._status = text
+        self._write("out", f"\r{text}{pad}")
+
+    def end_status(self) -> None:
+        """Leave the live line where it is and move on below it."""
+        if self._status:
+            self._status = ""
+            self._write("out", "\n")
+
+    def show_error(self, text: str) -> None:
+        """A rank's error, as Python prints it, on the console (the log gets it from Python itself)."""
+        if not self.echoes_output:
+            self.end_status()
+            self._write("err", text if text.endswith("\n") else text + "\n")
+
+    def _clear_status(self) -> None:
+        if self._status:
+            self._write("out", "\r" + " " * len(self._status) + "\r")
+
+    def _write(self, which: str, text: str) -> None:
+        stream = getattr(self, which)
+        if stream is None or not text:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # BrokenPipeError: `fsdp-tune train | head` has exited
+            setattr(self, which, None)
+
+
+_console: Console | None = None
+_log_path: Path | None = None
+
+
+def console() -> Console:
+    """This rank's console; outside a rank (a test, a spec run by hand) plain stdout/stderr."""
+    return _console if _console is not None else Console(sys.stdout, sys.stderr, None)
+
+
+def _console_stream(fd: int) -> TextIO:
+    return os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace")
+
+
+def setup_rank_log(output_dir: str, rank: int, mode: str = "verbose") -> Path:
+    """Send the rank's output to its log; `mode` is RankSpec.console. Ranks other than 0 show nothing on the
+    console (FSDP_TUNE_ALL_RANKS_TO_CONSOLE=1: every rank shows what rank 0 does). Done once per process:
+    the entry point does it before torch is imported, the recipe's setup() then finds it done."""
+    global _console, _log_path
     path = Path(output_dir) / "logs" / f"rank-{rank}.log"
+    if _log_path == path:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
-    quiet = rank != 0 and os.environ.get("FSDP_TUNE_ALL_RANKS_TO_CONSOLE") != "1"
-    sys.stdout = _Tee(None if quiet else sys.__stdout__, log)  # type: ignore[assignment]
-    sys.stderr = _Tee(None if quiet else sys.__stderr__, log)  # type: ignore[assignment]
+    shown = rank == 0 or os.environ.get("FSDP_TUNE_ALL_RANKS_TO_CONSOLE") == "1"
+    out, err = (_console_stream(1), _console_stream(2)) if shown else (None, None)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.dup2(log.fileno(), 1)  # native output (gloo, NCCL, C++ warnings): the log, in every mode
+    os.dup2(log.fileno(), 2)
+    verbose = mode == "verbose" and shown
+    sys.stdout = _Tee(out if verbose else None, log)  # type: ignore[assignment]
+    sys.stderr = _Tee(err if verbose else None, log)  # type: ignore[assignment]
+    _console = Console(out, err, log, live=mode == "live" and out is not None and out.isatty())
+    _console.echoes_output = verbose
+    _log_path = path
     return path
+
+
+def setup_from_spec(resolved_path: str) -> None:
+    """The rank log, as early as the entry point can: the rank spec read as plain JSON (no torch yet), so
+    what the imports print (bitsandbytes' backend notes) lands in the log too. A spec that cannot be read
+    is left to the recipe, which reports it."""
+    try:
+        spec = json.loads(Path(resolved_path).read_text())["spec"]
+        setup_rank_log(spec["output_dir"], int(os.environ.get("RANK", "0")), spec.get("console", "lines"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return

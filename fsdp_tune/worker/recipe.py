@@ -14,6 +14,8 @@ from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.launch.spec import RankSpec, from_dict
+from fsdp_tune.worker import phases
+from fsdp_tune.worker.logs import console
 
 
 class TrainingDiverged(RuntimeError):
@@ -61,7 +63,7 @@ def setup(spec: RankSpec) -> int:
 
     os.environ.update(spec.env)  # inherited from the launcher already; a spec run by hand gets it too
     rank = int(os.environ.get("RANK", "0"))
-    setup_rank_log(spec.output_dir, rank)
+    setup_rank_log(spec.output_dir, rank, spec.console)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     print(f"fsdp-tune: rank {rank}/{world} starting on {socket.gethostname()} (pid {os.getpid()})", flush=True)
     if spec.cpu_fsdp_shim:
@@ -117,18 +119,21 @@ def training_args(spec: RankSpec):
     return args
 
 
+@phases.timed("build_data", show=phases.data_read)
 def build_data(spec: RankSpec, tokenizer):
     from fsdp_tune.worker.data import load_splits
 
     return load_splits(spec.data, tokenizer)
 
 
+@phases.timed("build_model", show=phases.model_loaded)
 def build_model(spec: RankSpec, tokenizer):
     from fsdp_tune.worker.model import load_model
 
     return load_model(spec, tokenizer)
 
 
+@phases.timed("build_trainer", show=phases.data_prepared)
 def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
     from fsdp_tune.worker import faults
     from fsdp_tune.worker.callbacks import (
@@ -138,6 +143,7 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         StopOnSignalCallback,
     )
     from fsdp_tune.worker.model import lora_config
+    from fsdp_tune.worker.progress import ProgressCallback
     from fsdp_tune.worker.trainer import trainer_class
 
     watch = Watchers(
@@ -146,6 +152,7 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         stopper=StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device),
     )
     sharding = ShardingCheckCallback(spec.world.world_size, spec.fsdp_config["auto_wrap_policy"])
+    progress = ProgressCallback(spec.device, spec.world.world_size, phases.started("rank"), spec.console == "live")
     trainer = trainer_class()(
         model=model,
         args=args,
@@ -153,7 +160,7 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         eval_dataset=eval_ds if args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         peft_config=lora_config(spec),
-        callbacks=[watch.metrics, watch.nan_guard, watch.stopper, sharding, *faults.callbacks()],
+        callbacks=[watch.metrics, watch.nan_guard, watch.stopper, sharding, progress, *faults.callbacks()],
     )
     return trainer, watch
 
@@ -168,14 +175,14 @@ def report_truncation(trainer, spec: RankSpec) -> dict | None:
     except (TypeError, KeyError, AttributeError):  # an iterable (streamed) dataset: not counted
         return None
     if cut and trainer.is_world_process_zero():
-        print(
-            f"fsdp-tune: warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
-            f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)",
-            flush=True,
+        console().line(
+            f"warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
+            f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)"
         )
     return {"cut": cut, "total": total, "max_seq_len": max_len}
 
 
+@phases.timed("train")
 def train(trainer, spec: RankSpec):
     return trainer.train(resume_from_checkpoint=resume_point(spec))
 
@@ -188,7 +195,7 @@ def resume_point(spec: RankSpec) -> str | None:
 
         best, _ = latest_complete(spec.output_dir)
         if best is not None:
-            print(f"fsdp-tune: restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {best.path}")
+            console().line(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {best.path}")
             return str(best.path)
     return spec.resume_from_checkpoint
 
@@ -208,6 +215,7 @@ def check_finite(nan_guard) -> None:
         )
 
 
+@phases.timed("save_and_verify", show=phases.saved)
 def save_and_verify(trainer, spec: RankSpec, tokenizer) -> dict:
     """The final adapter (all ranks gather, rank 0 writes), the tokenizer and trainer state; rank 0 re-opens
     the adapter and proves it whole and trained. Returns what the summary records about it."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
 # SIGHUP: a hang-up (terminal, some schedulers); SIGUSR1: SLURM's --signal=USR1@SECONDS before the time limit
@@ -61,7 +60,9 @@ def current() -> StopRequest:
 
 
 def _note(text: str) -> None:
+    from fsdp_tune.worker.logs import console
+
     try:
-        print(f"fsdp-tune: rank {os.environ.get('RANK', '?')}: {text}", file=sys.stderr, flush=True)
+        console().line(f"fsdp-tune: rank {os.environ.get('RANK', '?')}: {text}", err=True)
     except (OSError, ValueError, RuntimeError):  # RuntimeError: the signal came inside a write to stderr
         pass

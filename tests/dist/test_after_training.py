@@ -1,4 +1,4 @@
-"""After a run: manifest reproduces it, merge folds the adapter in (LoRA and QLoRA), loss.png, env."""
+"""After a run: manifest reproduces it, merge folds the adapter in (LoRA and QLoRA), chat on QLoRA, loss.png, env."""
 
 from __future__ import annotations
 
@@ -46,7 +46,13 @@ def test_manifest_reproduces_run_and_merge_and_plot(train, tmp_path) -> None:
     assert r.returncode == 2 and "--force" in r.stderr  # never overwrites silently
 
 
-def test_qlora_adapter_merges_into_unquantized_base(train, tmp_path) -> None:
+def test_qlora_adapter_merges_as_trained_or_into_the_base_and_chats(train, tmp_path) -> None:
+    """A QLoRA run merges, by default, into the 4-bit weights it trained against, dequantized: the merged model
+    computes what training computed (checked against the 4-bit base + adapter); --into base merges into the
+    16-bit weights instead, which differ from those by the 4-bit rounding. chat loads the base in 4-bit again."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     run = train(
         "--use_4bit_quantization",
         "True",
@@ -57,11 +63,32 @@ def test_qlora_adapter_merges_into_unquantized_base(train, tmp_path) -> None:
         "--max_steps",
         "2",
     )
-    r = _merge(run.output_dir, tmp_path / "merged", "--dtype", "fp32")
+    r = _merge(run.output_dir, tmp_path / "as-trained")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "QLoRA adapter: the base was loaded unquantized" in r.stdout
-    config = json.loads((tmp_path / "merged" / "config.json").read_text())
-    assert "quantization_config" not in config
+    assert "merged into the base's 4-bit weights as the run quantized them, dequantized to float32" in r.stdout
+    assert "logits match 4-bit base+adapter" in r.stdout, r.stdout
+    r = _merge(run.output_dir, tmp_path / "into-base", "--into", "base")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "merged into the 16-bit base loaded unquantized in float32" in r.stdout, r.stdout
+    for folder in ("as-trained", "into-base"):
+        config = json.loads((tmp_path / folder / "config.json").read_text())
+        assert "quantization_config" not in config and config["dtype"] == "float32", folder
+    ids = torch.tensor([list(range(5, 45))])
+    with torch.no_grad():
+        a = AutoModelForCausalLM.from_pretrained(tmp_path / "as-trained")(ids).logits
+        b = AutoModelForCausalLM.from_pretrained(tmp_path / "into-base")(ids).logits
+    assert ((a - b).abs().max() / b.abs().max()).item() > 1e-3  # NF4's rounding: two different models
+
+    lora = _merge(run.output_dir, tmp_path / "x", "--into", "nonsense")
+    assert lora.returncode == 2 and "base or dequantized" in lora.stderr
+
+    chat = subprocess.run(
+        [sys.executable, "-m", "fsdp_tune", "chat", str(run.output_dir), "--prompt", "Hi", "--max_new_tokens", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert chat.returncode == 0 and "(4-bit nf4, as trained) + adapter" in chat.stderr, chat.stderr[-3000:]
 
 
 def test_added_tokens_travel_with_the_adapter(train, tmp_path) -> None:

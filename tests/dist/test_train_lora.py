@@ -30,8 +30,9 @@ def test_lora_fsdp2_two_ranks(train) -> None:
     assert s["truncated_sequences"] == {"cut": 0, "total": 640, "max_seq_len": 96}  # the demo data fits
     assert (run.output_dir / "trainer_state.json").exists() and (run.output_dir / "tokenizer.json").exists()
     console = run.proc.stdout + run.proc.stderr
-    assert "rank 0/2 starting" in console and "rank 1/2 starting" not in console  # console: rank 0 only
-    assert "rank 1/2 starting" in (run.output_dir / "logs" / "rank-1.log").read_text()  # every rank: its log
+    assert console.count("loading model ") == 1 and "starting on" not in console  # rank 0's lines for people only
+    assert "rank 0/2 starting" in (run.output_dir / "logs" / "rank-0.log").read_text()  # every rank: its log
+    assert "rank 1/2 starting" in (run.output_dir / "logs" / "rank-1.log").read_text()
 
     import torch
     from safetensors.torch import load_file
@@ -54,7 +55,11 @@ def test_lora_fsdp2_two_ranks(train) -> None:
 
 
 def test_metrics_and_summary_files(train) -> None:
-    run = train("--max_steps", "3")
+    run = train("--max_steps", "3", "--verbose")
     lines = [json.loads(x) for x in (run.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3]
     assert "done: 3 steps" in run.proc.stdout and "adapter:" in run.proc.stdout
+    # --verbose: what the libraries print shows live too (HF's log dicts, tqdm), and still goes to the log
+    assert "{'loss'" in run.proc.stdout and "it/s]" in run.proc.stderr, run.logs()
+    assert run.proc.stdout.count("loading model ") == 1  # fsdp-tune's own lines once, not twice
+    assert "{'loss'" in (run.output_dir / "logs" / "rank-0.log").read_text()

@@ -46,6 +46,28 @@ def test_report_draws_one_figure_for_several_runs(tmp_path) -> None:
     assert line_a.split()[1:5] == ["incomplete", "3", "1.0000", "1.1000"]
 
 
+def test_the_figure_has_each_runs_loss_curve_and_eval_points(tmp_path) -> None:
+    """What `report` draws, read off the figure: per run a training-loss line with every logged step, its eval
+    points dashed in the same colour, its learning rate below; runs that share a folder name keep apart."""
+    from fsdp_tune.tools.report import figure
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    a = _run(tmp_path / "x", "out", [3.0, 2.0, 1.0, 0.5], eval_at=(2, 4))
+    b = _run(tmp_path / "y", "out", [3.5, 2.5])
+    c = _run(tmp_path, "c", [4.0, 3.0, 2.0])
+    ax_loss, ax_lr = figure([a, b, c]).axes
+    lines = {line.get_label(): line for line in ax_loss.get_lines()}
+    assert set(lines) == {f"{a} train", f"{a} eval", f"{b} train", "c train"}
+    assert list(lines[f"{a} train"].get_xdata()) == [1, 2, 3, 4]
+    assert list(lines[f"{a} train"].get_ydata()) == [3.0, 2.0, 1.0, 0.5]
+    assert list(lines[f"{a} eval"].get_xdata()) == [2, 4] and lines[f"{a} eval"].get_linestyle() == "--"
+    assert list(lines[f"{a} eval"].get_ydata()) == [2.1, 0.6]
+    assert list(lines["c train"].get_ydata()) == [4.0, 3.0, 2.0]
+    assert lines[f"{a} train"].get_color() == lines[f"{a} eval"].get_color() != lines[f"{b} train"].get_color()
+    assert [line.get_label() for line in ax_lr.get_lines()] == [str(a), str(b), "c"]
+
+
 def test_report_without_metrics(tmp_path) -> None:
     r = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert r.exit_code == 2 and "no metrics.jsonl" in r.output

@@ -17,7 +17,13 @@ from tests.conftest import FIXTURES, REPO, seed_flags
 runner = CliRunner()
 BASE = str(FIXTURES / "tiny_lora.yaml")
 GPUS8 = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8)
-BASE_ENV = ("PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")
+BASE_ENV = (
+    "PYTHONUNBUFFERED",
+    "TOKENIZERS_PARALLELISM",
+    "ACCELERATE_USE_FSDP",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING",
+    "OMP_NUM_THREADS",  # what torchrun sets for several ranks per machine when the launcher has none
+)
 
 
 def train(*args: str):

@@ -1,0 +1,127 @@
+"""`fsdp-tune chat RUN`: try what a run trained, in one command.
+
+The base model is loaded as the run loaded it (its dtype; 4-bit again, with the run's BitsAndBytesConfig, for
+a QLoRA run: the weights the adapter was trained against), the run's adapter goes on top, and prompts go
+through the tokenizer the run saved, which carries its chat template. One process, on the CPU or one GPU;
+answers stream as they are generated (transformers' TextStreamer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsdp_tune.errors import UsageError
+from fsdp_tune.launch.spec import RankSpec, read_from
+from fsdp_tune.runfiles import ADAPTER_CONFIG
+
+
+@dataclass
+class Chat:
+    model: object
+    tokenizer: object
+    device: str
+    described: str  # what was loaded, for people
+
+
+def base_of(run_dir: Path, spec: RankSpec | None, base: str | None) -> str:
+    """--base, else the model the run loaded (a builtin model rebuilt when this machine lacks its folder),
+    else what the adapter records."""
+    if base:
+        return base
+    if spec is not None:
+        name = spec.model.name_or_path
+        if not Path(name).exists() and spec.model.requested.startswith("builtin:"):
+            from fsdp_tune.sources.builtin import materialize
+
+            return str(materialize(spec.model.requested.removeprefix("builtin:")))
+        return name
+    recorded = json.loads((run_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not recorded:
+        raise UsageError("the adapter does not record its base model", "pass --base MODEL")
+    return recorded
+
+
+def load(run: str, base: str | None = None, device: str | None = None) -> Chat:
+    """The run's model, ready to answer; what the libraries say while loading it is not shown (the answers are
+    the output: no loading bars, deprecation notes or bitsandbytes' backend notes)."""
+    run_dir = Path(run)
+    if not (run_dir / ADAPTER_CONFIG).exists():
+        raise UsageError(f"{run} has no {ADAPTER_CONFIG}: not a finished run's folder", "pass a run's output dir")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _load(run_dir, base, device)
+
+
+def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    spec = read_from(run_dir)
+    base_path = base_of(run_dir, spec, base)
+    device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    kwargs: dict = {"dtype": "auto"}
+    how = "its own dtype"
+    if spec is not None:
+        kwargs["dtype"] = getattr(torch, spec.model.dtype)
+        how = spec.model.dtype
+        if spec.model.attn_implementation != "flash_attention_2" or device.startswith("cuda"):
+            kwargs["attn_implementation"] = spec.model.attn_implementation
+        if spec.model.quantization:
+            from fsdp_tune.worker.model import quantization_config
+
+            kwargs.update(quantization_config=quantization_config(spec), device_map={"": device})
+            how = f"4-bit {spec.model.quantization['bnb_4bit_quant_type']}, as trained"
+    tokenizer = AutoTokenizer.from_pretrained(str(run_dir))
+    model = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+    if "device_map" not in kwargs:
+        model = model.to(device)
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)  # as trained
+    model = PeftModel.from_pretrained(model, str(run_dir)).eval()
+    template = "its chat template" if getattr(tokenizer, "chat_template", None) else "no chat template (plain text)"
+    return Chat(model, tokenizer, device, f"{base_path} ({how}) + adapter {run_dir}, {template}, on {device}")
+
+
+def answer(chat: Chat, messages: list[dict], max_new_tokens: int, temperature: float, stream: bool = True) -> str:
+    """Generate a reply to `messages` (streamed to stdout as it comes) and return it."""
+    import torch
+    from transformers import TextStreamer
+
+    tok = chat.tokenizer
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = "\n".join(m["content"] for m in messages)
+    inputs = tok(text, return_tensors="pt", add_special_tokens=False).to(chat.device)
+    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+    with torch.no_grad():
+        out = chat.model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            streamer=TextStreamer(tok, skip_prompt=True, skip_special_tokens=True) if stream else None,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            **sampling,
+        )
+    return tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def prompts_from(prompt: list[str], prompts_file: str | None) -> list[str]:
+    """--prompt TEXT (repeatable), then --prompts FILE: one prompt per line, blank lines skipped."""
+    found = list(prompt)
+    if prompts_file:
+        try:
+            text = Path(prompts_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"--prompts {prompts_file}: cannot be read ({err})", "one prompt a line, UTF-8") from None
+        found += [line.strip() for line in text.splitlines() if line.strip()]
+    return found

@@ -1,0 +1,112 @@
+"""Rank 0's phase lines: the recipe's named steps timed (`@timed`), and those people wait on shown with what
+they produced: loading model, preparing data (rows and tokens), saving. Sharding and the first step are
+seen from inside Trainer.train(), by worker/progress.py. Every rank writes its steps' times to its log.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fsdp_tune.worker.logs import console
+
+_started: dict[str, float] = {}
+_took: dict[str, float] = {}
+_rows: dict[str, int] = {}
+
+
+def started(step: str) -> float | None:
+    return _started.get(step)
+
+
+def mark(step: str, at: float) -> None:
+    """A start time seen elsewhere ("rank": the entry point's, before torch was imported)."""
+    _started[step] = at
+
+
+def line(name: str, seconds: float | None, detail: str = "") -> None:
+    took = f"{seconds:6.1f} s" if seconds is not None else " " * 8
+    console().line(f"{name:<17}{took}  {detail}".rstrip())
+
+
+def timed(step: str, show: Callable[..., None] | None = None):
+    """Time a recipe step; on rank 0, `show(seconds, result, *args)` then prints its line."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            _started[step] = t0 = time.time()
+            result = fn(*args, **kwargs)
+            _took[step] = time.time() - t0
+            log = console().log
+            if log is not None:
+                log.write(f"fsdp-tune: {step} took {_took[step]:.2f} s\n")
+            if show is not None and os.environ.get("RANK", "0") == "0":
+                show(_took[step], result, *args)
+            return result
+
+        return run
+
+    return wrap
+
+
+def data_read(seconds: float, splits: Any, *_) -> None:
+    """build_data: rows per split, kept for the line after tokenizing (TRL tokenizes in the trainer)."""
+    if isinstance(splits, tuple):
+        for name, ds in zip(("train", "eval"), splits, strict=False):  # the data step may return more
+            if ds is not None and hasattr(ds, "__len__"):
+                _rows[name] = len(ds)
+
+
+def model_loaded(seconds: float, model: Any, spec: Any, *_) -> None:
+    quant = spec.model.quantization
+    how = f"4-bit {quant['bnb_4bit_quant_type']}" if quant else spec.model.dtype
+    try:
+        count = f"{_millions(model.num_parameters())} parameters in {how}"
+    except (AttributeError, TypeError):
+        count = how
+    line("loading model", seconds, f"{type(model).__name__}, {count}")
+
+
+def data_prepared(seconds: float, built: Any, *_) -> None:
+    """build_trainer: reading the data and TRL's tokenizing (in the trainer's constructor), as one phase."""
+    trainer = built[0]
+    parts = []
+    for name, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
+        if ds is None:
+            continue
+        rows = _rows.get(name)
+        tokens = _tokens(ds)
+        text = f"{rows:,} {name} rows" if rows is not None else f"{name} (streamed)"
+        if tokens is not None:
+            text += f", {tokens:,} tokens"
+        parts.append(text)
+    line("preparing data", seconds + _took.get("build_data", 0.0), "; ".join(parts))
+
+
+def saved(seconds: float, result: Any, *_) -> None:
+    check = (result or {}).get("adapter_check") if isinstance(result, dict) else None
+    detail = f"{check['lora_tensors']} LoRA tensors, checked whole and trained" if check else ""
+    line("saving", seconds, detail)
+
+
+def _tokens(dataset: Any) -> int | None:
+    """Tokens in a tokenized dataset, from the Arrow list offsets of input_ids (rows TRL kept only)."""
+    try:
+        import numpy as np
+
+        chunks = dataset.data.column("input_ids").chunks
+        lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks] or [np.zeros(0, np.int64)])
+        indices = getattr(dataset, "_indices", None)
+        if indices is not None:
+            lengths = lengths[indices.column(0).to_numpy()]
+        return int(lengths.sum())
+    except (AttributeError, KeyError, TypeError, ValueError):  # an iterable (streamed) dataset: not counted
+        return None
+
+
+def _millions(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

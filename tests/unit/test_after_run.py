@@ -1,0 +1,46 @@
+"""The commands after a run, up to where they would load a model: chat's prompts, merge's argument checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fsdp_tune.cli.app import app
+from fsdp_tune.errors import UsageError
+from fsdp_tune.tools.chat import prompts_from
+from fsdp_tune.tools.merge import merge
+
+runner = CliRunner()
+
+
+def test_prompts_come_from_flags_then_the_file(tmp_path) -> None:
+    file = tmp_path / "prompts.txt"
+    file.write_text("Count from 1 to 8.\n\n  Spell the word engine backwards.  \n")
+    assert prompts_from(["Hi"], str(file)) == ["Hi", "Count from 1 to 8.", "Spell the word engine backwards."]
+    assert prompts_from([], None) == []
+    with pytest.raises(UsageError, match="cannot be read"):
+        prompts_from([], str(tmp_path / "missing.txt"))
+
+
+def test_chat_needs_a_run_folder(tmp_path) -> None:
+    r = runner.invoke(app, ["chat", str(tmp_path), "--prompt", "Hi"])
+    assert r.exit_code == 2 and "no adapter_config.json" in r.output
+
+
+def _adapter(tmp_path, quantization) -> str:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "some/base"}))
+    spec = {"model": {"quantization": quantization}}
+    (tmp_path / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": spec}))
+    return str(tmp_path)
+
+
+def test_merge_into_is_checked_before_anything_loads(tmp_path) -> None:
+    lora = _adapter(tmp_path, None)
+    with pytest.raises(UsageError, match="not trained against 4-bit weights"):
+        merge(lora, None, str(tmp_path / "out"), None, "5GB", "cpu", False, "dequantized")
+    with pytest.raises(UsageError, match="--into sideways: unknown"):
+        merge(lora, None, str(tmp_path / "out"), None, "5GB", "cpu", False, "sideways")
+    with pytest.raises(UsageError, match="--dtype fp8: unknown"):
+        merge(lora, None, str(tmp_path / "out"), "fp8", "5GB", "cpu", False, None)
