@@ -22,6 +22,7 @@ LOSS_PLOT_NAME = "loss.png"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 LOG_DIR = "logs"  # logs/rank-K.log for every rank, logs/torchrun/ for torchrun's own files
+DATA_DIR = "fsdp_tune_data"  # the data as rank 0 prepared it (worker/prepare.py): the other ranks read it
 
 
 def resolved_name(node_rank: int, nnodes: int) -> str:

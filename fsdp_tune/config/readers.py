@@ -76,7 +76,10 @@ def detect_format(data: dict[str, Any]) -> str | None:
         return MANIFEST
     if "distributed_type" in data or "fsdp_config" in data or "compute_environment" in data:
         return ACCELERATE
-    if set(data) & set(keys.RECIPE_SECTIONS) and all(isinstance(v, dict) or v is None for v in data.values()):
+    sections = {k: v for k, v in data.items() if k != "datasets"}  # TRL's mixture list may sit at the top
+    if set(data) & {*keys.RECIPE_SECTIONS, "datasets"} and all(
+        isinstance(v, dict) or v is None for v in sections.values()
+    ):
         return RECIPE
     stripped = {k.removeprefix("fsdp_") for k in data}
     if stripped & set(keys.FSDP_KEYS):
@@ -255,6 +258,9 @@ class _Reader:
 
     def recipe(self, data: dict[str, Any]) -> None:
         for section, body in data.items():
+            if section == "datasets":  # TRL's dataset mixture, at the top level as in TRL's YAML configs
+                self.set("data.datasets", body, (section,))
+                continue
             if section not in keys.RECIPE_SECTIONS:
                 self.unknown((section,), list(keys.RECIPE_SECTIONS), "recipe section")
                 continue

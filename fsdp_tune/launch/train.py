@@ -56,14 +56,14 @@ def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
 
 def plan_run(config: str | None, argv: list[str], echo: Echo, machine: Machine | None = None) -> Planned:
     """Everything decided before a process starts; nothing is written."""
-    from fsdp_tune.launch.preflight import check_machine
+    from fsdp_tune.launch.preflight import check_data, check_machine
 
     checked = load(config, argv)
     cfg = checked.config
     machine = machine or probe()
     resume = resolve_resume(cfg, echo)
-    spec = decide(cfg, machine, resume)
-    findings = check_machine(cfg, spec, machine, resume_requested=bool(cfg.training.get("resume_from_checkpoint")))
+    spec, findings = check_data(decide(cfg, machine, resume))
+    findings += check_machine(cfg, spec, machine, resume_requested=bool(cfg.training.get("resume_from_checkpoint")))
     return Planned(checked, spec, findings)
 
 

@@ -40,7 +40,7 @@ def _data(tmp_path, lines: list[str], name: str = "train.jsonl"):
     "lines,rule,text",
     [
         (['{"messages": [{"role": "user", "content": "hi"}]}', '{"messages": [broken'], "PF012", "train.jsonl:2"),
-        (['{"prompt": "hi"}'], "PF014", "neither `messages` nor `text`"),
+        (['{"prompt": "hi"}'], "PF014", "prompt_completion would also need completion"),
         ([""], "PF013", "empty"),
     ],
 )
