@@ -34,13 +34,15 @@ def summary_lines(report: dict[str, Any] | None) -> list[str]:
     for s in report["sources"]:
         loss = "every token" if s["loss"] == "all" else "the answers"
         used = f", {s['used']} used" if s.get("used", s["sequences"]) != s["sequences"] else ""
-        lines.append(f"  data: {s['source']}: {s['kind']}, {s['rows']} rows, {s['sequences']} sequences{used}; {loss}")
+        lines.append(
+            f"  data: {s['source']}: {s['kind']}, {s['rows']} rows -> {s['sequences']} sequences{used}, loss on {loss}"
+        )
         for reason, seen in s["skipped"].items():
             lines.append(f"    skipped {seen['count']} row(s): {reason} ({', '.join(seen['rows'][:3])})")
         for note, count in s.get("template_notes", {}).items():
             lines.append(f"    chat template, {count} sequence(s): {note}")
     if report.get("loss_share") is not None:
-        lines.append(f"  loss on {report['loss_share']:.1%} of the {report['tokens']} training tokens")
+        lines.append(f"  data: {report['loss_share']:.1%} of the {report['tokens']} training tokens are in the loss")
     held = report.get("eval")
     if held and held["tokens"]:
         share = held["loss_tokens"] / held["tokens"]
