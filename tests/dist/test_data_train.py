@@ -60,7 +60,8 @@ def _sources(root: Path) -> list[dict]:
 
 def test_mixture_of_every_format_and_source_with_eval(train, tmp_path) -> None:
     config = yaml.safe_load(BASE.read_text())
-    config["data"] = {k: v for k, v in config["data"].items() if k != "dataset_name"} | {"test_split_size": 0.2}
+    data = {k: v for k, v in config["data"].items() if k != "dataset_name"}
+    config["data"] = data | {"test_split_size": 0.2, "packing": True}  # masks go through TRL's BFD packing
     config["datasets"] = _sources(tmp_path / "data")
     config["training"].update(
         max_steps=4,
