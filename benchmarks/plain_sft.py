@@ -1,5 +1,6 @@
 """The plain way, for the launcher-overhead benchmark: a hand-written torchrun + SFTTrainer script with the
-same model, data, seed, steps and FSDP2 settings as configs/demo_cpu.yaml.
+same model, data, seed, steps and FSDP2 settings as configs/demo_cpu.yaml, and the same loss (the answers
+only: TRL's assistant_only_loss with a chat template marked for it).
 
 Run: torchrun --standalone --nproc_per_node 2 benchmarks/plain_sft.py MODEL_DIR OUTPUT_DIR
 On CPU it needs the same accelerate shim as fsdp-tune (without it accelerate silently trains unsharded).
@@ -17,6 +18,14 @@ import sys
 import time
 
 started = time.time()
+
+CHATML_ANSWERS_MARKED = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def command(model_dir: str, output_dir: str, nproc: int = 2) -> list[str]:
@@ -51,14 +60,15 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from fsdp_tune.sources.data import resolve
+    from fsdp_tune.sources.data import locate
+    from fsdp_tune.sources.mixture import Source
 
-    files = {s: str(p) for s, p in resolve("builtin:demo-chat", ("train",)).files.items()}
+    files = {"train": locate(Source("builtin:demo-chat")).files["train"]}
     tok = AutoTokenizer.from_pretrained(model_dir)
+    # TRL trains on the answers only (fsdp-tune's default) with a template that marks them: ChatML with
+    # {% generation %} around each answer and its end-of-turn token, which a user would write by hand
+    tok.chat_template = CHATML_ANSWERS_MARKED
     ds = load_dataset("json", data_files=files)["train"]
-    ds = ds.map(
-        lambda r: {"text": tok.apply_chat_template(r["messages"], tokenize=False)}, remove_columns=ds.column_names
-    )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", attn_implementation="sdpa")
     fsdp = (
         {}
@@ -94,7 +104,7 @@ def main() -> None:
         ddp_backend="gloo",
         max_length=seq,
         packing=False,
-        dataset_text_field="text",
+        assistant_only_loss=True,
         **fsdp,
     )
     first_step: list[float] = []

@@ -8,6 +8,7 @@ from typing import Any
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.output_data import plan_lines, summary_lines
 from fsdp_tune.summary import RunSummary
 
 # What a reader of `validate-config` needs first; the rest is in --json.
@@ -118,6 +119,7 @@ def format_summary(s: RunSummary) -> str:
     cut = s.truncated_sequences or {}
     if cut.get("cut"):
         lines.append(f"  data: {cut['cut']} of {cut['total']} sequences were cut at max_seq_len {cut['max_seq_len']}")
+    lines += summary_lines(s.data)
     gpu = [r for r in s.per_rank if r.peak_gpu_reserved_mib is not None]
     if gpu:
         lines.append("  peak GPU reserved: " + ", ".join(f"{r.peak_gpu_reserved_mib:.0f} MiB" for r in gpu))
@@ -262,6 +264,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         )
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
+    lines += plan_lines(d)
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
         f"  output: {spec.output_dir}"

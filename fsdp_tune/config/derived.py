@@ -12,6 +12,8 @@ from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 
 FLOATS = ("bfloat16", "float16", "float32")
 DTYPE_OF_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "no": "float32"}
+# TRL's own loss switches: read as --train_on_prompt (not value) when --train_on_prompt is not given (FT103)
+TRL_LOSS_FLAGS = ("assistant_only_loss", "completion_only_loss")
 
 
 def compute_precision(cfg: RunConfig) -> str:
@@ -89,3 +91,14 @@ def cp_degree(cfg: RunConfig) -> int:
 def fsdp1_unsharded(cfg: RunConfig) -> bool:
     """FSDP1 runs as NO_SHARD: asked for, or clamped to it by torch on a single process."""
     return cfg.fsdp.version == 1 and (cfg.fsdp.sharding_strategy == "NO_SHARD" or cfg.launch.num_processes == 1)
+
+
+def train_on_prompt(cfg: RunConfig) -> bool:
+    """--train_on_prompt (alias --train_on_inputs); else TRL's assistant_only_loss / completion_only_loss
+    inverted; else False: chat-like data trains on the answers."""
+    if cfg.is_set("data.train_on_prompt"):
+        return cfg.data.train_on_prompt
+    for name in TRL_LOSS_FLAGS:
+        if cfg.training.is_set(name) and cfg.training.get(name) is not None:
+            return not cfg.training.get(name)
+    return False

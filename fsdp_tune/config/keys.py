@@ -131,6 +131,7 @@ FLAG_ALIASES: dict[str, str] = {
     "max_length": "data.max_seq_len",  # SFTConfig's name: one place for one setting
     "packing": "data.packing",
     "dataset_text_field": "data.dataset_text_field",
+    "train_on_inputs": "data.train_on_prompt",  # axolotl's name for LLaMA-Factory's train_on_prompt
     "use_cpu": "launch.use_cpu",
     "torch_dtype": "model.dtype",
     "bnb_4bit_quant_storage": "quantization.bnb_4bit_quant_storage_dtype",

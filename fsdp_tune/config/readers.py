@@ -7,15 +7,13 @@ has FSDP keys at the top level. Values stay raw here; `normalize.py` coerces and
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fsdp_tune.config import keys, limits
 from fsdp_tune.config.names import flag_table, retired, section_keys
+from fsdp_tune.config.parse import line_map, parse
 from fsdp_tune.config.schema import SECTIONS, Assignment, Origin
 from fsdp_tune.config.suggest import did_you_mean
 from fsdp_tune.errors import Finding, Severity, UsageError
@@ -33,55 +31,15 @@ class FileConfig:
     findings: list[Finding]
 
 
-def _line_map(text: str) -> dict[tuple[str, ...], int]:
-    """1-based line of every mapping key, by key path (YAML is a superset of JSON, so both work)."""
-    lines: dict[tuple[str, ...], int] = {}
-
-    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode):
-                    path = (*prefix, str(k.value))
-                    lines[path] = k.start_mark.line + 1
-                    walk(v, path)
-
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
-        return lines
-    if root is not None:
-        walk(root, ())
-    return lines
-
-
-def _parse(path: Path, text: str) -> Any:
-    if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
-        try:
-            return limits.check_depth(str(path), json.loads(text))
-        except RecursionError:
-            raise limits.too_deep(str(path), None) from None
-        except json.JSONDecodeError as e:
-            raise UsageError(
-                f"{path}:{e.lineno}: not valid JSON: {e.msg}", "fix the JSON syntax at that line"
-            ) from None
-    limits.check_yaml(str(path), text)
-    try:
-        return yaml.safe_load(text)
-    except RecursionError:
-        raise limits.too_deep(str(path), None) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e)
-        raise UsageError(f"{where}: not valid YAML: {problem}", "fix the YAML syntax at that line") from None
-
-
 def detect_format(data: dict[str, Any]) -> str | None:
     if "fsdp_tune_manifest" in data:
         return MANIFEST
     if "distributed_type" in data or "fsdp_config" in data or "compute_environment" in data:
         return ACCELERATE
-    if set(data) & set(keys.RECIPE_SECTIONS) and all(isinstance(v, dict) or v is None for v in data.values()):
+    sections = {k: v for k, v in data.items() if k != "datasets"}  # TRL's mixture list may sit at the top
+    if set(data) & {*keys.RECIPE_SECTIONS, "datasets"} and all(
+        isinstance(v, dict) or v is None for v in sections.values()
+    ):
         return RECIPE
     stripped = {k.removeprefix("fsdp_") for k in data}
     if stripped & set(keys.FSDP_KEYS):
@@ -101,7 +59,7 @@ def read_file(path_str: str) -> FileConfig:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{path_str} is not UTF-8 text", "save the config as UTF-8") from None
-    data = _parse(path, text)
+    data = parse(path, text)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -113,7 +71,7 @@ def read_file(path_str: str) -> FileConfig:
             "an Accelerate YAML has `distributed_type`, a Transformers fsdp_config has FSDP keys such as "
             "`reshard_after_forward`, a recipe has sections such as `fsdp:` and `training:`",
         )
-    reader = _Reader(path_str, _line_map(text))
+    reader = _Reader(path_str, line_map(text))
     if fmt == ACCELERATE:
         reader.accelerate(data)
     elif fmt == TRANSFORMERS:
@@ -261,6 +219,9 @@ class _Reader:
 
     def recipe(self, data: dict[str, Any]) -> None:
         for section, body in data.items():
+            if section == "datasets":  # TRL's dataset mixture, at the top level as in TRL's YAML configs
+                self.set("data.datasets", body, (section,))
+                continue
             if section not in keys.RECIPE_SECTIONS:
                 self.unknown((section,), list(keys.RECIPE_SECTIONS), "recipe section")
                 continue

@@ -24,6 +24,8 @@ FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 QUANT_STORAGE = ("bfloat16", "float16", "float32", "uint8", "int8", "float64")
 QUANT_TYPES = ("nf4", "fp4")
 CHAT_TEMPLATES = ("chatml", "zephyr", "none")
+DATASET_FORMATS = ("auto", "text", "messages", "prompt_completion", "alpaca", "sharegpt")
+MASK_FALLBACKS = ("split", "locate", "error")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 
 
@@ -124,6 +126,21 @@ class DataSettings:
     max_seq_len: int = _f(2048)
     dataset_text_field: str = _f("text")
     packing: bool = _f(False)
+    # what the data is and where it is (TRL's ScriptArguments / DatasetMixtureConfig spellings where TRL has one)
+    dataset_format: str = _f("auto", choices=DATASET_FORMATS)
+    dataset_columns: dict[str, str] | None = _f(None, kind="map")  # logical field -> column
+    dataset_roles: dict[str, str] | None = _f(None, kind="map")  # ShareGPT speaker -> role
+    dataset_config: str | None = _f(None, kind="str")  # load_dataset(name=...)
+    dataset_train_split: str | None = _f(None, kind="str")  # None: splits[0]
+    dataset_test_split: str | None = _f(None, kind="str")  # None: splits[1]
+    data_files: Any = _f(None, kind="files")
+    data_dir: str | None = _f(None, kind="str")
+    datasets: tuple[dict[str, Any], ...] | None = _f(None, kind="records")  # a mixture, TRL's `datasets:`
+    test_split_size: float | None = _f(None, kind="float")  # held-out share carved from the training rows
+    dataset_streaming: bool = _f(False)
+    # the loss: answers only for chat-like formats unless train_on_prompt
+    train_on_prompt: bool = _f(False)
+    mask_fallback: str = _f("split", choices=MASK_FALLBACKS)  # templates that re-render earlier turns
 
 
 @dataclass(frozen=True)
@@ -262,23 +279,3 @@ def _plain(value: Any) -> Any:
 def section_fields(section: str) -> dict[str, Any]:
     """name -> dataclass Field of one section (not `training`)."""
     return {f.name: f for f in fields(SECTIONS[section])}
-
-
-def from_dict(data: dict[str, Any]) -> RunConfig:
-    """Rebuild a RunConfig from `as_dict()` output (the worker reads resolved.json this way)."""
-    kwargs: dict[str, Any] = {}
-    for name, cls in SECTIONS.items():
-        values = dict(data.get(name, {}))
-        for f in fields(cls):
-            if f.metadata.get("kind") == "list" and isinstance(values.get(f.name), list):
-                values[f.name] = tuple(values[f.name])
-        kwargs[name] = cls(**values)
-    kinds = training_fields()
-    kwargs["training"] = TrainingSettings(
-        {
-            k: tuple(v) if isinstance(v, list) and kinds.get(k, {}).get("kind") == "list" else v
-            for k, v in data.get("training", {}).items()
-        }
-    )
-    kwargs["peft"] = PeftSettings.from_plain(data.get("peft", {}))
-    return RunConfig(**kwargs)

@@ -130,6 +130,41 @@ def to_dict(value: Any) -> dict:
     raise BadValue(f"must be a mapping (or a JSON object string), got {value!r}")
 
 
+def to_map(value: Any) -> dict[str, str]:
+    """A mapping, a JSON object, or `key=value,key=value` (--dataset_columns prompt=question,completion=answer)."""
+    if isinstance(value, str) and not value.strip().startswith("{"):
+        pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+        if pairs and all(eq and k.strip() and v.strip() for k, eq, v in pairs):
+            return {k.strip(): v.strip() for k, _, v in pairs}
+        raise BadValue(f"must be key=value pairs separated by commas, got {value!r}")
+    mapping = to_dict(value)
+    if not all(isinstance(v, str) for v in mapping.values()):
+        raise BadValue(f"must map names to names, got {value!r}")
+    return {str(k): v for k, v in mapping.items()}
+
+
+def to_files(value: Any) -> Any:
+    """data_files as `datasets` takes them: a path, paths (a list or comma-separated), or {split: path(s)}."""
+    if isinstance(value, dict):
+        return {str(k): to_files(v) for k, v in value.items()}
+    if isinstance(value, str) and value.strip().startswith("{"):
+        return to_files(to_dict(value))
+    files = to_list(value)
+    return files[0] if len(files) == 1 else files
+
+
+def to_records(value: Any) -> tuple[dict, ...]:
+    """A list of mappings (a recipe's `datasets:`), or the same as JSON text; entries are checked by FT100."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise BadValue(f"must be a list of datasets (YAML, or JSON text), got {value!r}") from None
+    if not isinstance(value, (list, tuple)):
+        raise BadValue(f"must be a list of datasets, each with a `path`, got {value!r}")
+    return tuple(dict(v) if isinstance(v, dict) else v for v in value)
+
+
 def coerce(path: str, value: Any) -> Any:
     if value is None:
         return None
@@ -148,12 +183,8 @@ def coerce(path: str, value: Any) -> Any:
         return to_list(value)
     if kind == "dict":
         return to_dict(value)
-    if kind == "int_list":
-        return to_int_list(value)
-    if kind == "bool_or_str":
-        return to_bool_or_str(value)
-    if kind == "json":
-        return to_json(value)
+    if kind in _KINDS:
+        return _KINDS[kind](value)
     if kind == "str":
         if isinstance(value, (dict, list, bool)):
             raise BadValue(f"must be a string, got {value!r}")
@@ -182,4 +213,17 @@ def value_hint(path: str) -> str:
         "bool_or_str": "use true, false or the name of an initialisation",
         "json": "use a list or a mapping (JSON on the command line)",
         "dict": "use a mapping",
+        "map": "use key=value pairs separated by commas (or a mapping)",
+        "files": "use a path, several paths, or a mapping of split: path",
+        "records": "use a list of mappings, each with a `path` (TRL's dataset mixture)",
     }.get(kind, "")
+
+
+_KINDS = {
+    "int_list": to_int_list,
+    "bool_or_str": to_bool_or_str,
+    "json": to_json,
+    "map": to_map,
+    "files": to_files,
+    "records": to_records,
+}

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from fsdp_tune.config.derived import (
+    TRL_LOSS_FLAGS,
     compute_precision,
     fsdp1_unsharded,
     gradient_checkpointing,
@@ -20,9 +21,10 @@ from fsdp_tune.config.derived import (
     quant_storage,
 )
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch.decide_data import data_spec
 from fsdp_tune.launch.lora import lora_kwargs
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
-from fsdp_tune.launch.spec import DataSpec, ModelSpec, RankSpec, World
+from fsdp_tune.launch.spec import ModelSpec, RankSpec, World
 from fsdp_tune.sources.classes import chosen_attention
 
 DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
@@ -59,14 +61,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         fsdp_mixed_precision=fsdp2_qlora_policy(cfg),
         model=model_spec(cfg),
         lora=lora_kwargs(cfg),
-        data=DataSpec(
-            dataset_name=cfg.data.dataset_name or "",
-            splits=tuple(cfg.data.splits or ("train",)),
-            text_field=cfg.data.dataset_text_field,
-            chat_template_format=cfg.data.chat_template_format,
-            max_seq_len=cfg.data.max_seq_len,
-            packing=cfg.data.packing,
-        ),
+        data=data_spec(cfg),
         output_dir=output_dir,
         resume_from_checkpoint=resume,
         checkpoint_on_stop=cfg.training.get("save_strategy") != "no" and cfg.run.save_on_interrupt,
@@ -188,6 +183,8 @@ def trainer_args(cfg: RunConfig, on_cpu: bool, output_dir: str) -> dict[str, Any
     kwargs = args.pop("gradient_checkpointing_kwargs", None) or {}
     args.pop("resume_from_checkpoint", None)  # resolved by the launcher: RankSpec.resume_from_checkpoint
     args.pop("overwrite_output_dir", None)
+    for name in TRL_LOSS_FLAGS:  # our rows carry their answer masks: read as --train_on_prompt (decide_data.py)
+        args.pop(name, None)
     if args["activation_checkpointing"]:
         args["activation_checkpointing_kwargs"] = {"use_reentrant": cfg.run.use_reentrant, **kwargs}
     if on_cpu:

@@ -17,7 +17,6 @@ from fsdp_tune.launch import outdir, ownership
 from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
 from fsdp_tune.launch.spec import RankSpec
-from fsdp_tune.sources import data as datasource
 from fsdp_tune.sources.model import hub_cache
 from fsdp_tune.sources.weights import check_weights
 
@@ -45,7 +44,6 @@ def _looks_like_path(name: str) -> bool:
 def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_requested: bool) -> list[Finding]:
     findings: list[Finding] = []
     findings += _model(cfg)
-    findings += _data(cfg)
     findings += _libraries(cfg, spec, machine)
     findings += _output_dir(cfg, spec, resume_requested)
     return findings
@@ -101,35 +99,17 @@ def _hub_model(name: str) -> list[Finding]:
     return []
 
 
-def _data(cfg: RunConfig) -> list[Finding]:
-    name = cfg.data.dataset_name
-    if not name:
-        return [
-            _err(
-                "PF010",
-                "--dataset_name",
-                "no dataset given",
-                "--dataset_name data/train.jsonl (a file or a folder with train.jsonl/test.jsonl)",
-            )
-        ]
-    splits = cfg.data.splits or ("train",)
-    if datasource.looks_local(name) or Path(name).exists():
-        source = datasource.resolve(name, splits)
-        if not source.files and not Path(name).expanduser().exists():
-            return [_err("PF010", "--dataset_name", f"{name} does not exist", "check the path")]
-        return datasource.check_local(
-            source, splits, cfg.data.dataset_text_field, chat=cfg.data.chat_template_format != "none"
-        )
-    if _offline() and not _hub_cached(name, "datasets"):
-        return [
-            _err(
-                "PF015",
-                "--dataset_name",
-                f"{name} is a hub dataset, the hub is offline and it is not cached",
-                "use a local file: --dataset_name data/train.jsonl",
-            )
-        ]
-    return []
+def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
+    """The data files, read on this machine: their format detected and written into the spec (the ranks
+    execute it), unreadable files and bad rows reported with file and row (sources/datacheck.py)."""
+    from dataclasses import replace
+
+    from fsdp_tune.sources.datacheck import settle
+
+    d = spec.data
+    eval_wanted = spec.trainer_args.get("eval_strategy", "no") not in ("no", None) and not d.test_split_size
+    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted)
+    return replace(spec, data=replace(d, sources=sources)), findings
 
 
 def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
+from fsdp_tune.sources.mixture import Source, source_from_dict
 
 SPEC_VERSION = 1
 
@@ -47,12 +48,25 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
+    """The data every rank trains on: the sources (their format detected from the files on the launcher, or
+    on rank 0 for a Hub dataset), how they mix, and what is in the loss. Rank 0 converts and tokenizes once
+    (worker/prepare.py); the others read its result."""
+
     dataset_name: str
     splits: tuple[str, ...]
     text_field: str
-    chat_template_format: str  # "none": TRL applies the tokenizer's own template to `messages`
+    chat_template_format: str  # "none": the tokenizer's own template renders chats
     max_seq_len: int
     packing: bool
+    sources: tuple[Source, ...] = ()
+    test_split_size: float | None = None  # held-out share carved from the mixed training rows
+    mask_fallback: str = "split"  # chat templates that re-render earlier turns: split | locate | error
+    peft_text_field: str | None = None  # PEFT's examples path: chats rendered into this text, every token trained
+
+
+def data_spec_from_dict(data: dict[str, Any]) -> DataSpec:
+    sources = tuple(source_from_dict(s) for s in data.get("sources", ()))
+    return DataSpec(**{**data, "splits": tuple(data["splits"]), "sources": sources})
 
 
 @dataclass(frozen=True)
@@ -109,7 +123,7 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
     kwargs = dict(data)
     kwargs["world"] = World(**data["world"])
     kwargs["model"] = ModelSpec(**data["model"])
-    kwargs["data"] = DataSpec(**{**data["data"], "splits": tuple(data["data"]["splits"])})
+    kwargs["data"] = data_spec_from_dict(data["data"])
     kwargs["notes"] = tuple(data.get("notes", ()))
     return RankSpec(**kwargs)
 

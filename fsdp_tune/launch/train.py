@@ -107,15 +107,15 @@ def plan_run(
 ) -> Planned:
     """Everything decided before a process starts; nothing is written. `console`: what rank 0 shows
     (decide.console_mode)."""
-    from fsdp_tune.launch.preflight import check_machine
+    from fsdp_tune.launch.preflight import check_data, check_machine
 
     checked = load(config, argv)
     cfg = checked.config
     machine = machine or probe()
     resume = resolve_resume(cfg, echo)
-    spec = decide(cfg, machine, resume, console)
+    spec, findings = check_data(decide(cfg, machine, resume, console))
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
-    findings = check_machine(cfg, spec, machine, resume_requested=resuming)
+    findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
     run_id = (resuming and (folder_run_id(spec.output_dir) or _run_of(resume))) or ownership.new_run_id()

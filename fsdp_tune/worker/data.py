@@ -1,45 +1,18 @@
-"""Datasets per rank: load the splits, apply the chat template, hand TRL a text or chat dataset."""
+"""Datasets per rank: prepared once (worker/prepare.py: rank 0 converts and tokenizes, the others read it),
+and how much of them TRL cuts at max_seq_len."""
 
 from __future__ import annotations
 
-from fsdp_tune.launch.spec import DataSpec
-from fsdp_tune.sources.data import resolve
+from fsdp_tune.launch.spec import RankSpec
 
 
-def load_splits(data: DataSpec, tokenizer):
-    """(train, eval or None), already rendered to `dataset_text_field` when a chat template is chosen."""
-    from datasets import DatasetDict, load_dataset
+def load_splits(spec: RankSpec, tokenizer):
+    """(train, eval or None, the data report): pre-tokenized `input_ids` + `assistant_masks`, from which TRL
+    builds the labels (only the tokens in the loss keep their id)."""
+    from fsdp_tune.worker.prepare import prepare
 
-    splits = data.splits or ("train",)
-    source = resolve(data.dataset_name, splits)
-    if source.is_local:
-        files = {split: str(path) for split, path in source.files.items()}
-        loaded = load_dataset(source.loader, data_files=files)
-    else:
-        loaded = DatasetDict({s: load_dataset(source.name, split=s) for s in splits})
-    train = loaded[splits[0]]
-    evaluation = loaded[splits[1]] if len(splits) > 1 and splits[1] in loaded else None
-    render = _renderer(data, tokenizer)
-    if render is not None:
-        train = train.map(render, remove_columns=train.column_names, desc="chat template")
-        if evaluation is not None:
-            evaluation = evaluation.map(render, remove_columns=evaluation.column_names, desc="chat template")
-    return train, evaluation
-
-
-def _renderer(data: DataSpec, tokenizer):
-    """With --chat_template_format, `messages` become one text per row in dataset_text_field (as PEFT's
-    examples do); otherwise TRL applies the tokenizer's own template to `messages`, or uses the text."""
-    if data.chat_template_format == "none":
-        return None
-    field = data.text_field
-
-    def render(row):
-        if "messages" in row and row["messages"] is not None:
-            return {field: tokenizer.apply_chat_template(row["messages"], tokenize=False)}
-        return {field: row[field]}
-
-    return render
+    prepared = prepare(spec, tokenizer)
+    return prepared.train, prepared.eval, prepared.report
 
 
 def truncated_rows(dataset, max_len: int, packing: bool) -> tuple[int, int]:

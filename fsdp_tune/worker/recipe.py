@@ -38,7 +38,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     tokenizer = build_tokenizer(spec)
     args = training_args(spec)
     with args.main_process_first(desc="dataset preparation"):
-        train_ds, eval_ds = build_data(spec, tokenizer)
+        train_ds, eval_ds, data_report = build_data(spec, tokenizer)
     model = build_model(spec, tokenizer)
     trainer, watch = build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)
     truncation = report_truncation(trainer, spec)
@@ -49,7 +49,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     check_finite(watch.nan_guard)
     summary = save_and_verify(trainer, spec, tokenizer)
     push(trainer, spec)
-    write_summary(trainer, spec, result, watch, started, truncation, summary)
+    write_summary(trainer, spec, result, watch, started, truncation, summary, data_report)
 
 
 def read_spec(resolved_path: str) -> RankSpec:
@@ -123,7 +123,7 @@ def training_args(spec: RankSpec):
 def build_data(spec: RankSpec, tokenizer):
     from fsdp_tune.worker.data import load_splits
 
-    return load_splits(spec.data, tokenizer)
+    return load_splits(spec, tokenizer)
 
 
 @phases.timed("build_model", show=phases.model_loaded)
@@ -243,10 +243,12 @@ def push(trainer, spec: RankSpec) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def write_summary(trainer, spec: RankSpec, result, watch: Watchers, started: float, truncation, saved: dict) -> None:
+def write_summary(
+    trainer, spec: RankSpec, result, watch: Watchers, started: float, truncation, saved: dict, data: dict
+) -> None:
     from fsdp_tune.worker.summary import collect
 
-    summary = collect(trainer, spec, result, watch.metrics, started, truncated_sequences=truncation, **saved)
+    summary = collect(trainer, spec, result, watch.metrics, started, truncated_sequences=truncation, data=data, **saved)
     if trainer.is_world_process_zero():
         run_summary.write(spec.output_dir, summary)
     trainer.accelerator.wait_for_everyone()

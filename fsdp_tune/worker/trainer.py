@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from fsdp_tune.launch.spec import RankSpec
 
 
@@ -64,6 +66,7 @@ def trainer_class():
         def _save_checkpoint(self, model, trial) -> None:
             # Mark the new checkpoint complete before any old one is deleted (save_total_limit), so at
             # every moment the newest complete checkpoint, the one `latest` resumes from, exists.
+            make_checkpoint_folder(self, trial)  # first: every rank then agrees on the best checkpoint
             limit = self.args.save_total_limit
             self.args.save_total_limit = None
             try:
@@ -75,12 +78,8 @@ def trainer_class():
                 run_dir = self._get_output_dir(trial=trial)
                 mark_complete(run_dir, self.state.global_step)
                 if limit:
-                    rotate_checkpoints(
-                        output_dir=run_dir,
-                        save_total_limit=limit,
-                        use_mtime=True,
-                        best_model_checkpoint=self.state.best_model_checkpoint,
-                    )
+                    best = self.state.best_model_checkpoint
+                    rotate_checkpoints(run_dir, save_total_limit=limit, use_mtime=True, best_model_checkpoint=best)
 
         def compute_loss(self, model, inputs, *args, **kwargs):
             loss = super().compute_loss(model, inputs, *args, **kwargs)
@@ -96,3 +95,11 @@ def trainer_class():
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     return FsdpTuneTrainer
+
+
+def make_checkpoint_folder(trainer, trial) -> None:
+    """transformers looks for the best checkpoint's folder before the FSDP shards that create it are written
+    (with the optimizer), so ranks disagreed on the best checkpoint and, with load_best_model_at_end, one rank
+    loaded it while the others went on and waited forever. Made first, on every rank, they agree."""
+    folder = os.path.join(trainer._get_output_dir(trial=trial), f"checkpoint-{trainer.state.global_step}")
+    os.makedirs(folder, exist_ok=True)

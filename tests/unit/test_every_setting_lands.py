@@ -18,7 +18,12 @@ from fsdp_tune.validate import check
 GPUS = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8)
 BASE = ["--output_dir", "/tmp/walk"]
 # the base run every setting is changed against: LoRA on, 4 processes, the parallelism section switched on
-BASE_RECIPE = {"launch": {"num_processes": 4}, "lora": {"use_peft_lora": True}, "parallelism": {"enabled": True}}
+BASE_RECIPE = {
+    "launch": {"num_processes": 4},
+    "lora": {"use_peft_lora": True},
+    "parallelism": {"enabled": True},
+    "data": {"dataset_name": "data/train.jsonl"},  # data settings describe a dataset: the base run has one
+}
 
 # Settings that act outside the rank spec, and where. Each entry is a claim a reviewer can check.
 ELSEWHERE = {
@@ -56,9 +61,18 @@ VALUES = {
     "fsdp.transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
     "fsdp.min_num_params": 100_000_000,
     "lora.lora_target_modules": "q_proj,v_proj",
-    "data.dataset_name": "data/train.jsonl",
+    "data.dataset_name": "data/other.jsonl",
     "data.splits": "train",
     "data.dataset_text_field": "content",
+    "data.dataset_columns": "prompt=question,completion=answer",
+    "data.dataset_roles": "bot=assistant",
+    "data.dataset_config": "subset",
+    "data.dataset_train_split": "train[:50%]",
+    "data.dataset_test_split": "validation",
+    "data.data_files": "a.jsonl",
+    "data.data_dir": "shards",
+    "data.datasets": [{"path": "a.jsonl", "format": "alpaca"}, {"path": "b.parquet", "weight": 2}],
+    "data.test_split_size": 0.1,
 }
 
 

@@ -1,0 +1,217 @@
+"""Pre-flight for the data (no `datasets`, no torch): every local source is located and read, its format
+detected and written into the rank spec; files that cannot be read, folders that mix kinds of files, columns
+that match no format and rows of another format are refused; rows that will be skipped or whose turns are out
+of order are reported with file and row. A Hub dataset is only checked for being reachable: rank 0 detects
+its format (worker/prepare.py), with the same functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.sources.data import dataset_cached, locate
+from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
+from fsdp_tune.sources.mixture import Source, slice_rows, split_name
+from fsdp_tune.sources.rowcheck import check_row
+from fsdp_tune.sources.sample import MAX_ROWS, Sample, read_sample
+
+DETECT_ROWS = 100  # rows detection looks at
+LISTED = 5  # rows named in one finding
+
+
+def settle(
+    sources: tuple[Source, ...], text_field: str, peft_text_field: str | None, eval_wanted: bool
+) -> tuple[tuple[Source, ...], list[Finding]]:
+    """(the sources with what their files say, findings). `eval_wanted`: read each source's held-out split."""
+    if not sources:
+        hint = "--dataset_name data/train.jsonl (a file, a folder, a Hub name), or a `datasets:` list"
+        return sources, [Finding("PF010", Severity.ERROR, "--dataset_name", "command line", "no dataset given", hint)]
+    settled: list[Source] = []
+    findings: list[Finding] = []
+    for source in sources:
+        one, found = settle_source(source, text_field, peft_text_field, eval_wanted)
+        settled.append(one)
+        findings += found
+    return tuple(settled), findings
+
+
+def _error(rule: str, key: str, where: str, message: str, hint: str = "") -> Finding:
+    return Finding(rule, Severity.ERROR, key, where, message, hint)
+
+
+def settle_source(
+    source: Source, text_field: str, peft_text_field: str | None, eval_wanted: bool
+) -> tuple[Source, list[Finding]]:
+    """long because it is the pre-flight's story for one source, step by step: where, which splits, readable,
+    consistent, which format, which rows."""
+    located = locate(source)
+    if not located.is_local:
+        offline = any(
+            os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+        )
+        if offline and not dataset_cached(source.path):
+            message = f"{source.path} is a Hub dataset, the Hub is offline (HF_HUB_OFFLINE) and it is not cached"
+            return source, [_error("PF015", "--dataset_name", "command line", message, "use local files")]
+        return source, []
+    if located.problem:
+        rule = "PF019" if located.files else "PF010"
+        return source, [_error(rule, "--dataset_name", source.path, located.problem, located.hint)]
+    train = split_name(source.split)
+    if train not in located.files:
+        found = ", ".join(sorted(located.files)) or "none"
+        message = f"{source.path}: no data files for the {train} split (splits found: {found})"
+        hint = "--dataset_train_split NAME (or --splits), or name the files train.jsonl / test.jsonl"
+        return source, [_error("PF010", "--dataset_name", source.path, message, hint)]
+    eval_split = source.eval_split if eval_wanted else None
+    findings: list[Finding] = []
+    if eval_split and split_name(eval_split) not in located.files:
+        message = f"{source.path}: evaluation needs a held-out split, and there is no {split_name(eval_split)} split"
+        hint = "--dataset_test_split NAME, --test_split_size 0.1, or --eval_strategy no"
+        findings.append(_error("PF013", "--eval_strategy", source.path, message, hint))
+        eval_split = None
+    splits = [s for s in (source.split, eval_split) if s]
+    files = {split_name(s): located.files[split_name(s)] for s in splits}
+    samples = {s: [read_sample(f, located.loader or "json") for f in files[split_name(s)]] for s in splits}
+    problems = [_error(p[0], split_name(s), p[1], p[2], p[3]) for s in splits for x in samples[s] if (p := x.problem)]
+    problems += [_consistency(split_name(s), samples[s]) for s in splits if len(samples[s]) > 1]
+    problems = [p for p in problems if p is not None]
+    empty = [s for s in splits if not any(x.rows or x.problem for x in samples[s])]
+    problems += [
+        _error("PF013", split_name(s), files[split_name(s)][0], f"the {split_name(s)} split is empty", "add rows")
+        for s in empty
+    ]
+    if problems:
+        return source, findings + problems
+    first = samples[source.split][0]
+    rows = [r for x in samples[source.split] for _, r in x.rows]
+    try:
+        fmt = detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source, text_field)
+    except FormatError as e:
+        return source, findings + [_error("PF014", split_name(source.split), first.path, str(e), e.hint)]
+    for s in splits:
+        findings += check_rows(split_name(s), sliced(s, [r for x in samples[s] for r in x.rows]), fmt, source.roles)
+    fmt, as_text = renders_to_text(fmt, first.columns, peft_text_field)
+    settled = replace(
+        source,
+        eval_split=eval_split,
+        loader=located.loader,
+        files=files,
+        detected=fmt.as_dict(),
+        train_on_prompt=source.train_on_prompt or as_text,
+    )
+    return settled, findings
+
+
+def detect(columns: list[str], rows: list[dict], source: Source, text_field: str) -> Format:
+    """The dataset's format; JSON lines may differ row to row, so the format most rows have wins (the others
+    are then refused as rows of another format, PF016)."""
+    forced = source.format
+    if forced == AUTO and rows:
+        votes: Counter[str] = Counter()
+        for row in rows:
+            try:
+                votes[detect_format(row.keys(), [row], column_map=source.column_map, text_field=text_field).kind] += 1
+            except FormatError:
+                continue
+        forced = votes.most_common(1)[0][0] if len(votes) > 1 else AUTO
+    return detect_format(columns, rows, forced=forced, column_map=source.column_map, text_field=text_field)
+
+
+def sliced(spec: str, rows: list) -> list:
+    """The rows a split slice (train[:5%]) selects, when every row of the split was read."""
+    selected = slice_rows(spec, len(rows)) if "[" in spec and len(rows) < MAX_ROWS else None
+    return rows[selected.start : selected.stop] if selected is not None else rows
+
+
+def _consistency(split: str, samples: list[Sample]) -> Finding | None:
+    """#17: the files of one split must share their columns: `datasets` unifies them into one table."""
+    first = samples[0]
+    for other in samples[1:]:
+        if set(other.columns) != set(first.columns) and other.rows:
+            return _error(
+                "PF019",
+                split,
+                other.path,
+                f"its columns ({', '.join(other.columns)}) differ from {first.path}'s ({', '.join(first.columns)}); "
+                "the files of one split are read as one table",
+                "keep files of one format per split, or list each as its own `datasets:` entry",
+            )
+    return None
+
+
+def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format, roles: dict[str, str]) -> list[Finding]:
+    """Rows of another format (PF016, refused), rows that will be skipped (PF017), turns out of order (PF018)."""
+    by_code: dict[str, list[str]] = {}
+    details: dict[str, str] = {}
+    mixed: dict[str, list[str]] = {}
+    required = [fmt.columns[f] for f in REQUIRED[fmt.kind]]
+    for where, row in rows:
+        if not isinstance(row, dict):
+            by_code.setdefault("unreadable", []).append(where)
+            details.setdefault("unreadable", f"a row is {type(row).__name__}, not an object")
+            continue
+        other = _other_format(row, fmt, required)
+        if other:
+            mixed.setdefault(other, []).append(where)
+            continue
+        for problem in check_row(row, fmt, roles):
+            by_code.setdefault(problem.code, []).append(where)
+            details.setdefault(problem.code, problem.detail)
+    findings = [
+        _error(
+            "PF016",
+            split,
+            wheres[0],
+            f"{len(wheres)} row(s) in {kind} format in this {fmt.kind} dataset ({_listed(wheres)})",
+            "one format per file: split it, and list the parts as `datasets:` entries (each has its own format)",
+        )
+        for kind, wheres in mixed.items()
+    ]
+    return findings + _row_findings(split, by_code, details, len(rows) - sum(len(w) for w in mixed.values()))
+
+
+def _other_format(row: dict, fmt: Format, required: list[str]) -> str | None:
+    """The format of a row that lacks this dataset's columns but is whole in another one (JSON lines differ)."""
+    if all(c in row for c in required):
+        return None
+    try:
+        other = detect_format(row.keys(), [row])
+    except FormatError:
+        return None
+    return other.kind if other.kind != fmt.kind else None
+
+
+def _row_findings(split: str, by_code: dict[str, list[str]], details: dict[str, str], total: int) -> list[Finding]:
+    from fsdp_tune.sources.rowcheck import KEPT, SKIPPED
+
+    findings = []
+    skipped = {w for code, wheres in by_code.items() if code in SKIPPED for w in wheres}
+    for code, wheres in by_code.items():
+        skip = code in SKIPPED
+        detail = f" ({details[code]})" if details.get(code) else ""
+        what = "skipped" if skip else "kept, reported"
+        message = f"{len(wheres)} row(s) {what}: {SKIPPED.get(code) or KEPT[code]}{detail} at {_listed(wheres)}"
+        severity = Severity.ERROR if skip and len(skipped) >= total else Severity.WARNING
+        hint = "fix or remove them (fsdp-tune skips them and counts them in the summary)" if skip else ""
+        if severity is Severity.ERROR:
+            message, hint = (
+                f"every row is skipped; {message}",
+                "fix the data, or check --dataset_format/--dataset_columns",
+            )
+        findings.append(Finding("PF017" if skip else "PF018", severity, split, wheres[0], message, hint))
+    return findings
+
+
+def _listed(wheres: list[str]) -> str:
+    """'x.jsonl:4, :9, :17 and 3 more': the file once, then the lines."""
+    prefix = wheres[0].rsplit(":", 1)[0] + ":" if ":" in wheres[0] else None
+    shown = [
+        w if i == 0 or not prefix or not w.startswith(prefix) else ":" + w[len(prefix) :]
+        for i, w in enumerate(wheres[:LISTED])
+    ]
+    more = f" and {len(wheres) - LISTED} more" if len(wheres) > LISTED else ""
+    return ", ".join(shown) + more
