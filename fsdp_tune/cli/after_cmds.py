@@ -108,7 +108,7 @@ def report_cmd(
 
     def run() -> None:
         from fsdp_tune.errors import UsageError
-        from fsdp_tune.output import format_rows
+        from fsdp_tune.output.tables import format_rows
         from fsdp_tune.runfiles import LOSS_PLOT_NAME, METRICS_NAME
         from fsdp_tune.tools.report import plot, summary_rows
 
@@ -126,7 +126,7 @@ def env_cmd(as_json: bool = typer.Option(False, "--json"), debug: bool = DebugOp
     """Print what a bug report needs: versions, CUDA/NCCL, GPUs, bitsandbytes, flash-attn, CPUs, RAM."""
 
     def run() -> None:
-        from fsdp_tune.output import format_info
+        from fsdp_tune.output.tables import format_info
         from fsdp_tune.tools.envinfo import collect
 
         info = collect()

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 
-import typer  # noqa: E402, I001
+import typer
 
-from fsdp_tune import __version__  # noqa: E402
-from fsdp_tune.cli import after_cmds, check_cmds, run_cmds  # noqa: E402
-from fsdp_tune.cli.common import PASSTHROUGH  # first: it keeps typer from importing rich
+from fsdp_tune import __version__
+from fsdp_tune.cli import after_cmds, check_cmds, run_cmds
+from fsdp_tune.cli.common import PASSTHROUGH
 
 app = typer.Typer(
     name="fsdp-tune",

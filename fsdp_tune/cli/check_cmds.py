@@ -28,7 +28,7 @@ def validate_config(
     config, args = split_config(config, list(ctx.args))
 
     def run() -> None:
-        from fsdp_tune.output import checked_as_json, format_findings, format_settings
+        from fsdp_tune.output.findings import checked_as_json, format_findings, format_settings
         from fsdp_tune.validate import check
 
         checked = check(config, args)

@@ -6,14 +6,9 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-# typer imports rich (~80 ms) for coloured help when it is installed; our output is plain text with
-# click colours, and validate-config has a 0.25 s budget, so typer is told rich is absent.
-if "rich" not in sys.modules:
-    sys.modules["rich"] = None  # type: ignore[assignment]
+import typer  # rich is kept out by fsdp_tune/cli/__init__.py
 
-import typer  # noqa: E402
-
-from fsdp_tune.errors import ConfigError, ExitCode, FsdpTuneError, PreflightError  # noqa: E402
+from fsdp_tune.errors import ConfigError, ExitCode, FsdpTuneError, PreflightError
 
 # Commands that take the seed-style training flags: unknown options are ours to parse, not click's.
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
@@ -53,7 +48,7 @@ def fail(err: FsdpTuneError, debug: bool) -> None:
         import traceback
 
         traceback.print_exc()
-    from fsdp_tune.output import format_findings
+    from fsdp_tune.output.findings import format_findings
 
     if isinstance(err, ConfigError):
         typer.echo(format_findings(err.subject, err.findings, style), err=True)

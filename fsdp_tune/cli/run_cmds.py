@@ -38,7 +38,8 @@ def train(
         from fsdp_tune.launch import torchrun
         from fsdp_tune.launch.decide import console_mode
         from fsdp_tune.launch.train import execute, plan_run
-        from fsdp_tune.output import describe_launch, format_findings, format_summary
+        from fsdp_tune.output.findings import format_findings
+        from fsdp_tune.output.run import describe_launch, format_summary
 
         console = console_mode(verbose, sys.stdout.isatty())
         planned = plan_run(config, args, lambda m: typer.echo(m, err=True), console=console)
@@ -85,7 +86,7 @@ def plan_cmd(
     config, args = split_config(config, list(ctx.args))
 
     def run() -> None:
-        from fsdp_tune.output import format_plan
+        from fsdp_tune.output.plan import format_plan
         from fsdp_tune.planner.plan import memory_plan
         from fsdp_tune.validate import load
 
@@ -112,7 +113,7 @@ def _plot(output_dir: str) -> None:
 def _dry_run_memory(cfg) -> None:
     """The planner's memory summary for a dry run; a model it cannot see is a note, not a failure."""
     from fsdp_tune.errors import UsageError
-    from fsdp_tune.output import format_plan
+    from fsdp_tune.output.plan import format_plan
     from fsdp_tune.planner.plan import memory_plan
 
     try:

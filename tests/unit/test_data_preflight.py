@@ -202,7 +202,7 @@ def _plan(tmp_path, *flags: str) -> str:
     """The plan `train` prints (--dry_run adds the memory planner, which imports torch: not here)."""
     from fsdp_tune.launch.torchrun import command
     from fsdp_tune.launch.train import plan_run
-    from fsdp_tune.output import describe_launch
+    from fsdp_tune.output.run import describe_launch
 
     planned = plan_run(BASE, ["--output_dir", str(tmp_path / "o"), *flags], print)
     assert not [f for f in planned.machine_findings if f.severity.value == "error"], planned.machine_findings

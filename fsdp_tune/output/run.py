@@ -1,0 +1,106 @@
+"""The launch plan `train` prints before starting, and the summary it prints at the end."""
+
+from __future__ import annotations
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.output.data import plan_lines, summary_lines
+from fsdp_tune.output.findings import show
+from fsdp_tune.summary import RunSummary
+
+
+def format_summary(s: RunSummary) -> str:
+    """The few lines a user reads after a run."""
+    loss = (
+        f"{s.loss_first:.3f} -> {s.loss_last:.3f}"
+        if s.loss_first is not None and s.loss_last is not None
+        else "not logged (logging_steps > steps)"
+    )
+    ranks = ", ".join(f"rank {i}: {r.peak_rss_mib:.0f} MiB" for i, r in enumerate(s.per_rank))
+    units = ", ".join(f"{n} x {k}" for k, n in s.fsdp_units.items())
+    lines = [
+        f"done: {s.steps} steps in {s.train_runtime_s:.1f} s, loss {loss}"
+        + (f", {s.tokens_per_s:.0f} tokens/s" if s.tokens_per_s else ""),
+        f"  peak memory (RSS): {ranks}",
+        f"  FSDP units: {units or '-'}",
+    ]
+    if s.mesh:
+        lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in s.mesh.items()))
+    grew = s.vocab_grew
+    if grew:
+        lines.append(
+            f"  vocabulary: {grew['from']} -> {grew['tokenizer']} tokens (the chat template's); the adapter carries "
+            f"the embedding layers ({grew['rows']} rows): load it onto a base resized with "
+            "resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8) (fsdp-tune merge does)"
+        )
+    cut = s.truncated_sequences or {}
+    if cut.get("cut"):
+        lines.append(f"  data: {cut['cut']} of {cut['total']} sequences were cut at max_seq_len {cut['max_seq_len']}")
+    lines += summary_lines(s.data)
+    gpu = [r for r in s.per_rank if r.peak_gpu_reserved_mib is not None]
+    if gpu:
+        lines.append("  peak GPU reserved: " + ", ".join(f"{r.peak_gpu_reserved_mib:.0f} MiB" for r in gpu))
+    if s.adapter_check:
+        lines.append(f"  adapter: {s.adapter_dir} ({s.adapter_check['lora_tensors']} LoRA tensors, whole, trained)")
+    else:
+        lines.append(f"  saved to: {s.adapter_dir}")
+    return "\n".join(lines)
+
+
+def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
+    """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute."""
+    w, f = spec.world, spec.fsdp_config
+    wrap = f["auto_wrap_policy"] + (
+        f" ({','.join(f['transformer_layer_cls_to_wrap'])})"
+        if f.get("transformer_layer_cls_to_wrap")
+        else " (the model's decoder layers)"
+        if f["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+        else ""
+    )
+    lines = [
+        f"plan: {w.world_size} rank{'s' if w.world_size > 1 else ''} on {w.nnodes} machine"
+        f"{'s' if w.nnodes > 1 else ''} ({w.nproc_per_node} per machine, this is machine {w.node_rank}), "
+        f"{spec.device.upper() if spec.device == 'cpu' else 'GPU'}, {spec.backend}",
+        "  torchrun: " + " ".join(command),
+        f"  fsdp: FSDP{spec.fsdp_version}, reshard_after_forward={show(f['reshard_after_forward'])}, "
+        f"cpu_offload={show(f['cpu_offload'])}, wrap {wrap}",
+    ]
+    if spec.parallelism:
+        sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.items() if k.endswith("_size") and v > 1}
+        lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
+    lines += [
+        f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP",
+        f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "
+        f"attention {spec.model.attn_implementation or 'as transformers picks (sdpa, else eager)'}; "
+        f"checkpointing: {_CHECKPOINTING[spec.checkpointing]}",
+    ]
+    if spec.lora:
+        lo = spec.lora
+        targets = lo["target_modules"] if isinstance(lo["target_modules"], str) else ",".join(lo["target_modules"])
+        lines.append(
+            f"  {'DoRA' if lo['use_dora'] else 'LoRA'}: r={lo['r']} alpha={lo['lora_alpha']:g} "
+            f"dropout={lo['lora_dropout']:g} targets={targets}"
+        )
+    q = spec.model.quantization
+    if q:
+        lines.append(
+            f"  QLoRA: 4-bit {q['bnb_4bit_quant_type']}, storage {q['bnb_4bit_quant_storage']}, compute "
+            f"{q['bnb_4bit_compute_dtype']}, nested={show(q['bnb_4bit_use_double_quant'])}"
+        )
+    d = spec.data
+    lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
+    lines += plan_lines(d)
+    lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
+    lines.append(
+        f"  output: {spec.output_dir}"
+        + (f"   resume: {spec.resume_from_checkpoint}" if spec.resume_from_checkpoint else "")
+    )
+    lines += [f"  note: {n}" for n in spec.notes]
+    return "\n".join(lines)
+
+
+_CHECKPOINTING = {
+    "fsdp": "FSDP activation checkpointing",
+    "gradient": "the Trainer's gradient checkpointing",
+    "off": "off",
+}

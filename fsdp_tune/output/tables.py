@@ -1,0 +1,43 @@
+"""Tables: runs side by side (`report`) and the environment (`env`)."""
+
+from __future__ import annotations
+
+
+def format_rows(rows: list[dict]) -> str:
+    """`fsdp-tune report`: runs side by side (peak memory is GPU reserved on GPU runs, RSS on CPU runs)."""
+
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+    width = max(12, *(len(r["run"][-40:]) for r in rows))
+    lines = [
+        f"{'run':<{width}} {'status':<11} {'steps':>6} {'loss':>8} {'eval loss':>9} {'tok/s':>8} "
+        f"{'1st step s':>10} {'time s':>8} {'peak MiB':>9}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['run'][-40:]:<{width}} {r['status']:<11} {r['steps']:>6} {f(r['loss_last'], '.4f'):>8} "
+            f"{f(r['eval_loss_last'], '.4f'):>9} {f(r['tokens_per_s'], '.0f'):>8} "
+            f"{f(r['time_to_first_step_s'], '.1f'):>10} {f(r['train_runtime_s'], '.1f'):>8} "
+            f"{f(r['peak_memory_mib'], '.0f'):>9}"
+        )
+    return "\n".join(lines)
+
+
+def format_info(info: dict) -> str:
+    lines = [f"{k:<22} {v}" for k, v in info["versions"].items()]
+    for key in (
+        "platform",
+        "cpu_count",
+        "ram_gib",
+        "cuda_available",
+        "cuda_version",
+        "nccl_available",
+        "gloo_available",
+        "bitsandbytes_backend",
+        "flash_attn_installed",
+    ):
+        lines.append(f"{key:<22} {info.get(key)}")
+    for i, gpu in enumerate(info.get("gpus") or []):
+        lines.append(f"gpu {i:<18} {gpu['name']}, {gpu['memory_gib']} GiB, bf16={gpu['bf16']}")
+    return "\n".join(lines)
