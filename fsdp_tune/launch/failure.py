@@ -122,14 +122,16 @@ def _cause_from_error_file(path: str) -> str | None:
     return _first_line(text)
 
 
-def _first_line(text: str, limit: int = 300) -> str | None:
-    """The exception's type and the start of its message (torchrun writes `Type: str(e)`). A message that runs on
-    over lines (a module's repr, a table) keeps its first line and a little of what follows, not its last line
-    (which can be a lone ')')."""
+def _first_line(text: str, more: int = 200) -> str | None:
+    """The exception's type and its message's first line, whole (torchrun writes `Type: str(e)`; a file's path
+    in it must survive). A message that runs on over lines (a module's repr, a table) adds a little of what
+    follows, not its last line (which can be a lone ')')."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if not lines:
         return None
-    first = lines[0]
-    if len(lines) > 1:
-        first += " " + " ".join(lines[1:3]) + (" ..." if len(lines) > 3 else "")
-    return first if len(first) <= limit else first[: limit - 4] + " ..."
+    rest = " ".join(lines[1:3])
+    if len(rest) > more:
+        rest = rest[: more - 4] + " ..."
+    elif len(lines) > 3:
+        rest += " ..."
+    return f"{lines[0]} {rest}".rstrip()

@@ -42,7 +42,7 @@ def train_one(spec, entry: dict) -> dict:
     tokenizer = recipe.build_tokenizer(spec)
     args = recipe.training_args(spec)
     with args.main_process_first(desc="dataset preparation"):
-        train_ds, eval_ds = recipe.build_data(spec, tokenizer)
+        train_ds, eval_ds, _ = recipe.build_data(spec, tokenizer)
     model = recipe.build_model(spec, tokenizer)
     attention = model.config._attn_implementation
     trainer, _ = recipe.build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)

@@ -83,8 +83,11 @@ def _config(case: Case, model_dir: Path, out: Path):
 def _decide(case: Case, model_dir: Path, out: Path) -> Path:
     from fsdp_tune.launch.decide import decide
     from fsdp_tune.launch.machine import Machine
+    from fsdp_tune.launch.preflight import check_data
 
-    spec = decide(_config(case, model_dir, out), Machine(cuda=False, gpus=0))
+    # as `train` plans it: the decided spec, with the data's sources located and detected by pre-flight
+    spec, problems = check_data(decide(_config(case, model_dir, out), Machine(cuda=False, gpus=0)))
+    assert not [p for p in problems if p.severity.value == "error"], problems
     assert spec.model.attn_implementation == case.attention, spec.model
     out.mkdir(parents=True)
     resolved = out / "arch_spec.json"
