@@ -7,6 +7,7 @@ from typing import Any
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.launch import loading
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.summary import RunSummary
 
@@ -222,7 +223,7 @@ def format_info(info: dict) -> str:
 
 def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute."""
-    w, f = spec.world, spec.fsdp_config
+    w, f = spec.world, spec.unit_fsdp_config  # under sharded loading fsdp-tune makes the units accelerate would
     wrap = f["auto_wrap_policy"] + (
         f" ({','.join(f['transformer_layer_cls_to_wrap'])})"
         if f.get("transformer_layer_cls_to_wrap")
@@ -261,6 +262,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         )
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
+    lines.append(f"  loading: {loading.describe(spec.model.loading, spec.model.loading_note)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
         f"  output: {spec.output_dir}"

@@ -23,6 +23,7 @@ QUANT_STORAGE = ("bfloat16", "float16", "float32", "uint8", "int8", "float64")
 QUANT_TYPES = ("nf4", "fp4")
 CHAT_TEMPLATES = ("chatml", "zephyr", "none")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (launch/loading.py)
 
 
 def _f(default: Any, *, choices: tuple[str, ...] | None = None, kind: str | None = None) -> Any:
@@ -109,6 +110,7 @@ class ModelSettings:
     dtype: str | None = _f(None, choices=("bfloat16", "float16", "float32", "auto"))
     trust_remote_code: bool = _f(False)
     use_unsloth: bool = _f(False)
+    loading: str = _f("auto", choices=LOADINGS)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ SFTConfig arguments Transformers receives, and the ranks' environment. Pure: no 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.config.derived import (
@@ -20,6 +21,7 @@ from fsdp_tune.config.derived import (
     quant_storage,
 )
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch.loading import decide_loading
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
 from fsdp_tune.launch.spec import DataSpec, ModelSpec, RankSpec, World
 
@@ -32,6 +34,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None) -> RankS
     device = "cpu" if on_cpu else "cuda"
     output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
     args = trainer_args(cfg, on_cpu, output_dir)
+    loading, why, sharded = decide_loading(cfg, on_cpu, args, fsdp2_qlora_policy(cfg))  # launch/loading.py
     checkpointing = (
         "fsdp" if cfg.fsdp.activation_checkpointing else "gradient" if args["activation_checkpointing"] else "off"
     )
@@ -49,7 +52,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None) -> RankS
         trainer_args=args,
         parallelism=mesh(cfg, on_cpu),
         fsdp_mixed_precision=fsdp2_qlora_policy(cfg),
-        model=model_spec(cfg),
+        model=replace(model_spec(cfg), loading=loading, loading_note=why),
         lora=lora_kwargs(cfg),
         data=DataSpec(
             dataset_name=cfg.data.dataset_name or "",
@@ -64,6 +67,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None) -> RankS
         checkpoint_on_stop=cfg.training.get("save_strategy") != "no" and cfg.run.save_on_interrupt,
         check_grad_norm=not args["fp16"],
         notes=_notes(cfg, on_cpu),
+        sharded=sharded,
     )
 
 

@@ -42,6 +42,8 @@ class ModelSpec:
     trust_remote_code: bool
     quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
     chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
+    loading: str = "transformers"  # "sharded": each rank reads only its shards (worker/sharded_load.py)
+    loading_note: str | None = None  # why the run takes the transformers path, when sharded loading does not apply
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,20 @@ class RankSpec:
     check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
     spec_version: int = SPEC_VERSION
     notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
+    # sharded loading: what the model builder applies that accelerate applies on the transformers path (units,
+    # FSDP activation checkpointing, policies, the fp32 upcast), and that path's fsdp_config for a rank that falls
+    # back (launch/loading.py). None on the transformers path.
+    sharded: dict[str, Any] | None = None
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
         return self.trainer_args["fsdp_config"]
+
+    @property
+    def unit_fsdp_config(self) -> dict[str, Any]:
+        """The fsdp_config the FSDP units follow: under sharded loading the builder makes them (the Trainer is
+        told NO_WRAP), as the transformers path's config says."""
+        return self.sharded["transformers_fsdp_config"] if self.sharded else self.fsdp_config
 
     @property
     def resolved_path(self) -> str:

@@ -128,3 +128,20 @@ def remote_code(cfg: RunConfig) -> Iterator[Finding]:
         f"every rank imports and runs Python that comes with {name}, with your permissions: {what}",
         "read that code first, or drop trust_remote_code when transformers supports the model natively",
     )
+
+
+@rule("FT036", "model", "--loading sharded where sharded loading cannot take the run")
+def sharded_loading(cfg: RunConfig) -> Iterator[Finding]:
+    from fsdp_tune.launch.loading import why_not_sharded
+
+    if cfg.model.loading != "sharded":
+        return
+    why = why_not_sharded(cfg)
+    if why:
+        yield error(
+            cfg,
+            "FT036",
+            "model.loading",
+            f"sharded loading cannot take this run: {why}",
+            "--loading auto loads it with from_pretrained on every rank instead",
+        )

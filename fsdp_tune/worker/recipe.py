@@ -37,7 +37,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     args = training_args(spec)
     with args.main_process_first(desc="dataset preparation"):
         train_ds, eval_ds = build_data(spec, tokenizer)
-    model = build_model(spec, tokenizer)
+    model, args = build_model(spec, tokenizer, args)
     trainer, watch = build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)
     truncation = report_truncation(trainer, spec)
     result = train(trainer, spec)
@@ -123,10 +123,12 @@ def build_data(spec: RankSpec, tokenizer):
     return load_splits(spec.data, tokenizer)
 
 
-def build_model(spec: RankSpec, tokenizer):
-    from fsdp_tune.worker.model import load_model
+def build_model(spec: RankSpec, tokenizer, args):
+    """The model on the spec's loading path (worker/sharded_load.py), and the SFTConfig that trains it (its own
+    when a rank finds that sharded loading cannot take this model and falls back)."""
+    from fsdp_tune.worker.sharded_load import build
 
-    return load_model(spec, tokenizer)
+    return build(spec, tokenizer, args)
 
 
 def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
@@ -137,7 +139,9 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         ShardingCheckCallback,
         StopOnSignalCallback,
     )
+    from fsdp_tune.worker.load_report import first_step_memory
     from fsdp_tune.worker.model import lora_config
+    from fsdp_tune.worker.sharded_load import prebuilt
     from fsdp_tune.worker.trainer import trainer_class
 
     watch = Watchers(
@@ -145,15 +149,15 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         nan_guard=NanGuardCallback(check_grad_norm=spec.check_grad_norm),
         stopper=StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device),
     )
-    sharding = ShardingCheckCallback(spec.world.world_size, spec.fsdp_config["auto_wrap_policy"])
+    sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
     trainer = trainer_class()(
         model=model,
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds if args.eval_strategy != "no" else None,
         processing_class=tokenizer,
-        peft_config=lora_config(spec),
-        callbacks=[watch.metrics, watch.nan_guard, watch.stopper, sharding, *faults.callbacks()],
+        peft_config=None if prebuilt(model) else lora_config(spec),  # sharded loading applied LoRA already
+        callbacks=[watch.metrics, watch.nan_guard, watch.stopper, sharding, first_step_memory(), *faults.callbacks()],
     )
     return trainer, watch
 
@@ -236,9 +240,13 @@ def push(trainer, spec: RankSpec) -> None:
 
 
 def write_summary(trainer, spec: RankSpec, result, watch: Watchers, started: float, truncation, saved: dict) -> None:
+    from fsdp_tune.worker.load_report import loading_summary
     from fsdp_tune.worker.summary import collect
 
-    summary = collect(trainer, spec, result, watch.metrics, started, truncated_sequences=truncation, **saved)
+    extra = {"loading": loading_summary()}  # a collective, as collect is
+    summary = collect(
+        trainer, spec, result, watch.metrics, started, truncated_sequences=truncation, extra=extra, **saved
+    )
     if trainer.is_world_process_zero():
         run_summary.write(spec.output_dir, summary)
     trainer.accelerator.wait_for_everyone()
