@@ -84,7 +84,7 @@ def fill(model: nn.Module, ckpt: Checkpoint, prefix: str, packed: dict[int, Pack
     devices: (compute device, device the shards live on); qdtype: the dtype 4-bit weights are quantized from.
     Returns (parameters filled, of which 4-bit)."""
     device, keep = devices
-    seen, loaded, quantized = set(), 0, 0
+    seen, loaded, quantized, read = set(), 0, 0, 0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if id(p) in seen or not p.is_meta:
@@ -97,17 +97,50 @@ def fill(model: nn.Module, ckpt: Checkpoint, prefix: str, packed: dict[int, Pack
                 swap_in(p, local)
                 owner.quant_state = quant_state(absmax, packed[id(owner)], qdtype)
                 quantized += 1
+                read += local.numel() * 2 * local.element_size() * qdtype.itemsize  # the values quantized
             else:
-                swap_in(p, _rows_of(p, ckpt, key, new_rows.get(id(owner)), keep))
+                local = _rows_of(p, ckpt, key, new_rows.get(id(owner)), keep)
+                swap_in(p, local)
+                read += local.nbytes
             loaded += 1
+            if read >= TRIM_EVERY_BYTES:
+                release_freed_memory()
+                read = 0
         for name, b in model.named_buffers():  # persistent buffers the checkpoint carries: whole
             key = checkpoint_key(name, prefix)
             if b is not None and key in ckpt:
                 b.copy_(ckpt.rows(key, 0, ckpt.shape(key)[0] if ckpt.shape(key) else 0))
+    release_freed_memory()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"still on the meta device after sharded loading: {left[:5]}")
     return loaded, quantized
+
+
+# Trim the heap after every this many bytes read: what the freed reads may leave in RSS at most (a trim walks
+# the whole heap: after every tensor it cost 1-1.5 s on the 443M benchmark model)
+TRIM_EVERY_BYTES = 16 * 2**20
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed chunks back to the OS (glibc's malloc_trim): glibc raises its mmap threshold to the
+    size of each large buffer freed, so the next reads land in the heap and their freed pages stay in the rank's
+    RSS; without this the slices read so far pile up (measured: QLoRA's loading peak 0.34-0.38x the checkpoint
+    at 2 ranks instead of 0.19x). No-op where the C library has no malloc_trim."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None
 
 
 def _rows_of(p, ckpt: Checkpoint, key: str, grown, keep) -> torch.Tensor:
