@@ -20,6 +20,7 @@ def first_step_memory():
             if "peak_rss_before_first_step_mib" not in REPORT:
                 REPORT["peak_rss_before_first_step_mib"] = peak_rss_mib()
                 REPORT["model_start_to_first_step_s"] = round(time.time() - REPORT.get("started", time.time()), 2)
+                REPORT["peak_gpu_allocated_before_first_step_mib"] = peak_gpu_mib()
 
     return FirstStepMemory()
 
@@ -48,3 +49,9 @@ def rss_now_mib() -> float:
 
 def peak_rss_mib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def peak_gpu_mib() -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None
