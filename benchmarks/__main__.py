@@ -1,4 +1,4 @@
-"""`python -m benchmarks [cli|overhead|memory|plan|all]` (or `make bench`): prints a table and writes
+"""`python -m benchmarks [cli|overhead|memory|plan|all|sweep|loading]` (or `make bench`): prints a table and writes
 results/latest.json."""
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ def main(argv: list[str]) -> None:
         outcomes = sweep.run(ci="--ci" in argv, only=next((a for a in argv[1:] if not a.startswith("--")), None))
         results["sweep"] = [vars(o) for o in outcomes]
         print(sweep.as_markdown(outcomes))
+    if which == "loading":  # not part of "all": a 443M model, eight runs, about half an hour on 2 cores
+        from benchmarks import loading
+
+        r = results["loading"] = loading.run(only=next((a for a in argv[1:] if not a.startswith("--")), None))
+        print(f"Sharded loading vs from_pretrained: {r['model']} ({r['checkpoint_mib']:.0f} MiB), 2 CPU ranks")
+        print(loading.as_markdown(r))
+        print(f"  same losses and adapter on both paths: {r['same_training']}")
     if which in ("cli", "all"):
         from benchmarks import cli_latency
 

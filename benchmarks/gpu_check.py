@@ -1,8 +1,10 @@
 """The GPU check: one prepared command for a lent GPU machine (scripts/gpu_check.sh runs it).
 
 Every GPU path fsdp-tune decides by reading the libraries (launch/decide.py) is run here for a few steps:
-LoRA and QLoRA under FSDP2 and FSDP1, with and without cpu_offload, QLoRA storage under another precision,
-HSDP and context parallelism where there are GPUs enough, and a CPU run on the GPU machine. Each scenario
+LoRA and QLoRA under FSDP2 (sharded loading, the default: worker/sharded_load.py) and FSDP1 (from_pretrained),
+with and without cpu_offload, QLoRA storage under another precision, QLoRA loaded through transformers as the
+sharded pair's reference (same losses, its GPU peak before the first step beside sharded loading's), HSDP and
+context parallelism where there are GPUs enough, and a CPU run on the GPU machine. Each scenario
 ends with fsdp-tune's own adapter check; the table gives tokens/s, MFU, peak allocated/reserved next to
 `fsdp-tune plan`'s prediction. Scenarios that need a package the machine lacks (trl, datasets,
 bitsandbytes) are skipped by name; gpu_paths.py then checks the decisions underneath with torch, PEFT and
@@ -35,6 +37,7 @@ class Scenario:
     needs: tuple[str, ...] = ("trl", "datasets")
     min_gpus: int = 1
     cpu_smoke: bool = False  # also in --cpu-smoke (the tiny model on CPU)
+    same_as: str | None = None  # a scenario this one must train like (losses within GPU noise)
 
 
 def scenarios(gpus: int) -> list[Scenario]:
@@ -43,6 +46,18 @@ def scenarios(gpus: int) -> list[Scenario]:
     return [
         Scenario("LoRA FSDP2", ("--bf16", "True"), big=True, cpu_smoke=True),
         Scenario("QLoRA FSDP2", (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True"), True, bnb),
+        Scenario(
+            "QLoRA FSDP2, transformers loading",  # every FSDP2 LoRA/QLoRA scenario loads sharded (the default)
+            (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True", "--loading", "transformers"),
+            True,
+            bnb,
+            same_as="QLoRA FSDP2",
+        ),
+        Scenario(
+            "QLoRA FSDP2 + cpu_offload, sharded loading (the 2 x 24 GB path)",
+            (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True", "--fsdp_offload_params", "true"),
+            needs=bnb,
+        ),
         Scenario("LoRA FSDP2 + cpu_offload", ("--bf16", "True", "--fsdp_offload_params", "true")),
         Scenario(
             "QLoRA fp32 storage under bf16",
@@ -117,7 +132,12 @@ def run_one(s: Scenario, args: list[str], out: Path, env: dict, peak: float | No
     # model FLOPs per token: forward 2N, activation gradients 2N (LoRA trains ~no base weights), recompute 2N
     flops_per_token = 6 * plan.get("total_params", 0)
     rank = summary["per_rank"][0]
+    loading = summary.get("extra", {}).get("loading", {})
+    gpu_mib = [r["peak_gpu_allocated_before_first_step_mib"] for r in loading.get("per_rank", [])]
     return {
+        "loading": loading.get("path"),
+        "loading_peak_gpu_allocated_gib": max(gpu_mib) / 1024 if gpu_mib and None not in gpu_mib else None,
+        "losses": summary["losses"],
         "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * flops_per_token / (peak * 1e12 * world) if peak and flops_per_token else None,
         "peak_allocated_gib": (rank.get("peak_gpu_allocated_mib") or 0) / 1024 or None,
@@ -152,6 +172,8 @@ def run(cpu_smoke: bool, steps: int, warmup: int) -> dict:
         world = 2 if cpu_smoke else max(gpus, 1)
         args = ["--config", str(REPO / "configs" / "demo_cpu.yaml"), *_common(cpu_smoke, model, steps, world)]
         results["scenarios"][s.name] = run_one(s, [*args, *s.flags], work / f"s{i}", env, peak, warmup, cpu_smoke)
+        if s.same_as:
+            results["scenarios"][s.name]["same_as"] = s.same_as
     if not cpu_smoke:
         results["scenarios"]["CPU run on this GPU machine"] = run_one(
             Scenario("cpu", ()),
@@ -189,6 +211,22 @@ def report(results: dict) -> bool:
             f"{f(r['peak_reserved_gib'], '.1f'):>8} {f(r['planned_gib'], '.1f'):>7} "
             f"{'ok' if r['adapter_ok'] else 'BROKEN':>7}  {r['loss_first']:.3f}->{r['loss_last']:.3f}"
         )
+        ok &= _loading_line(r, results["scenarios"])
+    return ok
+
+
+def _loading_line(r: dict, scenarios: dict) -> bool:
+    """How the model loaded, its GPU peak before the first step, and (for a pair) whether both paths train alike:
+    the same losses but for GPU nondeterminism (2% per step at most)."""
+    gib = r.get("loading_peak_gpu_allocated_gib") or 0
+    text = f"    loading: {r.get('loading')}, peak allocated before step 1: {gib:.1f} GiB"
+    other = scenarios.get(r.get("same_as") or "", {})
+    ok = True
+    if other.get("losses"):
+        diff = max(abs(a - b) / max(abs(b), 1e-9) for a, b in zip(r["losses"], other["losses"], strict=False))
+        ok = diff <= 0.02 and len(r["losses"]) == len(other["losses"])
+        text += f"; losses vs {r['same_as']}: max relative difference {diff:.1e}{'' if ok else ' DIFFERENT'}"
+    print(text)
     return ok
 
 

@@ -6,7 +6,9 @@ launch/decide.py, exercised the way the ranks execute it:
 - the process group "cuda:nccl,cpu:gloo" with cpu_offload: gradient clipping all-reduces CPU tensors;
 - fsdp-tune's adapter gather (worker/save.py) from CPU-offloaded FSDP2 shards on an NCCL mesh;
 - a CPU mesh on a CUDA build (a CPU run on a GPU machine shards on the CPU, not on the GPUs);
-- QLoRA's FSDP2 policy in the storage dtype keeps the packed 4-bit bytes intact (when bitsandbytes is there).
+- QLoRA's FSDP2 policy in the storage dtype keeps the packed 4-bit bytes intact (when bitsandbytes is there);
+- sharded loading's 4-bit quantization (worker/sharded_4bit.py): each rank quantizes only the blocks under its
+  shard of the packed weight on its own device, and gets bitsandbytes' whole-tensor bytes and quant state.
 """
 
 from __future__ import annotations
@@ -129,6 +131,42 @@ def check_qlora_storage_policy() -> str:
     return "ok (packed bytes intact after the all-gather)"
 
 
+def check_sharded_4bit() -> str:
+    """A 200 x 72 weight (14400 values: at 2 and 3 ranks the shards split 64-value blocks) quantized per rank as
+    sharded loading does, against bitsandbytes' quantize_4bit of the whole weight on the same device (nested)."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "skipped: bitsandbytes is not installed"
+    from types import SimpleNamespace
+
+    import bitsandbytes.functional as bnbf
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+
+    from fsdp_tune.worker.sharded_4bit import Packed, quant_state, quantize_shard, shard_ranges
+
+    device = torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
+    torch.manual_seed(0)
+    weight = torch.randn(200, 72, dtype=torch.bfloat16)
+    whole, state = bnbf.quantize_4bit(
+        weight.to(device), blocksize=64, compress_statistics=True, quant_type="nf4", quant_storage=torch.float32
+    )
+    mesh = init_device_mesh(DEVICE, (torch.distributed.get_world_size(),))
+    p = SimpleNamespace(placements=(Shard(0),), device_mesh=mesh, shape=whole.shape)
+    ckpt = SimpleNamespace(rows=lambda key, start, stop: weight[start:stop])
+    info = Packed((200, 72), 64, "nf4", True, torch.float32)
+    local, absmax = quantize_shard(p, info, ckpt, "w", torch.bfloat16, device, device)
+    ranges, _, me = shard_ranges(p)
+    assert torch.equal(local.view(-1), whole.view(-1)[ranges[me][0] : ranges[me][1]]), "packed bytes differ"
+    mine = quant_state(absmax, info, torch.bfloat16)
+    for name in ("absmax", "offset", "code"):
+        assert torch.equal(getattr(mine, name), getattr(state, name)), f"quant_state.{name} differs"
+    assert torch.equal(mine.state2.absmax, state.state2.absmax), "nested quant state differs"
+    return f"ok (rank {me}'s {ranges[me][1] - ranges[me][0]} packed elements and the nested quant state as bnb's)"
+
+
 def worker(out: str) -> None:
     import datetime
 
@@ -148,6 +186,7 @@ def worker(out: str) -> None:
         ),
         ("a CPU mesh on a CUDA build (a CPU run on a GPU machine)", check_cpu_mesh_on_cuda_build),
         ("QLoRA FSDP2 policy in the storage dtype", check_qlora_storage_policy),
+        ("sharded loading: per-rank 4-bit quantization equals bitsandbytes'", check_sharded_4bit),
     ):
         try:
             results[name] = fn()

@@ -54,7 +54,7 @@ def train(
         echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
         echo_out(f"  run id: {planned.run_id}")
         if dry_run:
-            _dry_run_memory(planned.config)
+            _dry_run_memory(planned.config, planned.spec.model.loading)
             if planned.machine_findings:
                 typer.echo("this machine could not start it as it stands:", err=True)
                 body = format_findings("this launch", planned.machine_findings, style).split("\n", 1)[-1]
@@ -76,13 +76,12 @@ def plan_cmd(
     gpu: str = typer.Option("h100", "--gpu", help="h100 | h200 | a100 | 4090 (memory, TFLOP/s, link)."),
     gpu_memory: Optional[str] = typer.Option(None, "--gpu_memory", "--gpu-memory", help="e.g. 80GiB, 24GB."),
     cpu: bool = typer.Option(False, "--cpu", help="Plan a CPU run (host memory per rank)."),
-    loading: str = typer.Option(
-        "transformers", "--loading", help="transformers | sharded: how the weights reach the ranks."
-    ),
     as_json: bool = typer.Option(False, "--json"),
     debug: bool = DebugOpt,
 ) -> None:
-    """Predict per-GPU and host memory and step time before launch, and what would make it fit."""
+    """Predict per-GPU and host memory and step time before launch, and what would make it fit.
+
+    Planned on the loading path the run would take (--loading auto|sharded|transformers, as for train)."""
     config, args = split_config(config, list(ctx.args))
 
     def run() -> None:
@@ -91,7 +90,7 @@ def plan_cmd(
         from fsdp_tune.validate import load
 
         cfg = load(config, args).config
-        result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu, loading=loading)
+        result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu)
         typer.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
     guard(run, debug)
@@ -110,15 +109,16 @@ def _plot(output_dir: str) -> None:
         )
 
 
-def _dry_run_memory(cfg) -> None:
-    """The planner's memory summary for a dry run; a model it cannot see is a note, not a failure."""
+def _dry_run_memory(cfg, loading: str) -> None:
+    """The planner's memory summary for a dry run, on the rank spec's loading path; a model it cannot see is a
+    note, not a failure."""
     from fsdp_tune.errors import UsageError
     from fsdp_tune.output.plan import format_plan
     from fsdp_tune.planner.plan import memory_plan
 
     try:
         # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan
-        result = memory_plan(cfg, on_cpu=cfg.launch.use_cpu)
+        result = memory_plan(cfg, on_cpu=cfg.launch.use_cpu, loading=loading)
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")
         return

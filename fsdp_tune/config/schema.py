@@ -27,6 +27,7 @@ CHAT_TEMPLATES = ("chatml", "zephyr", "none")
 DATASET_FORMATS = ("auto", "text", "messages", "prompt_completion", "alpaca", "sharegpt")
 MASK_FALLBACKS = ("split", "locate", "error")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (launch/loading.py)
 
 
 def _f(default: Any, *, choices: tuple[str, ...] | None = None, kind: str | None = None) -> Any:
@@ -114,6 +115,7 @@ class ModelSettings:
     dtype: str | None = _f(None, choices=("bfloat16", "float16", "float32", "auto"))
     trust_remote_code: bool = _f(False)
     use_unsloth: bool = _f(False)
+    loading: str = _f("auto", choices=LOADINGS)
 
 
 @dataclass(frozen=True)

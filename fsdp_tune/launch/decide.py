@@ -8,6 +8,7 @@ SFTConfig arguments Transformers receives, and the ranks' environment. Pure: no 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.config.derived import (
@@ -22,6 +23,7 @@ from fsdp_tune.config.derived import (
 )
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.decide_data import data_spec
+from fsdp_tune.launch.loading import decide_loading
 from fsdp_tune.launch.lora import lora_kwargs
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
 from fsdp_tune.launch.spec import ModelSpec, RankSpec, World
@@ -42,6 +44,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
     device = "cpu" if on_cpu else "cuda"
     output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
     args = trainer_args(cfg, on_cpu, output_dir)
+    loading, why, sharded = decide_loading(cfg, on_cpu, args, fsdp2_qlora_policy(cfg))  # launch/loading.py
     checkpointing = (
         "fsdp" if cfg.fsdp.activation_checkpointing else "gradient" if args["activation_checkpointing"] else "off"
     )
@@ -59,7 +62,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         trainer_args=args,
         parallelism=mesh(cfg, on_cpu),
         fsdp_mixed_precision=fsdp2_qlora_policy(cfg),
-        model=model_spec(cfg),
+        model=replace(model_spec(cfg), loading=loading, loading_note=why),
         lora=lora_kwargs(cfg),
         data=data_spec(cfg),
         output_dir=output_dir,
@@ -68,6 +71,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         check_grad_norm=not args["fp16"],
         notes=_notes(cfg, on_cpu),
         console=console,
+        sharded=sharded,
     )
 
 

@@ -44,6 +44,8 @@ class ModelSpec:
     quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
     chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
     revision: str | None = None  # the model's branch, tag or commit (--model_revision)
+    loading: str = "transformers"  # "sharded": each rank reads only its shards (worker/sharded_load.py)
+    loading_note: str | None = None  # why the run takes the transformers path, when sharded loading does not apply
 
 
 @dataclass(frozen=True)
@@ -97,10 +99,20 @@ class RankSpec:
     # "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also everything the libraries
     # print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
     console: str = "lines"
+    # sharded loading: what the model builder applies that accelerate applies on the transformers path (units,
+    # FSDP activation checkpointing, policies, the fp32 upcast), and that path's fsdp_config for a rank that falls
+    # back (launch/loading.py). None on the transformers path.
+    sharded: dict[str, Any] | None = None
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
         return self.trainer_args["fsdp_config"]
+
+    @property
+    def unit_fsdp_config(self) -> dict[str, Any]:
+        """The fsdp_config the FSDP units follow: under sharded loading the builder makes them (the Trainer is
+        told NO_WRAP), as the transformers path's config says."""
+        return self.sharded["transformers_fsdp_config"] if self.sharded else self.fsdp_config
 
     @property
     def resolved_path(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch import loading
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.output.data import plan_lines, summary_lines
 from fsdp_tune.output.findings import show
@@ -49,7 +50,7 @@ def format_summary(s: RunSummary) -> str:
 
 def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute."""
-    w, f = spec.world, spec.fsdp_config
+    w, f = spec.world, spec.unit_fsdp_config  # under sharded loading fsdp-tune makes the units accelerate would
     wrap = f["auto_wrap_policy"] + (
         f" ({','.join(f['transformer_layer_cls_to_wrap'])})"
         if f.get("transformer_layer_cls_to_wrap")
@@ -90,6 +91,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
     lines += plan_lines(d)
+    lines.append(f"  loading: {loading.describe(spec.model.loading, spec.model.loading_note)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
         f"  output: {spec.output_dir}"

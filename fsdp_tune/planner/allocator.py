@@ -62,8 +62,9 @@ def assumptions(st: Stack, loading: str, on_cpu: bool) -> list[str]:
     """What the plan assumed that a run could change: say it, so a reader can tell why a measurement differs."""
     if on_cpu:
         return [
-            "host RSS per rank: the larger of the loading phase (the model held ~2.5 times, measured here) and "
-            "training memory, plus the runtime (0.53 GiB, measured here)",
+            "host RSS per rank: the larger of the loading phase (transformers: ~1.2 x the checkpoint; sharded: ~1.15 x "
+            "the rank's shards and one layer) and training memory with the step's transients x1.5 (glibc's heap keeps "
+            "freed buffers), plus the runtime (0.53 GiB); each factor measured here",
             f"loading: {loading}",
         ]
     loss = "TRL's chunked fused LM head (no full logits)" if st.loss == "trl_fused" else f"full logits ({st.loss})"

@@ -56,6 +56,7 @@ class Estimate:
     gpu_loading: float = 0.0  # device bytes while the model loads (before FSDP shards it)
     host_node: dict[str, float] = field(default_factory=dict)
     load_per_rank: float = 0.0
+    loading: str = "transformers"  # the loading path planned (LOADINGS)
     trainable_params: int = 0
     total_params: int = 0
     notes: list[str] = field(default_factory=list)
@@ -74,7 +75,8 @@ class Estimate:
         return host.node_steady(self.host_node)
 
     def cpu_rank_peak_bytes(self) -> float:
-        return host.cpu_rank_peak(self.device, self.load_per_rank)
+        static = sum(v for k, v in self.device.items() if k in STATIC_KEYS)
+        return host.cpu_rank_peak(self.device, self.load_per_rank, self.loading, static)
 
 
 def micro_tokens(cfg: RunConfig) -> int:
@@ -196,7 +198,7 @@ def estimate(
     st = stack or stack_of(cfg, on_cpu)
     world = shard_group(cfg)  # the ranks a parameter is sharded over (every rank, or a mesh's shard group)
     offload = cfg.fsdp.cpu_offload and not on_cpu
-    est = Estimate(total_params=shape.total_params)
+    est = Estimate(total_params=shape.total_params, loading=loading)
     est.trainable_params = lora_params(cfg, shape) if cfg.lora.use_peft_lora else shape.total_params
     static = static_components(cfg, shape, st, world, offload)
     phases = transient_phases(cfg, shape, st, world)
@@ -246,11 +248,15 @@ def _host(
     local = cfg.launch.nproc_per_node
     all_base, layer = base_bytes(cfg, shape, st)
     consts = quant_constant_bytes(cfg, shape)
-    if cfg.quantization.use_4bit_quantization:
-        full_model = all_base + consts
-    else:
-        full_model = shape.total_params * DTYPE_BYTES[model_dtype(cfg)]
-    est.load_per_rank = host.loading_per_rank(loading, full_model, full_model / world, shape.layer_params * 2)
+    checkpoint = shape.total_params * DTYPE_BYTES[model_dtype(cfg)]
+    full_model = all_base + consts if cfg.quantization.use_4bit_quantization else checkpoint
+    if on_cpu and loading == "transformers" and cfg.quantization.use_4bit_quantization:
+        full_model += checkpoint  # from_pretrained quantizes on the host from the checkpoint's pages
+    on_host = on_cpu or cfg.fsdp.cpu_offload  # where a rank's shards live while it loads them
+    adapters = lora_params(cfg, shape) * 4 if cfg.lora.use_peft_lora else 0.0  # PEFT makes them in fp32
+    est.load_per_rank = host.loading_per_rank(
+        loading, full_model, full_model / world, shape.layer_params * 2, on_host, adapters
+    )
     h = est.host_node
     h[host.RUNTIME] = host.HOST_RUNTIME_GIB["cpu" if on_cpu else "cuda"] * GiB * local
     h[f"{host.LOADING} model copies ({loading} loading)"] = est.load_per_rank * local

@@ -7,6 +7,7 @@ from dataclasses import replace
 from fsdp_tune.config.derived import gradient_checkpointing
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import UsageError
+from fsdp_tune.launch.loading import loading_path, why_not_sharded
 from fsdp_tune.planner.allocator import assumptions, device_memory
 from fsdp_tune.planner.memory import LOADINGS, GiB, estimate
 from fsdp_tune.planner.shape import ModelShape, find_config, measure
@@ -14,13 +15,26 @@ from fsdp_tune.planner.stack import Stack, stack_of
 from fsdp_tune.planner.steptime import GPUS, parse_memory, step_time
 
 
+def _sharded_variant(cfg: RunConfig, loading: str) -> tuple[str, RunConfig] | None:
+    """The change that makes a 4-bit run on the transformers path (the whole 4-bit model on each GPU while it
+    loads) load sharded, where one exists: FSDP2 for an FSDP1 config, or sharded loading itself."""
+    if loading != "transformers" or not cfg.quantization.use_4bit_quantization:
+        return None
+    auto = replace(cfg.model, loading="auto")
+    if cfg.fsdp.version != 2:
+        variant = replace(cfg, fsdp=replace(cfg.fsdp, version=2), model=auto)
+        label = "FSDP2 with sharded loading (fsdp-tune convert --fsdp2: each rank reads and quantizes only its shards)"
+    else:
+        variant = replace(cfg, model=auto)
+        label = "sharded loading (--loading sharded: each rank reads and quantizes only its shards)"
+    return (label, variant) if why_not_sharded(variant) is None else None
+
+
 def _variants(cfg: RunConfig, loading: str) -> list[tuple[str, RunConfig, float]]:
     """Changes that save memory, with a rough step-time cost factor used to rank them (cheapest first);
     long because it is the list itself: each change with the flags that make it."""
     out = []
     f = cfg.fsdp
-    if loading == "transformers" and cfg.quantization.use_4bit_quantization:
-        out.append(("sharded loading (--loading sharded: each rank reads and quantizes only its shards)", cfg, 1.0))
     if not f.activation_checkpointing and not gradient_checkpointing(cfg):
         out.append(
             (
@@ -106,11 +120,13 @@ def memory_plan(
     gpu_key: str = "h100",
     gpu_memory: str | None = None,
     on_cpu: bool = False,
-    loading: str = "transformers",
+    loading: str | None = None,
     stack: Stack | None = None,
 ) -> dict:
     """The plan `fsdp-tune plan` prints. `stack` replaces fsdp-tune's own code path (benchmarks/ uses it to
-    plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS)."""
+    plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS): by default
+    the path the run takes (launch/loading.py, as the rank spec decides it)."""
+    loading, note = (loading, None) if loading else loading_path(cfg)
     name = _check(cfg, gpu_key, loading)
     gpu = GPUS[gpu_key]
     budget = parse_memory(gpu_memory) if gpu_memory else gpu.memory_gib
@@ -132,13 +148,14 @@ def memory_plan(
         "world_size": cfg.launch.num_processes,
         "device": "cpu" if on_cpu else gpu.name,
         "loading": loading,
+        "loading_note": note,
         "host_memory_gib_per_node": round(est.host_node_bytes / GiB, 2),
         "host_memory_gib_per_node_steady": round(est.host_node_steady_bytes / GiB, 2),
         "components": {k: round(v / GiB, 3) for k, v in est.device.items()},
         "phases_gib": {k: round(v / GiB, 2) for k, v in est.phases.items()},
         "host_components": {k: round(v / GiB, 3) for k, v in est.host_node.items()},
         "notes": est.notes,
-        "assumptions": assumptions(st, loading, on_cpu),
+        "assumptions": assumptions(st, f"{loading} ({note})" if note else loading, on_cpu),
         "step_time": None if on_cpu else step_time(cfg, shape, gpu),
         "advice": [],
     }
@@ -155,18 +172,23 @@ def memory_plan(
 
 def _advice(cfg: RunConfig, shape: ModelShape, budget: float, stack: Stack | None, loading: str) -> list[dict]:
     """Single changes that make it fit; on the transformers loading path of a 4-bit model (the whole model on
-    each GPU while loading) each change is also tried together with sharded loading."""
-    options = []
+    each GPU while loading) each change is also tried together with the change to sharded loading."""
+    sharded = _sharded_variant(cfg, loading)
+    tries = [(sharded[0], sharded[1], 1.0, "sharded")] if sharded else []
+    alone = bool(sharded) and device_memory(estimate(sharded[1], shape, stack=stack, loading="sharded"), budget)["fits"]
     for label, variant, cost in _variants(cfg, loading):
-        paths = ["sharded"] if "sharded" in label else [loading]
-        if loading == "transformers" and cfg.quantization.use_4bit_quantization and paths == [loading]:
-            paths.append("sharded")
-        for path in paths:
-            v = device_memory(estimate(variant, shape, stack=stack, loading=path), budget)
-            if v["fits"]:
-                change = label if path == loading or "sharded" in label else f"--loading sharded and {label}"
-                options.append(
-                    {"change": change, "per_gpu_memory_gib": v["per_gpu_memory_gib"], "relative_step_cost": cost}
-                )
-                break
+        tries.append((label, variant, cost, loading))
+        if sharded and not alone:  # the change to sharded loading together with another
+            both = _sharded_variant(variant, loading)
+            if both:
+                tries.append((f"{sharded[0]} and {label}", both[1], cost, "sharded"))
+    options, fitted = [], set()
+    for change, variant, cost, path in tries:
+        v = device_memory(estimate(variant, shape, stack=stack, loading=path), budget)
+        key = change.removeprefix(f"{sharded[0]} and ") if sharded else change
+        if v["fits"] and key not in fitted:
+            fitted.add(key)
+            options.append(
+                {"change": change, "per_gpu_memory_gib": v["per_gpu_memory_gib"], "relative_step_cost": cost}
+            )
     return sorted(options, key=lambda o: o["relative_step_cost"])

@@ -153,3 +153,20 @@ def attention_support(cfg: RunConfig) -> Iterator[Finding]:
         "load it so, on every rank",
         f"drop it: fsdp-tune then uses {support.default}, what {support.model_class} supports",
     )
+
+
+@rule("FT036", "model", "--loading sharded where sharded loading cannot take the run")
+def sharded_loading(cfg: RunConfig) -> Iterator[Finding]:
+    from fsdp_tune.launch.loading import why_not_sharded
+
+    if cfg.model.loading != "sharded":
+        return
+    why = why_not_sharded(cfg)
+    if why:
+        yield error(
+            cfg,
+            "FT036",
+            "model.loading",
+            f"sharded loading cannot take this run: {why}",
+            "--loading auto loads it with from_pretrained on every rank instead",
+        )

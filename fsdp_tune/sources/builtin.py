@@ -37,6 +37,15 @@ PRESETS = {
         num_key_value_heads=8,
         vocab_size=32000,
     ),
+    # ~443M parameters, 1.7 GiB in fp32: the sharded-loading benchmark's model (benchmarks/loading.py)
+    "llama-443m": dict(
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        vocab_size=32000,
+    ),
     "small-llama": dict(
         hidden_size=768,
         intermediate_size=2048,

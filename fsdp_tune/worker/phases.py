@@ -61,7 +61,9 @@ def data_read(seconds: float, splits: Any, *_) -> None:
                 _rows[name] = len(ds)
 
 
-def model_loaded(seconds: float, model: Any, spec: Any, *_) -> None:
+def model_loaded(seconds: float, built: Any, spec: Any, *_) -> None:
+    """build_model returns (model, the SFTConfig that trains it)."""
+    model = built[0] if isinstance(built, tuple) else built
     quant = spec.model.quantization
     how = f"4-bit {quant['bnb_4bit_quant_type']}" if quant else spec.model.dtype
     try:

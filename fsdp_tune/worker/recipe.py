@@ -39,7 +39,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
     args = training_args(spec)
     with args.main_process_first(desc="dataset preparation"):
         train_ds, eval_ds, data_report = build_data(spec, tokenizer)
-    model = build_model(spec, tokenizer)
+    model, args = build_model(spec, tokenizer, args)
     trainer, watch = build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)
     truncation = report_truncation(trainer, spec)
     result = train(trainer, spec)
@@ -127,10 +127,12 @@ def build_data(spec: RankSpec, tokenizer):
 
 
 @phases.timed("build_model", show=phases.model_loaded)
-def build_model(spec: RankSpec, tokenizer):
-    from fsdp_tune.worker.model import load_model
+def build_model(spec: RankSpec, tokenizer, args):
+    """The model on the spec's loading path (worker/sharded_load.py), and the SFTConfig that trains it (its own
+    when a rank finds that sharded loading cannot take this model and falls back)."""
+    from fsdp_tune.worker.sharded_load import build
 
-    return load_model(spec, tokenizer)
+    return build(spec, tokenizer, args)
 
 
 @phases.timed("build_trainer", show=phases.data_prepared)
@@ -142,8 +144,10 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         ShardingCheckCallback,
         StopOnSignalCallback,
     )
+    from fsdp_tune.worker.load_report import first_step_memory
     from fsdp_tune.worker.model import lora_config
     from fsdp_tune.worker.progress import ProgressCallback
+    from fsdp_tune.worker.sharded_load import prebuilt
     from fsdp_tune.worker.trainer import trainer_class
 
     watch = Watchers(
@@ -151,7 +155,7 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         nan_guard=NanGuardCallback(check_grad_norm=spec.check_grad_norm),
         stopper=StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device),
     )
-    sharding = ShardingCheckCallback(spec.world.world_size, spec.fsdp_config["auto_wrap_policy"])
+    sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
     progress = ProgressCallback(spec.device, spec.world.world_size, phases.started("rank"), spec.console == "live")
     trainer = trainer_class()(
         model=model,
@@ -159,8 +163,11 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
         train_dataset=train_ds,
         eval_dataset=eval_ds if args.eval_strategy != "no" else None,
         processing_class=tokenizer,
-        peft_config=lora_config(spec),
-        callbacks=[watch.metrics, watch.nan_guard, watch.stopper, sharding, progress, *faults.callbacks()],
+        peft_config=None if prebuilt(model) else lora_config(spec),  # sharded loading applied LoRA already
+        callbacks=[
+            *(watch.metrics, watch.nan_guard, watch.stopper, sharding, progress, first_step_memory()),
+            *faults.callbacks(),
+        ],
     )
     return trainer, watch
 
@@ -246,9 +253,13 @@ def push(trainer, spec: RankSpec) -> None:
 def write_summary(
     trainer, spec: RankSpec, result, watch: Watchers, started: float, truncation, saved: dict, data: dict
 ) -> None:
+    from fsdp_tune.worker.load_report import loading_summary
     from fsdp_tune.worker.summary import collect
 
-    summary = collect(trainer, spec, result, watch.metrics, started, truncated_sequences=truncation, data=data, **saved)
+    extra = {"loading": loading_summary()}  # a collective, as collect is
+    summary = collect(
+        trainer, spec, result, watch.metrics, started, truncated_sequences=truncation, data=data, extra=extra, **saved
+    )
     if trainer.is_world_process_zero():
         run_summary.write(spec.output_dir, summary)
     trainer.accelerator.wait_for_everyone()

@@ -1,0 +1,141 @@
+"""How the weights reach the ranks, decided once on the launcher: "sharded" or "transformers".
+
+sharded (worker/sharded_load.py): the model is built on the meta device, LoRA applied, the FSDP2 units made, and
+every rank reads only its own shard of each parameter from the safetensors files (quantizing only what it keeps
+under QLoRA). transformers: from_pretrained on every rank (the whole model in each rank's memory, the whole 4-bit
+model on each GPU), then accelerate's fully_shard.
+
+`--loading auto` (the default) takes sharded loading wherever it applies and says why not where it does not;
+`--loading sharded` insists (a config it cannot take is refused up front, FT036, and a model a rank finds it cannot
+take stops the run); `--loading transformers` keeps from_pretrained. What only a rank can see (a hub model's files,
+checkpoint keys the model does not have) is checked there, and an `auto` run then falls back on every rank alike.
+Pure: reads a model's config.json and file names where they are on this machine; no torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fsdp_tune.config.derived import DTYPE_OF_PRECISION, compute_precision, mesh_sizes, offload_active
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.sources import model as model_source
+
+# config.json keys that give a mixture-of-experts layer's expert count (Mixtral, Qwen-MoE, DeepSeek, ...)
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def loading_path(cfg: RunConfig) -> tuple[str, str | None]:
+    """("sharded" | "transformers", why the run does not load sharded: None when it does)."""
+    if cfg.model.loading == "transformers":
+        return "transformers", "asked for (--loading transformers)"
+    reason = why_not_sharded(cfg)
+    return ("transformers", reason) if reason else ("sharded", None)
+
+
+def why_not_sharded(cfg: RunConfig) -> str | None:
+    """Why sharded loading cannot take this run (the first reason found), or None when it can."""
+    return _setting_reason(cfg) or _model_reason(cfg)
+
+
+def _setting_reason(cfg: RunConfig) -> str | None:
+    f, lo = cfg.fsdp, cfg.lora
+    if f.version != 2:
+        return "FSDP1 wraps an already loaded model into flat parameters (fsdp-tune convert --fsdp2 migrates a config)"
+    if not lo.use_peft_lora:
+        return "full fine-tuning: sharded loading covers LoRA and QLoRA"
+    if f.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
+        return f"auto_wrap_policy {f.auto_wrap_policy}: sharded loading makes TRANSFORMER_BASED_WRAP's units"
+    if lo.use_dora:
+        return "DoRA initialises its magnitude vectors from the whole base weights"
+    if cfg.quantization.use_8bit_quantization:
+        return "8-bit (LLM.int8) weights"
+    sizes = mesh_sizes(cfg) if cfg.parallelism.enabled else {}
+    if sizes.get("tp_size", 1) > 1 or sizes.get("sp_size", 1) > 1:
+        return "tensor or sequence parallelism places the weights its own way"
+    if sizes.get("cp_size", 1) > 1:
+        return "context parallelism: not yet run with sharded loading (it needs GPUs)"
+    if cfg.training.get("chat_template_path"):
+        return "chat_template_path: SFTTrainer copies that template onto the loaded model, adding embedding rows"
+    if cfg.launch.dynamo_backend.lower() != "no":
+        return "torch.compile (dynamo_backend) of a model sharded before the Trainer sees it: not yet run"
+    return None
+
+
+def _model_reason(cfg: RunConfig) -> str | None:
+    """What the model's own files say, where they are on this machine (else the ranks check)."""
+    name = cfg.model.model_name_or_path or ""
+    config = model_source.model_config(name) if name else None
+    if config is None:
+        if cfg.model.trust_remote_code and name:
+            return "trust_remote_code with a model whose config is not on this machine: its code may make weights"
+        return None
+    if cfg.model.trust_remote_code and config.get("auto_map"):
+        return "remote code (auto_map): its modules may make weights that no checkpoint key names"
+    if config.get("quantization_config"):
+        return "the checkpoint is quantized already (GPTQ/AWQ/bnb/FP8 weights have loaders of their own)"
+    for section in (config, config.get("text_config") or {}):
+        experts = [section.get(k) for k in EXPERT_KEYS]
+        if any(isinstance(n, int) and n > 1 for n in experts):
+            return f"{config.get('model_type')} is a mixture of experts: transformers fuses its expert tensors on load"
+    folder = Path(name).expanduser()
+    if folder.is_dir() and not any((folder / f).exists() for f in WEIGHT_FILES):
+        return f"{name} holds no safetensors weights ({' or '.join(WEIGHT_FILES)})"
+    return None
+
+
+def sharded_plan(cfg: RunConfig, on_cpu: bool, fsdp_config: dict[str, Any], qlora_policy: dict | None) -> dict:
+    """What the sharded model builder applies that accelerate applies on the transformers path, decided as
+    accelerate 1.15 decides it: the units (TRANSFORMER_BASED_WRAP's layer classes, the model's _no_split_modules
+    when none is named), FSDP activation checkpointing (fsdp2_apply_ac), the MixedPrecisionPolicy (the plugin's:
+    the QLoRA storage policy, else every dtype the run's precision, else the default), the offload policy and the
+    fp32 upcast of trainable parameters under mixed precision without 4-bit weights (fsdp2_prepare_model)."""
+    f = cfg.fsdp
+    precision = compute_precision(cfg)
+    policy = qlora_policy
+    if policy is None and precision != "no":
+        dtype = DTYPE_OF_PRECISION[precision]
+        policy = {"param_dtype": dtype, "reduce_dtype": dtype, "output_dtype": dtype}
+    return {
+        "layer_cls": list(f.transformer_layer_cls_to_wrap),
+        "reshard_after_forward": f.reshard_after_forward,
+        "activation_checkpointing": f.activation_checkpointing,
+        "activation_checkpointing_offload": f.activation_checkpointing_offload and not on_cpu,
+        "cpu_offload": offload_active(cfg, on_cpu),
+        "mp_policy": policy,
+        "upcast_trainable": precision != "no" and not cfg.quantization.use_4bit_quantization,
+        "fallback": cfg.model.loading == "auto",
+        "transformers_fsdp_config": fsdp_config,
+    }
+
+
+def trainer_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
+    """The fsdp_config the Trainer gets for a model sharded already: accelerate must not wrap it again (with
+    TRANSFORMER_BASED_WRAP it looks the layer class up by name and finds only FSDP's subclass) nor put
+    checkpoint wrappers around sharded layers; the builder did both."""
+    out = {k: v for k, v in fsdp_config.items() if k not in ("transformer_layer_cls_to_wrap", "min_num_params")}
+    return {**out, "auto_wrap_policy": "NO_WRAP", "activation_checkpointing": False}
+
+
+def decide_loading(
+    cfg: RunConfig, on_cpu: bool, trainer_args: dict[str, Any], qlora_policy: dict | None
+) -> tuple[str, str | None, dict | None]:
+    """(path, why not sharded, the rank spec's `sharded`); on the sharded path the Trainer's fsdp_config in
+    trainer_args becomes trainer_fsdp_config's."""
+    path, why = loading_path(cfg)
+    if path != "sharded":
+        return path, why, None
+    plan = sharded_plan(cfg, on_cpu, trainer_args["fsdp_config"], qlora_policy)
+    trainer_args["fsdp_config"] = trainer_fsdp_config(trainer_args["fsdp_config"])
+    return path, why, plan
+
+
+def describe(path: str, note: str | None) -> str:
+    """One line for the launch plan."""
+    if path == "sharded":
+        return (
+            "sharded: each rank reads only its own shards from the safetensors files "
+            "(--loading transformers: from_pretrained on every rank)"
+        )
+    return f"transformers: from_pretrained on every rank ({note})" if note else "transformers"
