@@ -88,10 +88,9 @@ ROWS = [
         [*QLORA, "--bnb_4bit_quant_storage_dtype", "float32", "--fsdp_state_dict_type", "FULL_STATE_DICT", *SAVES],
         resume=True,
     ),
-    Row(
+    Row(  # CI trains eval + packing in tests/dist/test_data_train.py (the mixture of every format, packed)
         "eval + packing",
         ["--splits", "train,test", "--eval_strategy", "steps", "--eval_steps", "2", "--packing", "True"],
-        ci=True,
     ),
     Row("cpu_ram_efficient_loading", ["--fsdp_cpu_ram_efficient_loading", "true"]),
     Row(
