@@ -49,6 +49,8 @@ def _setting_reason(cfg: RunConfig) -> str | None:
         return f"auto_wrap_policy {f.auto_wrap_policy}: sharded loading makes TRANSFORMER_BASED_WRAP's units"
     if lo.use_dora:
         return "DoRA initialises its magnitude vectors from the whole base weights"
+    if cfg.peft.get("trainable_token_indices"):
+        return "trainable_token_indices: PEFT copies the chosen embedding rows from the loaded weights"
     if cfg.quantization.use_8bit_quantization:
         return "8-bit (LLM.int8) weights"
     sizes = mesh_sizes(cfg) if cfg.parallelism.enabled else {}

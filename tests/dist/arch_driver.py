@@ -43,7 +43,7 @@ def train_one(spec, entry: dict) -> dict:
     args = recipe.training_args(spec)
     with args.main_process_first(desc="dataset preparation"):
         train_ds, eval_ds, _ = recipe.build_data(spec, tokenizer)
-    model = recipe.build_model(spec, tokenizer)
+    model, args = recipe.build_model(spec, tokenizer, args)
     attention = model.config._attn_implementation
     trainer, _ = recipe.build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)
     recipe.train(trainer, spec)

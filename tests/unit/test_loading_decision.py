@@ -37,6 +37,7 @@ FALLBACKS = [
     ("full fine-tuning", ["--use_peft_lora", "False"], "full fine-tuning"),
     ("NO_WRAP", ["--fsdp_auto_wrap_policy", "NO_WRAP"], "auto_wrap_policy NO_WRAP"),
     ("DoRA", ["--use_dora", "True"], "DoRA"),
+    ("trainable tokens", ["--trainable_token_indices", "5", "6"], "trainable_token_indices"),
     ("asked for", ["--loading", "transformers"], "asked for"),
     ("a mixture of experts", ["--model_name_or_path", "mistralai/Mixtral-8x7B-v0.1"], "mixture of experts"),
     ("remote code not on this machine", ["--model_name_or_path", "acme/x", "--trust_remote_code", "True"], "remote"),
