@@ -67,10 +67,27 @@ def model_loaded(seconds: float, built: Any, spec: Any, *_) -> None:
     quant = spec.model.quantization
     how = f"4-bit {quant['bnb_4bit_quant_type']}" if quant else spec.model.dtype
     try:
-        count = f"{_millions(model.num_parameters())} parameters in {how}"
+        count = f"{_millions(_base_parameters(model))} parameters in {how}"
     except (AttributeError, TypeError):
         count = how
-    line("loading model", seconds, f"{type(model).__name__}, {count}")
+    line("loading model", seconds, f"{_base_class(model)}, {count}")
+
+
+def _base_class(model: Any) -> str:
+    """The architecture's name on either loading path: sharded loading hands over a PeftModel around an FSDP
+    module (fully_shard renames the class FSDP<Name>)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = type(base).__name__
+    return name.removeprefix("FSDP") if name.startswith("FSDP") and len(name) > 4 else name
+
+
+def _base_parameters(model: Any) -> int:
+    """The base model's parameters, without the adapter sharded loading has applied already (PEFT counts 4-bit
+    weights unpacked, as transformers' num_parameters does)."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        return total - trainable
+    return model.num_parameters()
 
 
 def data_prepared(seconds: float, built: Any, *_) -> None:
