@@ -26,7 +26,11 @@ def format_summary(s: RunSummary) -> str:
         f"  FSDP units: {units or '-'}",
     ]
     if s.mesh:
-        lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in s.mesh.items()))
+        # accelerate shards over the flattened dp_shard x cp dim, named dp_shard_cp, whatever cp is
+        flat = " (dp_shard x cp, as accelerate names it)" if "dp_shard_cp" in s.mesh else ""
+        lines.append(
+            "  device mesh (read from the trained weights): " + " x ".join(f"{k} {v}" for k, v in s.mesh.items()) + flat
+        )
     grew = s.vocab_grew
     if grew:
         lines.append(

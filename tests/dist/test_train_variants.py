@@ -27,7 +27,8 @@ def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, tmp_path
         assert z == pytest.approx(y, rel=2e-4, abs=2e-4), (c, b)
     assert hsdp.summary["mesh"] == {"dp_replicate": 2, "dp_shard_cp": 2}
     assert two.summary["mesh"] == {"dp_shard_cp": 2}  # a CPU run gets an explicit mesh (launch/decide.py mesh)
-    assert "device mesh: dp_replicate 2 x dp_shard 2" in hsdp.proc.stdout
+    assert "device mesh: dp_replicate 2 x dp_shard 2" in hsdp.proc.stdout  # the plan
+    assert "device mesh (read from the trained weights): dp_replicate 2 x dp_shard_cp 2" in hsdp.proc.stdout
 
 
 def test_qlora_4bit_fsdp2(train) -> None:
