@@ -63,7 +63,7 @@ def test_demo_console_logs_chat_and_merge(train, tmp_path) -> None:
 
     logs = run.output_dir / "logs"
     rank0, rank1 = (logs / "rank-0.log").read_text(), (logs / "rank-1.log").read_text()
-    for text in ("{'loss'", "it/s]", "Generating train split", "Warning", "rank 0/2 starting", "step 120/120"):
+    for text in ("{'loss'", "it/s]", "examples/s]", "Warning", "rank 0/2 starting", "step 120/120"):
         assert text in rank0, text  # nothing lost
     assert "Warning" in rank1 and "rank 1/2 starting" in rank1 and "step 120/120" not in rank1
 
