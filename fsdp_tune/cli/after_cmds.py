@@ -28,8 +28,10 @@ def merge_cmd(
 
     def run() -> None:
         from fsdp_tune.tools.merge import merge
+        from fsdp_tune.tools.quiet import libraries_quiet
 
-        r = merge(adapter, base, output, dtype, max_shard_size, device, force, into)
+        with libraries_quiet():
+            r = merge(adapter, base, output, dtype, max_shard_size, device, force, into)
         if r["into"] == "dequantized":
             typer.echo(
                 f"note: QLoRA adapter: merged into the base's 4-bit weights as the run quantized them, dequantized "

@@ -9,14 +9,13 @@ answers stream as they are generated (transformers' TextStreamer).
 from __future__ import annotations
 
 import json
-import logging
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune.errors import UsageError
 from fsdp_tune.launch.spec import RankSpec, read_from
 from fsdp_tune.runfiles import ADAPTER_CONFIG
+from fsdp_tune.tools.quiet import libraries_quiet
 
 
 @dataclass
@@ -51,9 +50,7 @@ def load(run: str, base: str | None = None, device: str | None = None) -> Chat:
     run_dir = Path(run)
     if not (run_dir / ADAPTER_CONFIG).exists():
         raise UsageError(f"{run} has no {ADAPTER_CONFIG}: not a finished run's folder", "pass a run's output dir")
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with libraries_quiet():
         return _load(run_dir, base, device)
 
 

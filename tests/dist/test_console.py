@@ -112,6 +112,7 @@ def _merge_keeps_the_base_dtype(run_dir, tmp_path) -> None:
     r = _cli("merge", "--adapter", str(run_dir), "-o", str(tmp_path / "m32"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "in float32 (the base's own, from config.json)" in r.stdout, r.stdout
+    assert "Warning" not in r.stderr and "kernels" not in r.stderr, r.stderr  # the result lines, no chatter
     r = _cli("merge", "--adapter", str(run_dir), "-o", str(tmp_path / "m16"), "--dtype", "bf16")
     assert r.returncode == 0 and "in bfloat16 (as --dtype asked)" in r.stdout, r.stdout + r.stderr[-3000:]
     for folder, dtype in (("m32", torch.float32), ("m16", torch.bfloat16)):
