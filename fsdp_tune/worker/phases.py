@@ -82,12 +82,20 @@ def _base_class(model: Any) -> str:
 
 
 def _base_parameters(model: Any) -> int:
-    """The base model's parameters, without the adapter sharded loading has applied already (PEFT counts 4-bit
-    weights unpacked, as transformers' num_parameters does)."""
-    if hasattr(model, "get_nb_trainable_parameters"):
-        trainable, total = model.get_nb_trainable_parameters()
-        return total - trainable
-    return model.num_parameters()
+    """The base model's parameters, as many as the checkpoint has, on either loading path: without the adapter
+    that sharded loading has applied already (its trainable parameters), and a 4-bit weight counted unpacked
+    (in x out: packed, and a DTensor under sharded loading, its numel says a fraction of that)."""
+    adapted = hasattr(model, "peft_config")
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen or (adapted and param.requires_grad):
+                continue
+            seen.add(id(param))
+            four_bit = name == "weight" and type(module).__name__ == "Linear4bit"
+            total += module.in_features * module.out_features if four_bit else param.numel()
+    return total
 
 
 def data_prepared(seconds: float, built: Any, *_) -> None:

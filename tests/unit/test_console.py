@@ -113,3 +113,48 @@ def test_other_ranks_show_nothing_and_verbose_shows_everything(tmp_path) -> None
     assert "Traceback: a rank's error" not in proc.stderr  # Python prints a verbose rank's error itself
     for text in ("a library's print", "a library's warning", "native stdout", "native stderr", "loading model"):
         assert text in log, text
+
+
+class _Param:
+    def __init__(self, numel: int, trainable: bool) -> None:
+        self._numel, self.requires_grad = numel, trainable
+
+    def numel(self) -> int:
+        return self._numel
+
+
+class _Module:
+    def __init__(self, params: dict, children: tuple = (), **attrs) -> None:
+        self._params, self._children = params, children
+        self.__dict__.update(attrs)
+
+    def modules(self):
+        yield self
+        for child in self._children:
+            yield from child.modules()
+
+    def named_parameters(self, recurse: bool = False):
+        return iter(self._params.items())
+
+
+class Linear4bit(_Module):  # bitsandbytes' class name is what the count looks for
+    pass
+
+
+def test_loading_line_counts_the_checkpoints_parameters_on_either_path() -> None:
+    from fsdp_tune.worker.phases import _base_class, _base_parameters
+
+    tied = _Param(1000, trainable=False)
+    packed = Linear4bit({"weight": _Param(50, trainable=False)}, in_features=20, out_features=10)  # 200 unpacked
+    lora = _Module({"weight": _Param(30, trainable=True)})
+    layers = (_Module({"weight": tied}), packed, lora, _Module({"weight": tied}))  # tied embedding and head
+    sharded = _Module({}, layers, peft_config={})  # a PeftModel: the adapter is not the base's
+    assert _base_parameters(sharded) == 1000 + 200
+    before_peft = _Module({}, layers[:2])  # the transformers path: LoRA comes later, everything trainable
+    assert _base_parameters(before_peft) == 1200
+
+    class FSDPLlamaForCausalLM:  # fully_shard's rename, under PEFT's wrapper
+        pass
+
+    wrapper = type("PeftModelForCausalLM", (), {"get_base_model": lambda self: FSDPLlamaForCausalLM()})()
+    assert _base_class(wrapper) == "LlamaForCausalLM"
