@@ -1,5 +1,5 @@
-"""`python -m benchmarks [cli|overhead|memory|plan|all|sweep|loading]` (or `make bench`): prints a table and writes
-results/latest.json."""
+"""`python -m benchmarks [cli|overhead|memory|plan|all|sweep|loading|malloc]` (or `make bench`): prints a table and
+writes results/latest.json."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def main(argv: list[str]) -> None:
         print(f"Sharded loading vs from_pretrained: {r['model']} ({r['checkpoint_mib']:.0f} MiB), 2 CPU ranks")
         print(loading.as_markdown(r))
         print(f"  same losses and adapter on both paths: {r['same_training']}")
+    if which == "malloc":  # not part of "all": sixteen runs of the 443M model, about 10 minutes on 2 cores
+        from benchmarks import malloc
+
+        r = results["malloc"] = malloc.run()
+        for name, v in r["table"].items():
+            print(f"  {name:<16} whole run {v['run_x_ckpt']:.2f}x ckpt, train {v['train_runtime_s']:.1f} s")
     if which in ("cli", "all"):
         from benchmarks import cli_latency
 
