@@ -35,6 +35,7 @@ def setup(spec, log_dir: str) -> int:
 def train_one(spec, entry: dict) -> dict:
     """The recipe's steps for one rank spec; what the test checks afterwards."""
     from fsdp_tune.worker import recipe
+    from fsdp_tune.worker.sharded_load import prebuilt
     from fsdp_tune.worker.units import describe_units
 
     os.environ.update(spec.env)
@@ -45,12 +46,14 @@ def train_one(spec, entry: dict) -> dict:
         train_ds, eval_ds, _ = recipe.build_data(spec, tokenizer)
     model, args = recipe.build_model(spec, tokenizer, args)
     attention = model.config._attn_implementation
+    loading = "sharded" if prebuilt(model) else "transformers"
     trainer, _ = recipe.build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)
     recipe.train(trainer, spec)
     saved = recipe.save_and_verify(trainer, spec, tokenizer)
     result = {
         "name": entry["name"],
         "attention": attention,
+        "loading": loading,
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
         "adapter_check": saved["adapter_check"],
         "units": describe_units(trainer.model_wrapped or trainer.model),

@@ -42,13 +42,14 @@ CASES = [
     Case(
         "llama",
         "llama",
-        ["--modules_to_save", "lm_head", "--trainable_token_indices", "5", "6", "--use_rslora"],
+        ["--modules_to_save", "lm_head", "--use_rslora"],  # loads sharded: the lm_head copy filled on each rank
         reload_into_fsdp=True,
     ),
     Case(
         "mistral",
         "mistral",
-        ["--lora_target_modules", "q_proj", "v_proj", "down_proj", "--layers_to_transform", "1", "--lora_bias", "true"],
+        ["--lora_target_modules", "q_proj", "v_proj", "down_proj", "--layers_to_transform", "1", "--lora_bias", "true"]
+        + ["--trainable_token_indices", "5", "6"],  # loads with from_pretrained (PEFT copies the rows)
     ),
     Case("qwen2", "qwen2", ["--bias", "all", "--exclude_modules", "down_proj", "--rank_pattern", '{"q_proj": 4}']),
     Case("qwen3", "qwen3", ["--use_dora", "True", "--init_lora_weights", "orthogonal"]),
@@ -144,6 +145,10 @@ def test_family_trains_and_its_adapter_reloads(trained, case: Case) -> None:
 
     result, model_dir, out = trained[case.name]
     assert result["attention"] == case.attention
+    # sharded loading wherever it applies (launch/loading.py): not MoE, DoRA or trainable tokens
+    dense = case.family not in ("mixtral", "qwen3_moe")
+    falls_back = {"--use_dora", "--trainable_token_indices"} & set(case.flags)
+    assert result["loading"] == ("sharded" if dense and not falls_back else "transformers"), result["loading"]
     assert len(result["losses"]) == 2 and all(x == x for x in result["losses"]), result["losses"]
     assert result["adapter_check"]["ok"]
     assert sum(result["units"].values()) > 1, result["units"]  # sharded by decoder layer, not one unit
