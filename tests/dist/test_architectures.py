@@ -50,6 +50,7 @@ CASES = [
         "mistral",
         ["--lora_target_modules", "q_proj", "v_proj", "down_proj", "--layers_to_transform", "1", "--lora_bias", "true"]
         + ["--trainable_token_indices", "5", "6"],  # loads with from_pretrained (PEFT copies the rows)
+        reload_into_fsdp=True,
     ),
     Case("qwen2", "qwen2", ["--bias", "all", "--exclude_modules", "down_proj", "--rank_pattern", '{"q_proj": 4}']),
     Case("qwen3", "qwen3", ["--use_dora", "True", "--init_lora_weights", "orthogonal"]),
