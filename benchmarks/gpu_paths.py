@@ -56,15 +56,10 @@ def _tiny_lora(device: str):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from fsdp_tune.sources.builtin import PRESETS
+
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-    )
+    config = LlamaConfig(**{**PRESETS["tiny-llama"], "num_hidden_layers": 2})  # the demo's shape, 2 layers
     model = LlamaForCausalLM(config).to(device)
     return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
 

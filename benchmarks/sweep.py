@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.timing import offline_env
+
 REPO = Path(__file__).resolve().parents[1]
 BASE = REPO / "tests" / "fixtures" / "tiny_lora.yaml"
 QLORA = ["--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "float32"]
@@ -112,13 +114,7 @@ ROWS = [
 
 
 def _env(cache: Path) -> dict[str, str]:
-    return dict(
-        os.environ,
-        FSDP_TUNE_CACHE=str(cache),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(cache / "datasets"),
-    )
+    return offline_env(FSDP_TUNE_CACHE=str(cache), HF_DATASETS_CACHE=str(cache / "datasets"))
 
 
 def _cli(args: list[str], env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:

@@ -45,18 +45,6 @@ class PeftSettings:
 
     args: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_plain(cls, data: dict[str, Any]) -> PeftSettings:
-        """From as_dict() output: lists back to the tuples coercion makes."""
-        kinds = lora_fields()
-        tuples = ("list", "int_list")
-        return cls(
-            {
-                k: tuple(v) if isinstance(v, list) and kinds.get(k, {}).get("kind") in tuples else v
-                for k, v in data.items()
-            }
-        )
-
     def get(self, name: str) -> Any:
         if name in self.args:
             return self.args[name]

@@ -47,8 +47,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
     done = COMPLETE_MARKER if markers else "trainer_state.json"
     found = []
     for step, folder in sorted(folders):
-        marker = read_marker(folder) or {}
-        found.append(Checkpoint(folder, step, (folder / done).exists(), marker.get("run_id")))
+        found.append(Checkpoint(folder, step, (folder / done).exists(), marker_run_id(folder)))
     return found
 
 
@@ -98,6 +97,12 @@ def verify(folder: str | Path) -> str | None:
         if digest and _sha256(path) != digest:
             return f"{rel} changed since it was written (sha256 differs)"
     return None
+
+
+def marker_run_id(folder: str | Path) -> str | None:
+    """The run a checkpoint belongs to: the run id its completion marker records (None for none)."""
+    run_id = (read_marker(folder) or {}).get("run_id")
+    return run_id if isinstance(run_id, str) else None
 
 
 def folder_run_id(output_dir: str | Path) -> str | None:

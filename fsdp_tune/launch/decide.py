@@ -16,6 +16,7 @@ from fsdp_tune.config.derived import (
     compute_precision,
     fsdp1_unsharded,
     gradient_checkpointing,
+    mesh_active,
     mesh_sizes,
     model_dtype,
     offload_active,
@@ -44,7 +45,8 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
     device = "cpu" if on_cpu else "cuda"
     output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
     args = trainer_args(cfg, on_cpu, output_dir)
-    loading, why, sharded = decide_loading(cfg, on_cpu, args, fsdp2_qlora_policy(cfg))  # launch/loading.py
+    qlora_policy = fsdp2_qlora_policy(cfg)
+    loading, why, sharded = decide_loading(cfg, on_cpu, args, qlora_policy)  # launch/loading.py
     checkpointing = (
         "fsdp" if cfg.fsdp.activation_checkpointing else "gradient" if args["activation_checkpointing"] else "off"
     )
@@ -61,7 +63,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         use_reentrant=cfg.run.use_reentrant,
         trainer_args=args,
         parallelism=mesh(cfg, on_cpu),
-        fsdp_mixed_precision=fsdp2_qlora_policy(cfg),
+        fsdp_mixed_precision=qlora_policy,
         model=replace(model_spec(cfg), loading=loading, loading_note=why),
         lora=lora_kwargs(cfg),
         data=data_spec(cfg),
@@ -102,7 +104,7 @@ def mesh(cfg: RunConfig, on_cpu: bool = False) -> dict[str, Any] | None:
     its own device, the CPU (accelerator.py get_device_mesh)."""
     p = cfg.parallelism
     world = max(cfg.launch.num_processes, 1)
-    if not p.enabled or all(v == 1 for k, v in mesh_sizes(cfg).items() if k != "dp_shard_size"):
+    if not mesh_active(cfg):
         if on_cpu and world > 1:
             return {"dp_replicate_size": 1, "tp_size": 1, "cp_size": 1, "dp_shard_size": world}
         return None  # only dp_shard: exactly what plain FSDP does

@@ -14,13 +14,12 @@ from pathlib import Path
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.planner.host import GiB
 from fsdp_tune.planner.weights import DTYPE_BYTES
 from fsdp_tune.sources.model import model_config
 
-GiB = 2**30
 LORA_PARAM_BYTES = 4  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype); a checkpoint saves them so
 ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32, in every checkpoint's optimizer state
-_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def layer_linears(config: dict) -> dict[str, tuple[int, int]]:
@@ -48,7 +47,7 @@ def sizes(cfg: RunConfig, spec: RankSpec, config: dict) -> tuple[float, float]:
     h, vocab = linears["q_proj"][0], int(config.get("vocab_size") or 0)
     if spec.lora:
         targets = spec.lora["target_modules"]
-        names = _ALL_LINEAR if targets == "all-linear" else [t.split(".")[-1] for t in targets]
+        names = list(linears) if targets == "all-linear" else [t.split(".")[-1] for t in targets]
         named = [linears[n] for n in names if n in linears] or list(linears.values())  # unknown names: all
         trainable = layers * sum(spec.lora["r"] * (i + o) for i, o in named)
         return trainable * (LORA_PARAM_BYTES + ADAM_BYTES), trainable * LORA_PARAM_BYTES

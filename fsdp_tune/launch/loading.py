@@ -20,10 +20,18 @@ from typing import Any
 from fsdp_tune.config.derived import DTYPE_OF_PRECISION, compute_precision, mesh_sizes, offload_active
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.sources import model as model_source
+from fsdp_tune.sources.moe import has_experts
 
-# config.json keys that give a mixture-of-experts layer's expert count (Mixtral, Qwen-MoE, DeepSeek, ...)
-EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+WEIGHT_FILES = (SINGLE_FILE, INDEX_FILE)
+
+
+def remote_code_reason(trust_remote_code: bool, auto_map: Any) -> str | None:
+    """Remote code the model's config points at: the launcher asks it of a config on this machine, a rank of
+    one it reads first (worker/sharded_files.py)."""
+    if trust_remote_code and auto_map:
+        return "remote code (auto_map): its modules may make weights that no checkpoint key names"
+    return None
 
 
 def loading_path(cfg: RunConfig) -> tuple[str, str | None]:
@@ -73,13 +81,13 @@ def _model_reason(cfg: RunConfig) -> str | None:
         if cfg.model.trust_remote_code and name:
             return "trust_remote_code with a model whose config is not on this machine: its code may make weights"
         return None
-    if cfg.model.trust_remote_code and config.get("auto_map"):
-        return "remote code (auto_map): its modules may make weights that no checkpoint key names"
+    remote = remote_code_reason(cfg.model.trust_remote_code, config.get("auto_map"))
+    if remote:
+        return remote
     if config.get("quantization_config"):
         return "the checkpoint is quantized already (GPTQ/AWQ/bnb/FP8 weights have loaders of their own)"
     for section in (config, config.get("text_config") or {}):
-        experts = [section.get(k) for k in EXPERT_KEYS]
-        if any(isinstance(n, int) and n > 1 for n in experts):
+        if has_experts(section):
             return f"{config.get('model_type')} is a mixture of experts: transformers fuses its expert tensors on load"
     folder = Path(name).expanduser()
     if folder.is_dir() and not any((folder / f).exists() for f in WEIGHT_FILES):

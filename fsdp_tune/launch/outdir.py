@@ -43,10 +43,6 @@ class Folder:
     run_id: str | None = None  # the run it holds, from its manifest
     evidence: list[str] = field(default_factory=list)  # what makes it a run's, or the files that are not a run's
 
-    @property
-    def is_run(self) -> bool:
-        return self.kind == "run"
-
 
 def inspect(output_dir: str | Path) -> Folder:
     out = Path(output_dir)

@@ -17,7 +17,7 @@ from fsdp_tune.launch import outdir, ownership
 from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
 from fsdp_tune.launch.spec import RankSpec
-from fsdp_tune.sources.model import hub_cache
+from fsdp_tune.sources.model import hub_cached, offline
 from fsdp_tune.sources.weights import check_weights
 
 BUILTIN_MODEL_PREFIX = "builtin:"
@@ -28,13 +28,7 @@ def _err(rule: str, key: str, message: str, hint: str = "", source: str = "comma
 
 
 def _offline() -> bool:
-    return any(
-        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def _hub_cached(repo_id: str, kind: str) -> bool:
-    return (hub_cache().expanduser() / f"{kind}--{repo_id.replace('/', '--')}").is_dir()
+    return offline("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -87,7 +81,7 @@ def _model(cfg: RunConfig) -> list[Finding]:
 
 def _hub_model(name: str) -> list[Finding]:
     """A hub id: offline, it must be in the local cache."""
-    if _offline() and not _hub_cached(name, "models"):
+    if _offline() and not hub_cached(name, "models"):
         return [
             _err(
                 "PF003",

@@ -12,7 +12,7 @@ from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
 from fsdp_tune.launch import manifest, outdir, ownership, torchrun
-from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, read_marker, verify
+from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.failure import Outcome, failure_report
 from fsdp_tune.launch.machine import Machine, probe
@@ -59,7 +59,7 @@ def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
         problem = verify(path)
         if problem:
             raise PreflightError([_damaged(path, problem, "--resume_from_checkpoint latest, or another checkpoint")])
-        theirs, ours = (read_marker(path) or {}).get("run_id"), folder_run_id(output_dir)
+        theirs, ours = marker_run_id(path), folder_run_id(output_dir)
         if theirs and theirs != ours:
             echo(f"note: continuing {path}, a checkpoint of run {theirs} (named by path)")
     return str(path.resolve())
@@ -67,20 +67,19 @@ def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
 
 def _latest(output_dir: str, echo: Echo) -> str | None:
     best, skipped = latest_complete(output_dir)
+    ours = folder_run_id(output_dir)
     for c in skipped:
         if not c.complete:
             echo(f"warning: skipping incomplete checkpoint {c.path} (no completion marker; left in place)")
         else:
             echo(f"warning: skipping {c.path}: {c.problem} (left in place)")
     if best is None:
-        ours = folder_run_id(output_dir)
         damaged = [c for c in skipped if c.complete and not (ours and c.run_id and c.run_id != ours)]
         if damaged:
             hint = "--resume_from_checkpoint PATH of an older checkpoint, or --overwrite_output_dir to start over"
             raise PreflightError([_damaged(damaged[0].path, damaged[0].problem or "", hint)])
         echo(f"note: no complete checkpoint of this run in {output_dir}: starting from step 0")
         return None
-    ours = folder_run_id(output_dir)
     if not best.run_id:
         whose = "written without a run id by an earlier fsdp-tune"
     elif best.run_id == ours:
@@ -118,14 +117,9 @@ def plan_run(
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
-    run_id = (resuming and (folder_run_id(spec.output_dir) or _run_of(resume))) or ownership.new_run_id()
+    continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
+    run_id = continued or ownership.new_run_id()
     return Planned(checked, spec, findings, run_id)
-
-
-def _run_of(checkpoint: str | None) -> str | None:
-    """The run a checkpoint belongs to (its marker's run id): a folder without a manifest continues it."""
-    run_id = (read_marker(checkpoint) or {}).get("run_id") if checkpoint else None
-    return run_id if isinstance(run_id, str) else None
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:

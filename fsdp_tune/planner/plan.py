@@ -173,19 +173,24 @@ def memory_plan(
 def _advice(cfg: RunConfig, shape: ModelShape, budget: float, stack: Stack | None, loading: str) -> list[dict]:
     """Single changes that make it fit; on the transformers loading path of a 4-bit model (the whole model on
     each GPU while loading) each change is also tried together with the change to sharded loading."""
+
+    def planned(variant: RunConfig, path: str) -> dict:
+        return device_memory(estimate(variant, shape, stack=stack, loading=path), budget)
+
     sharded = _sharded_variant(cfg, loading)
-    tries = [(sharded[0], sharded[1], 1.0, "sharded")] if sharded else []
-    alone = bool(sharded) and device_memory(estimate(sharded[1], shape, stack=stack, loading="sharded"), budget)["fits"]
+    # (what to change, the variant, its step cost, loading path, the change it counts as: one option per change)
+    tries = [(sharded[0], sharded[1], 1.0, "sharded", sharded[0])] if sharded else []
+    first = planned(sharded[1], "sharded") if sharded else None
+    alone = bool(first and first["fits"])
     for label, variant, cost in _variants(cfg, loading):
-        tries.append((label, variant, cost, loading))
+        tries.append((label, variant, cost, loading, label))
         if sharded and not alone:  # the change to sharded loading together with another
             both = _sharded_variant(variant, loading)
             if both:
-                tries.append((f"{sharded[0]} and {label}", both[1], cost, "sharded"))
+                tries.append((f"{sharded[0]} and {label}", both[1], cost, "sharded", label))
     options, fitted = [], set()
-    for change, variant, cost, path in tries:
-        v = device_memory(estimate(variant, shape, stack=stack, loading=path), budget)
-        key = change.removeprefix(f"{sharded[0]} and ") if sharded else change
+    for i, (change, variant, cost, path, key) in enumerate(tries):
+        v = first if i == 0 and first is not None else planned(variant, path)
         if v["fits"] and key not in fitted:
             fitted.add(key)
             options.append(

@@ -9,7 +9,7 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 from fsdp_tune.sources.convert import STANDARD_ROLES
-from fsdp_tune.sources.formats import FIELDS, KINDS
+from fsdp_tune.sources.formats import ALL_FIELDS
 from fsdp_tune.sources.mixture import mixture_problems
 
 # settings of the single dataset (--dataset_name) that a `datasets:` mixture replaces (each entry has its own)
@@ -122,7 +122,7 @@ def refused_data_options(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT105", "data", "column and role maps name things fsdp-tune does not know")
 def column_and_role_maps(cfg: RunConfig) -> Iterator[Finding]:
-    fields = sorted({f for kind in KINDS for f in FIELDS[kind]})
+    fields = sorted(ALL_FIELDS)
     unknown = sorted(set(cfg.data.dataset_columns or {}) - set(fields))
     if unknown:
         yield error(

@@ -18,7 +18,6 @@ PRESETS = {
         num_key_value_heads=2,
         vocab_size=512,
     ),
-    # ~120M parameters: big enough that sharding shows in RSS
     # ~1.2B parameters (Llama-3.2-1B's shape with a 32k vocabulary): the GPU check's model
     "llama-1b": dict(
         hidden_size=2048,
@@ -46,6 +45,7 @@ PRESETS = {
         num_key_value_heads=8,
         vocab_size=32000,
     ),
+    # ~120M parameters: big enough that sharding shows in RSS
     "small-llama": dict(
         hidden_size=768,
         intermediate_size=2048,

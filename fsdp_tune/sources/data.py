@@ -136,12 +136,11 @@ def _one_loader(files: dict[str, list[str]], what: str) -> Located:
 
 def dataset_cached(name: str) -> bool:
     """A Hub dataset that `datasets` can load offline: in the Hub cache or in datasets' own cache."""
-    from fsdp_tune.sources.model import hub_cache
+    from fsdp_tune.sources.model import hf_home, hub_cached
 
-    if (hub_cache().expanduser() / f"datasets--{name.replace('/', '--')}").is_dir():
+    if hub_cached(name, "datasets"):
         return True
-    home = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
-    cache = Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets").expanduser()
+    cache = Path(os.environ.get("HF_DATASETS_CACHE") or hf_home().expanduser() / "datasets").expanduser()
     namespace, _, dataset = name.rpartition("/")
     snake = re.sub(r"([a-z\d])([A-Z])", r"\1_\2", re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", dataset)).lower()
     return (cache / "___".join(p for p in (namespace, snake) if p)).is_dir()  # datasets' camelcase_to_snakecase

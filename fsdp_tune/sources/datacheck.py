@@ -7,7 +7,6 @@ its format (worker/prepare.py), with the same functions.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -16,7 +15,8 @@ from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
 from fsdp_tune.sources.mixture import Source, slice_rows, split_name
-from fsdp_tune.sources.rowcheck import check_row
+from fsdp_tune.sources.model import offline
+from fsdp_tune.sources.rowcheck import Problem, check_row
 from fsdp_tune.sources.sample import MAX_ROWS, Sample, read_sample
 
 DETECT_ROWS = 100  # rows detection looks at
@@ -50,10 +50,7 @@ def settle_source(
     consistent, which format, which rows."""
     located = locate(source)
     if not located.is_local:
-        offline = any(
-            os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-        )
-        if offline and not dataset_cached(source.path):
+        if offline("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not dataset_cached(source.path):
             message = f"{source.path} is a Hub dataset, the Hub is offline (HF_HUB_OFFLINE) and it is not cached"
             return source, [_error("PF015", "--dataset_name", "command line", message, "use local files")]
         return source, []
@@ -75,7 +72,8 @@ def settle_source(
         eval_split = None
     splits = [s for s in (source.split, eval_split) if s]
     files = {split_name(s): located.files[split_name(s)] for s in splits}
-    samples = {s: [read_sample(f, located.loader or "json") for f in files[split_name(s)]] for s in splits}
+    read = {name: [read_sample(f, located.loader or "json") for f in fs] for name, fs in files.items()}
+    samples = {s: read[split_name(s)] for s in splits}  # train[:90%] and train[90%:] read the files once
     problems = [_error(p[0], split_name(s), p[1], p[2], p[3]) for s in splits for x in samples[s] if (p := x.problem)]
     problems += [_consistency(split_name(s), samples[s]) for s in splits if len(samples[s]) > 1]
     problems = [p for p in problems if p is not None]
@@ -146,13 +144,13 @@ def _consistency(split: str, samples: list[Sample]) -> Finding | None:
 def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format, roles: dict[str, str]) -> list[Finding]:
     """Rows of another format (PF016, refused), rows that will be skipped (PF017), turns out of order (PF018)."""
     by_code: dict[str, list[str]] = {}
-    details: dict[str, str] = {}
+    first: dict[str, Problem] = {}  # the first row's problem of each kind, for its detail
     mixed: dict[str, list[str]] = {}
     required = [fmt.columns[f] for f in REQUIRED[fmt.kind]]
     for where, row in rows:
         if not isinstance(row, dict):
             by_code.setdefault("unreadable", []).append(where)
-            details.setdefault("unreadable", f"a row is {type(row).__name__}, not an object")
+            first.setdefault("unreadable", Problem("unreadable", f"a row is {type(row).__name__}, not an object"))
             continue
         other = _other_format(row, fmt, required)
         if other:
@@ -160,7 +158,7 @@ def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format, roles: dict
             continue
         for problem in check_row(row, fmt, roles):
             by_code.setdefault(problem.code, []).append(where)
-            details.setdefault(problem.code, problem.detail)
+            first.setdefault(problem.code, problem)
     findings = [
         _error(
             "PF016",
@@ -171,7 +169,7 @@ def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format, roles: dict
         )
         for kind, wheres in mixed.items()
     ]
-    return findings + _row_findings(split, by_code, details, len(rows) - sum(len(w) for w in mixed.values()))
+    return findings + _row_findings(split, by_code, first, len(rows) - sum(len(w) for w in mixed.values()))
 
 
 def _other_format(row: dict, fmt: Format, required: list[str]) -> str | None:
@@ -185,16 +183,15 @@ def _other_format(row: dict, fmt: Format, required: list[str]) -> str | None:
     return other.kind if other.kind != fmt.kind else None
 
 
-def _row_findings(split: str, by_code: dict[str, list[str]], details: dict[str, str], total: int) -> list[Finding]:
-    from fsdp_tune.sources.rowcheck import KEPT, SKIPPED
-
+def _row_findings(split: str, by_code: dict[str, list[str]], first: dict[str, Problem], total: int) -> list[Finding]:
     findings = []
-    skipped = {w for code, wheres in by_code.items() if code in SKIPPED for w in wheres}
+    skipped = {w for code, wheres in by_code.items() if first[code].skips for w in wheres}
     for code, wheres in by_code.items():
-        skip = code in SKIPPED
-        detail = f" ({details[code]})" if details.get(code) else ""
+        problem = first[code]
+        skip = problem.skips
+        detail = f" ({problem.detail})" if problem.detail else ""
         what = "skipped" if skip else "kept, reported"
-        message = f"{len(wheres)} row(s) {what}: {SKIPPED.get(code) or KEPT[code]}{detail} at {_listed(wheres)}"
+        message = f"{len(wheres)} row(s) {what}: {problem.reason}{detail} at {_listed(wheres)}"
         severity = Severity.ERROR if skip and len(skipped) >= total else Severity.WARNING
         hint = "fix or remove them (fsdp-tune skips them and counts them in the summary)" if skip else ""
         if severity is Severity.ERROR:

@@ -26,7 +26,6 @@ ALPACA = "alpaca"
 SHAREGPT = "sharegpt"
 KINDS = (TEXT, MESSAGES, PROMPT_COMPLETION, ALPACA, SHAREGPT)
 AUTO = "auto"
-CHAT_KINDS = (MESSAGES, PROMPT_COMPLETION, ALPACA, SHAREGPT)  # trained on the answers by default
 PRIORITY = (MESSAGES, SHAREGPT, PROMPT_COMPLETION, ALPACA, TEXT)  # first match wins; the others are noted
 
 # Each kind's logical fields and the column names tried for each (first match wins); --dataset_columns
@@ -44,6 +43,7 @@ FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     SHAREGPT: {"conversations": ("conversations",), "system": ("system",), "tools": ("tools",)},
 }
+ALL_FIELDS = frozenset(f for kind in KINDS for f in FIELDS[kind])  # what --dataset_columns may name
 REQUIRED = {
     TEXT: ("text",),
     MESSAGES: ("messages",),
@@ -191,7 +191,7 @@ def _names(columns: Iterable[str]) -> str:
 
 
 def _check_map(columns: set[str], column_map: Mapping[str, str]) -> None:
-    known = {f for kind in KINDS for f in FIELDS[kind]}
+    known = ALL_FIELDS
     unknown = sorted(set(column_map) - known)
     if unknown:
         raise FormatError(

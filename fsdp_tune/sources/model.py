@@ -9,6 +9,7 @@ check rather than guess (remote-code models, an uncached hub id).
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import json
@@ -36,8 +37,22 @@ class ModelSource:
     no_split_modules: tuple[str, ...]  # the decoder-layer classes FSDP wraps by default
 
 
+def hf_home() -> Path:
+    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface"))
+
+
 def hub_cache() -> Path:
-    return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+    return Path(os.environ.get("HF_HUB_CACHE") or hf_home() / "hub")
+
+
+def hub_cached(repo_id: str, kind: str) -> bool:
+    """A repository of `kind` ("models", "datasets") in the Hub cache."""
+    return (hub_cache().expanduser() / f"{kind}--{repo_id.replace('/', '--')}").is_dir()
+
+
+def offline(*variables: str) -> bool:
+    """Any of these environment switches (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE, ...) is on."""
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in variables)
 
 
 def find_config(name: str) -> tuple[str, dict]:
@@ -57,12 +72,10 @@ def find_config(name: str) -> tuple[str, dict]:
     if path.is_dir() and (path / "config.json").exists():
         path = path / "config.json"
     if path.is_file():
-        return str(path), json.loads(path.read_text())
-    reference = resources.files(REFERENCE)
-    index = json.loads(reference.joinpath("index.json").read_text())
+        return str(path), read_json(path)
+    index = _reference("index.json")
     if name in index:
-        ref = reference.joinpath(index[name])
-        return f"{index[name]} (fsdp-tune's reference config for {name})", json.loads(ref.read_text())
+        return f"{index[name]} (fsdp-tune's reference config for {name})", _reference(index[name])
     raise FileNotFoundError(name)
 
 
@@ -74,10 +87,32 @@ def model_config(name: str) -> dict | None:
     snapshots = hub_cache().expanduser() / f"models--{name.replace('/', '--')}" / "snapshots"
     for cfg in sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
-            return json.loads(cfg.read_text())
+            return read_json(cfg)
         except (OSError, ValueError):
             continue
     return None
+
+
+# One command asks for the same config.json many times (the rules, the rank spec, every variant the planner
+# tries): each file is parsed once per version of it, and every caller gets its own copy.
+def read_json(path: Path) -> dict:
+    stat = path.stat()
+    return copy.deepcopy(_parsed(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str, mtime_ns: int, size: int) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _reference(file: str) -> dict:
+    return copy.deepcopy(_reference_parsed(file))
+
+
+@functools.cache
+def _reference_parsed(file: str) -> dict:
+    """A reference config shipped as package data (it does not change while the process runs)."""
+    return json.loads(resources.files(REFERENCE).joinpath(file).read_text())
 
 
 def code_files(name: str) -> list[str] | None:

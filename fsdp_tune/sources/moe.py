@@ -20,6 +20,11 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "mo
 ROUTER = "gate.weight"
 
 
+def has_experts(section: dict) -> bool:
+    """A config (or its text_config) gives a layer more than one expert."""
+    return any(isinstance(section.get(k), int) and section[k] > 1 for k in EXPERT_COUNT_KEYS)
+
+
 @dataclass(frozen=True)
 class ParamTargets:
     """What the run's LoRA targets reach beyond nn.Linear modules."""
@@ -46,7 +51,7 @@ def param_targets(cfg: RunConfig) -> ParamTargets | None:
     if config is None:
         return ParamTargets(False, None, (), False, explicit, ()) if explicit else None
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    moe = any(isinstance(text.get(k), int) and text[k] > 1 for k in EXPERT_COUNT_KEYS)
+    moe = has_experts(text)
     tables = moe_tables()
     family = tables["model_types"].get(str(config.get("model_type")))
     if family is None:

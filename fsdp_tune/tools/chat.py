@@ -8,14 +8,14 @@ answers stream as they are generated (transformers' TextStreamer).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune.errors import UsageError
 from fsdp_tune.launch.spec import RankSpec, read_from
 from fsdp_tune.runfiles import ADAPTER_CONFIG
-from fsdp_tune.tools.quiet import libraries_quiet
+from fsdp_tune.tools.base import recorded_base, resize_as_trained
+from fsdp_tune.tools.quiet import libraries_quiet, quiet_transformers
 
 
 @dataclass
@@ -38,10 +38,7 @@ def base_of(run_dir: Path, spec: RankSpec | None, base: str | None) -> str:
 
             return str(materialize(spec.model.requested.removeprefix("builtin:")))
         return name
-    recorded = json.loads((run_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not recorded:
-        raise UsageError("the adapter does not record its base model", "pass --base MODEL")
-    return recorded
+    return recorded_base(run_dir)
 
 
 def load(run: str, base: str | None = None, device: str | None = None) -> Chat:
@@ -58,10 +55,8 @@ def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     spec = read_from(run_dir)
     base_path = base_of(run_dir, spec, base)
     device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -81,8 +76,7 @@ def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
     model = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
     if "device_map" not in kwargs:
         model = model.to(device)
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)  # as trained
+    resize_as_trained(model, tokenizer)
     model = PeftModel.from_pretrained(model, str(run_dir)).eval()
     template = "its chat template" if getattr(tokenizer, "chat_template", None) else "no chat template (plain text)"
     return Chat(model, tokenizer, device, f"{base_path} ({how}) + adapter {run_dir}, {template}, on {device}")

@@ -25,6 +25,8 @@ from pathlib import Path
 from fsdp_tune.errors import FsdpTuneError, UsageError
 from fsdp_tune.launch.spec import read_from
 from fsdp_tune.runfiles import RESOLVED_NAME
+from fsdp_tune.tools.base import recorded_base, resize_as_trained
+from fsdp_tune.tools.quiet import quiet_transformers
 
 DTYPES = {
     "bf16": "bfloat16",
@@ -99,10 +101,8 @@ def merge(
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # the result lines are the output: no loading bars, no notes
-    hf_logging.disable_progress_bar()
+    quiet_transformers()  # the result lines are the output
     dtype_name, dtype_source = (DTYPES[dtype], "as --dtype asked") if dtype else own_dtype(base)
     torch_dtype = getattr(torch, dtype_name)
     has_tokenizer = (adapter_dir / "tokenizer_config.json").exists()
@@ -148,10 +148,7 @@ def _checked(adapter_dir: Path, base: str | None, out: Path, dtype: str | None, 
         raise UsageError(f"--dtype {dtype}: unknown", "bf16, fp16 or fp32")
     if out.exists() and any(out.iterdir()) and not force:
         raise UsageError(f"{out} exists and is not empty; not overwritten", "pass --force, or another -o")
-    base = base or json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    if not base:
-        raise UsageError("the adapter does not record its base model", "pass --base MODEL")
-    return base
+    return base or recorded_base(adapter_dir)
 
 
 def _into(into: str | None, quantized: bool, adapter: str) -> str:
@@ -174,7 +171,7 @@ def _unquantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype, low_cpu_mem_usage=True).to(device)
-    _resize(model, tokenizer)
+    resize_as_trained(model, tokenizer)
     model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     with torch.no_grad():
         reference = model(input_ids=inputs).logits.float().cpu()
@@ -198,7 +195,7 @@ def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
         quantization_config=quantization_config(spec),
         device_map={"": device},
     )
-    _resize(model, tokenizer)
+    resize_as_trained(model, tokenizer)
     trained = _as_in_training(PeftModel.from_pretrained(model, str(adapter_dir)).eval())
     with torch.no_grad():
         reference = trained(input_ids=inputs).logits.float().cpu()
@@ -220,11 +217,6 @@ def _as_in_training(model):
         if isinstance(module, bnb.nn.Linear4bit):
             module.train()
     return model
-
-
-def _resize(model, tokenizer) -> None:
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)
 
 
 def _prompt(tokenizer):

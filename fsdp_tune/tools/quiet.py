@@ -18,3 +18,12 @@ def libraries_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+def quiet_transformers() -> None:
+    """transformers' loading bars and notes off; called where a tool imports transformers anyway (not in
+    libraries_quiet: a tool's argument checks come first and must not wait for that import)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

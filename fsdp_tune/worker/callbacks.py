@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import time
 from pathlib import Path
 
@@ -14,10 +13,7 @@ from transformers import TrainerCallback
 from fsdp_tune.launch.checkpoints import write_marker
 from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE
 from fsdp_tune.worker import signals
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+from fsdp_tune.worker.load_report import peak_rss_mib
 
 
 def mark_complete(output_dir: str, step: int) -> None:
@@ -48,7 +44,7 @@ class MetricsCallback(TrainerCallback):
             "step": state.global_step,
             "epoch": state.epoch,
             "time": round(time.time() - self.started_at, 3),
-            "peak_rss_mib": round(peak_rss_mib(), 1),
+            "peak_rss_mib": peak_rss_mib(),
             "run_id": self.run_id,
             **logs,
         }
@@ -91,10 +87,6 @@ class StopOnSignalCallback(TrainerCallback):
         self.request = signals.current().install()  # again: a library loaded since may have replaced it
         self.stopped_at: int | None = None
         self.signal: int | None = None
-
-    @property
-    def requested(self) -> bool:
-        return self.request.requested
 
     def on_step_end(self, args, state, control, **kwargs):
         import torch

@@ -31,12 +31,20 @@ def truncated_rows(dataset, max_len: int, packing: bool) -> tuple[int, int]:
     column = "seq_lengths" if packing and "seq_lengths" in dataset.column_names else "input_ids"
     if column not in dataset.column_names:
         return 0, 0
-    chunks = dataset.data.column(column).chunks
     if column == "seq_lengths":  # packed rows: every row is kept, order does not matter; count the sequences
+        chunks = dataset.data.column(column).chunks
         lengths = np.concatenate([c.flatten().to_numpy() for c in chunks] or [np.zeros(0, np.int64)])
     else:
-        lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks] or [np.zeros(0, np.int64)])
-        indices = getattr(dataset, "_indices", None)  # TRL's filter and shuffle: the rows it kept
-        if indices is not None:
-            lengths = lengths[indices.column(0).to_numpy()]
+        lengths = row_lengths(dataset, column)
     return int((lengths >= max_len).sum()), len(lengths)
+
+
+def row_lengths(dataset, column: str = "input_ids"):
+    """Each kept row's length in a list column, from the Arrow list offsets (numpy, as truncated_rows says
+    why), in the dataset's row order: TRL's filter and shuffle leave an indices mapping of the rows it kept."""
+    import numpy as np
+
+    chunks = dataset.data.column(column).chunks
+    lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks] or [np.zeros(0, np.int64)])
+    indices = getattr(dataset, "_indices", None)
+    return lengths[indices.column(0).to_numpy()] if indices is not None else lengths

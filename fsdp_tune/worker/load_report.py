@@ -48,6 +48,7 @@ def rss_now_mib() -> float:
 
 
 def peak_rss_mib() -> float:
+    """This process's peak RSS so far (Linux reports ru_maxrss in KiB)."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 

@@ -122,15 +122,10 @@ def saved(seconds: float, result: Any, *_) -> None:
 
 def _tokens(dataset: Any) -> int | None:
     """Tokens in a tokenized dataset, from the Arrow list offsets of input_ids (rows TRL kept only)."""
-    try:
-        import numpy as np
+    from fsdp_tune.worker.data import row_lengths
 
-        chunks = dataset.data.column("input_ids").chunks
-        lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks] or [np.zeros(0, np.int64)])
-        indices = getattr(dataset, "_indices", None)
-        if indices is not None:
-            lengths = lengths[indices.column(0).to_numpy()]
-        return int(lengths.sum())
+    try:
+        return int(row_lengths(dataset).sum())
     except (AttributeError, KeyError, TypeError, ValueError):  # an iterable (streamed) dataset: not counted
         return None
 

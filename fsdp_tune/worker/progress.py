@@ -119,7 +119,7 @@ class ProgressCallback(TrainerCallback):
             import torch
 
             return f"{torch.cuda.max_memory_reserved() / 2**30:.1f} GiB GPU reserved"
-        from fsdp_tune.worker.callbacks import peak_rss_mib
+        from fsdp_tune.worker.load_report import peak_rss_mib
 
         return f"{peak_rss_mib():,.0f} MiB RSS"
 

@@ -54,6 +54,19 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def adapter_key(name: str, keys: dict[str, str], adapter: str) -> str:
+    """A parameter's key in adapter_model.safetensors: PEFT's (peft_keys), else saved_name's. The writer, the
+    check and resume's reader name tensors through this one function."""
+    return keys.get(canonical_name(name)) or saved_name(name, adapter)
+
+
+def uses_fsdp1(model) -> bool:
+    """FSDP1 wraps the model (or part of it): its flat parameters need torch's state-dict API."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+
+    return any(isinstance(m, FSDP1) for m in model.modules())  # modules() includes the model itself
+
+
 def saved_name(name: str, adapter: str) -> str:
     """The key PEFT's adapter file uses for a model parameter: no wrapper parts, no adapter name."""
     return canonical_name(name).replace(f".{adapter}.", ".")
@@ -85,14 +98,13 @@ def full_state_dict_fsdp1(model) -> dict:
 def save_adapter(trainer, output_dir: str) -> Path | None:
     """Write adapter_model.safetensors + adapter_config.json to output_dir (rank 0); all ranks must call."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 
     wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     is_peft = hasattr(peft_model, "peft_config")
     keys = peft_keys(peft_model) if is_peft else {}
     keep = (resized_embedding_names(peft_model) if is_peft else frozenset()) | frozenset(keys)
-    is_fsdp1 = isinstance(wrapped, FSDP1) or any(isinstance(m, FSDP1) for m in wrapped.modules())
+    is_fsdp1 = uses_fsdp1(wrapped)
     state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped, also=keep)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     path = Path(output_dir)
@@ -146,7 +158,7 @@ def write_peft_adapter(peft_model, state: dict, output_dir: Path, keys: dict[str
 
     adapter = peft_model.active_adapter
     keys = keys or {}
-    tensors = {keys.get(k) or saved_name(k, adapter): v for k, v in state.items()}
+    tensors = {adapter_key(k, keys, adapter): v for k, v in state.items()}
     config = copy.deepcopy(peft_model.peft_config[adapter])
     config.inference_mode = True
     if config.base_model_name_or_path is None:
@@ -173,7 +185,7 @@ def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:
     for name, param in wrapped.named_parameters():
         if not param.requires_grad and canonical_name(name) not in keys:
             continue
-        key = keys.get(canonical_name(name)) or saved_name(name, adapter)
+        key = adapter_key(name, keys, adapter)
         if key not in saved:
             raise RuntimeError(f"{path} has no tensor {key}: it was written for another model or adapter")
         state[name] = saved[key]

@@ -14,13 +14,12 @@ import os
 import re
 from pathlib import Path
 
+from fsdp_tune.launch.loading import INDEX_FILE, SINGLE_FILE, remote_code_reason
+from fsdp_tune.worker.save import canonical_name
+
 
 class FallbackRequired(RuntimeError):
     """This model cannot be built by sharded loading; raised before any collective, on every rank alike."""
-
-
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
 
 
 class Checkpoint:
@@ -30,13 +29,13 @@ class Checkpoint:
         from safetensors import safe_open
 
         self.dir = Path(folder)
-        if (self.dir / INDEX).exists():
-            weight_map = json.loads((self.dir / INDEX).read_text())["weight_map"]
-        elif (self.dir / SINGLE).exists():
-            with safe_open(str(self.dir / SINGLE), framework="pt") as f:
-                weight_map = dict.fromkeys(f.keys(), SINGLE)
+        if (self.dir / INDEX_FILE).exists():
+            weight_map = json.loads((self.dir / INDEX_FILE).read_text())["weight_map"]
+        elif (self.dir / SINGLE_FILE).exists():
+            with safe_open(str(self.dir / SINGLE_FILE), framework="pt") as f:
+                weight_map = dict.fromkeys(f.keys(), SINGLE_FILE)
         else:
-            raise FallbackRequired(f"{self.dir} has no safetensors weights ({SINGLE} or {INDEX})")
+            raise FallbackRequired(f"{self.dir} has no safetensors weights ({SINGLE_FILE} or {INDEX_FILE})")
         self.weight_map: dict[str, str] = weight_map
         self._shapes: dict[str, tuple[int, ...]] = {}
         for name in sorted(set(weight_map.values())):
@@ -61,14 +60,10 @@ class Checkpoint:
             return piece[start:stop]
 
 
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
-
-
 def checkpoint_key(name: str, prefix: str) -> str:
-    """A parameter's name in the (PEFT) model -> its key in the base model's checkpoint."""
-    for part in _WRAPPER_PARTS:
-        name = name.replace(part, "")
-    name = name.removeprefix(prefix)
+    """A parameter's name in the (PEFT) model -> its key in the base model's checkpoint (wrapper parts dropped
+    as the adapter's save drops them: the two must agree)."""
+    name = canonical_name(name).removeprefix(prefix)
     name = name.replace(".base_layer.", ".").replace(".original_module.", ".")
     return re.sub(r"\.modules_to_save\.[^.]+\.", ".", name)
 
@@ -98,6 +93,4 @@ def rank_fallback_reason(config, trust_remote_code: bool) -> str | None:
             return f"{config.model_type}: transformers converts its checkpoint tensors on load (conversion mapping)"
     except ImportError:  # another transformers: the key and shape check before loading still catches it
         pass
-    if trust_remote_code and getattr(config, "auto_map", None):
-        return "remote code (auto_map): its modules may make weights that no checkpoint key names"
-    return None
+    return remote_code_reason(trust_remote_code, getattr(config, "auto_map", None))

@@ -14,14 +14,14 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
     import torch
     import torch.distributed as dist
 
-    from fsdp_tune.worker.callbacks import peak_rss_mib
+    from fsdp_tune.worker.load_report import peak_gpu_mib, peak_rss_mib
     from fsdp_tune.worker.units import describe_units
 
-    mine = RankMemory(peak_rss_mib=round(peak_rss_mib(), 1))
+    mine = RankMemory(peak_rss_mib=peak_rss_mib())
     if torch.cuda.is_available():
         mine = RankMemory(
             peak_rss_mib=mine.peak_rss_mib,
-            peak_gpu_allocated_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1),
+            peak_gpu_allocated_mib=peak_gpu_mib(),
             peak_gpu_reserved_mib=round(torch.cuda.max_memory_reserved() / 2**20, 1),
         )
     per_rank = [mine]

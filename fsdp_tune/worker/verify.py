@@ -26,9 +26,8 @@ def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]] | None, dict[s
     rank before the gather (FSDP2 DTensors report global shapes; PEFT sets num_experts before sharding). FSDP1
     flattens the parameters (their shapes are the local flat shard's): ranks only."""
     from peft.tuners.lora.layer import LoraLayer
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 
-    from fsdp_tune.worker.save import canonical_name, peft_keys, resized_embedding_names, saved_name
+    from fsdp_tune.worker.save import adapter_key, canonical_name, peft_keys, resized_embedding_names, uses_fsdp1
 
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     adapter = peft_model.active_adapter
@@ -38,7 +37,7 @@ def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]] | None, dict[s
         if isinstance(module, LoraLayer) and adapter in getattr(module, "r", {})
     }
     wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
-    if any(isinstance(m, FSDP1) for m in wrapped.modules()):
+    if uses_fsdp1(wrapped):
         return None, ranks
     keys = peft_keys(peft_model)
     embeddings = resized_embedding_names(peft_model)  # carried when the run grew the vocabulary
@@ -46,7 +45,7 @@ def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]] | None, dict[s
     for name, param in peft_model.named_parameters(remove_duplicate=False):
         name = canonical_name(name)
         if name in keys or name in embeddings:
-            shapes[keys.get(name) or saved_name(name, adapter)] = tuple(param.shape)
+            shapes[adapter_key(name, keys, adapter)] = tuple(param.shape)
     return shapes, ranks
 
 

@@ -46,6 +46,17 @@ def model_cache(tmp_path_factory) -> Path:
     return Path(cache) if cache else tmp_path_factory.mktemp("fsdp-tune-cache")
 
 
+def offline_env(model_cache: Path) -> dict[str, str]:
+    """The environment every `fsdp-tune` command of the tests runs in: offline, the session's model cache."""
+    return dict(
+        os.environ,
+        FSDP_TUNE_CACHE=str(model_cache),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(model_cache / "datasets"),
+    )
+
+
 @pytest.fixture
 def train(tmp_path, model_cache):
     def _train(
@@ -58,13 +69,7 @@ def train(tmp_path, model_cache):
     ) -> Run:
         out = output_dir or tmp_path / "run"
         cmd = [sys.executable, "-m", "fsdp_tune", "train", "--config", str(config), "--output_dir", str(out), *flags]
-        full_env = dict(
-            os.environ,
-            FSDP_TUNE_CACHE=str(model_cache),
-            HF_HUB_OFFLINE="1",
-            HF_DATASETS_OFFLINE="1",
-            HF_DATASETS_CACHE=str(model_cache / "datasets"),
-        )
+        full_env = offline_env(model_cache)
         full_env.update(env or {})  # a test may override any of these
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
         run = Run(proc, out)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.dist.conftest import BASE, TIMEOUT
+from tests.dist.conftest import BASE, TIMEOUT, offline_env
 
 pytestmark = pytest.mark.dist
 
@@ -24,13 +23,7 @@ def _free_port() -> int:
 def test_two_nodes_on_loopback(tmp_path, model_cache) -> None:
     port = _free_port()
     out = tmp_path / "run"
-    env = dict(
-        os.environ,
-        FSDP_TUNE_CACHE=str(model_cache),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(model_cache / "datasets"),
-    )
+    env = offline_env(model_cache)
     procs = [
         subprocess.Popen(
             [

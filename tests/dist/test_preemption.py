@@ -24,20 +24,10 @@ import pytest
 
 from fsdp_tune.launch.stopping import children
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME, METRICS_NAME
-from tests.dist.conftest import BASE, TIMEOUT
+from tests.dist.conftest import BASE, TIMEOUT, offline_env
 
 pytestmark = pytest.mark.dist
 LONG = ("--max_steps", "400", "--save_strategy", "steps", "--save_steps", "1000")
-
-
-def _env(model_cache: Path) -> dict:
-    return dict(
-        os.environ,
-        FSDP_TUNE_CACHE=str(model_cache),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(model_cache / "datasets"),
-    )
 
 
 def _lines(path: Path) -> int:
@@ -50,7 +40,7 @@ class Launch:
         cmd = [sys.executable, "-m", "fsdp_tune", "train", "--config", str(BASE), "--output_dir", str(out), *flags]
         self.err = open(log, "w")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(
-            cmd, env=_env(model_cache), stdout=stdout or subprocess.DEVNULL, stderr=self.err, text=True
+            cmd, env=offline_env(model_cache), stdout=stdout or subprocess.DEVNULL, stderr=self.err, text=True
         )
 
     def training(self, before: int) -> None:

@@ -1,0 +1,23 @@
+"""The base model behind a run's adapter, as the after-run tools (chat, merge) load it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fsdp_tune.errors import UsageError
+from fsdp_tune.runfiles import ADAPTER_CONFIG
+
+
+def recorded_base(adapter_dir: Path) -> str:
+    """The base model the adapter's config records (PEFT's base_model_name_or_path)."""
+    recorded = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not recorded:
+        raise UsageError("the adapter does not record its base model", "pass --base MODEL")
+    return recorded
+
+
+def resize_as_trained(model, tokenizer) -> None:
+    """A vocabulary the run grew for its chat template: the base resized as the run resized it."""
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)
