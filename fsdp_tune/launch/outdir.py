@@ -28,10 +28,12 @@ from fsdp_tune.runfiles import (
     SUMMARY_NAME,
 )
 
-# left where they are: the lock (the new run holds it) and the rank specs other machines of a multi-node
-# run may already have written; logs alone make no run
+# The rank specs other machines of a multi-node run write into the shared folder while node 0 looks at it:
+# each written whole (runfiles.write_atomic: a ".NAME.XXXX.tmp" first, then renamed), so either name may be there
+_OTHER_NODES = rf"\.?node[1-9]\d*-{re.escape(RESOLVED_NAME)}(\..+\.tmp)?"
+# left where they are: the lock (the new run holds it) and other machines' rank specs; logs alone make no run
 _TRANSIENT = re.compile(
-    rf"^(\.fsdp-tune-probe-.*|{re.escape(LOCK_NAME)}|node\d+-{re.escape(RESOLVED_NAME)}|{LOG_DIR})$"
+    rf"^(\.fsdp-tune-probe-.*|{re.escape(LOCK_NAME)}|node0-{re.escape(RESOLVED_NAME)}|{_OTHER_NODES}|{LOG_DIR})$"
 )
 _RUN_EVIDENCE = (MANIFEST_NAME, RESOLVED_NAME, SUMMARY_NAME, ADAPTER_WEIGHTS, "trainer_state.json")
 
@@ -74,7 +76,7 @@ def move_aside(folder: Folder) -> Path:
     target = aside_path(folder)
     target.mkdir()
     for entry in sorted(folder.path.iterdir()):
-        if entry.name == LOCK_NAME or re.match(rf"^node[1-9]\d*-{re.escape(RESOLVED_NAME)}$", entry.name):
+        if entry.name == LOCK_NAME or re.fullmatch(_OTHER_NODES, entry.name):
             continue
         os.rename(entry, target / entry.name)
     return target

@@ -173,6 +173,26 @@ def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, fake_ranks) ->
     assert (aside / "README.md").read_text() == "mine" and (aside / "loss.png").read_bytes() == b"my plot"
 
 
+def test_other_machines_rank_specs_in_flight_are_not_foreign_files(tmp_path) -> None:
+    """Multi-node, shared folder: machine 1 writes its rank spec (a temporary file, then renamed) while machine 0
+    looks at the folder; found mid-write, the temporary file made machine 0 refuse the folder (PF033) and left
+    machine 1 waiting at the rendezvous (seen once in CI's loopback test)."""
+    from fsdp_tune.launch import outdir
+    from fsdp_tune.runfiles import RESOLVED_NAME
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / f".node1-{RESOLVED_NAME}.zfbk2gag.tmp").write_text("{")
+    assert outdir.inspect(out).kind == "empty"
+    (out / f"node1-{RESOLVED_NAME}").write_text("{}")
+    (out / "README.md").write_text("mine")
+    folder = outdir.inspect(out)
+    assert folder.kind == "foreign" and folder.evidence == ["README.md"]
+    aside = outdir.move_aside(folder)
+    assert sorted(p.name for p in out.iterdir()) == [f".node1-{RESOLVED_NAME}.zfbk2gag.tmp", f"node1-{RESOLVED_NAME}"]
+    assert [p.name for p in aside.iterdir()] == ["README.md"]
+
+
 def test_a_manifest_replay_needs_a_new_output_dir(tmp_path, fake_ranks) -> None:  # noqa: F811
     """Defect 4: `train --config RUN/fsdp_tune_run.json` wrote over RUN's adapter and manifest."""
     out = tmp_path / "o"
