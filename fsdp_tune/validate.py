@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdp_tune.config import idiom
+from fsdp_tune.config import fsdp2, idiom
 from fsdp_tune.config.flags import parse_flags
 from fsdp_tune.config.normalize import build_config
 from fsdp_tune.config.readers import read_file
@@ -31,8 +31,9 @@ class Checked:
         return [f for f in self.findings if f.severity is Severity.WARNING]
 
 
-def check(config_path: str | None, argv: list[str]) -> Checked:
-    """Read the file and the flags (flags win), normalize, and run every rule. Never raises on bad values."""
+def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True) -> Checked:
+    """Read the file and the flags (flags win), normalize, and run every rule. Never raises on bad values.
+    adopt_fsdp2=False reads an Accelerate YAML without fsdp_version as accelerate does (FSDP1): `convert` only."""
     findings: list[Finding] = []
     assignments = []
     fmt = None
@@ -47,6 +48,9 @@ def check(config_path: str | None, argv: list[str]) -> Checked:
     findings += idiom_findings
     cfg, value_findings = build_config(assignments, config_path)
     findings += value_findings
+    if adopt_fsdp2:
+        cfg, version_findings = fsdp2.adopt_fsdp2(cfg)  # no fsdp_version: FSDP2, said in one note
+        findings += version_findings
     findings += run_rules(cfg)
     return Checked(cfg, findings, fmt)
 

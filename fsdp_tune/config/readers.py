@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_tune.config import keys, limits
+from fsdp_tune.config.fsdp2 import ACCELERATE_DEFAULT
 from fsdp_tune.config.names import flag_table, retired, section_keys
 from fsdp_tune.config.parse import line_map, parse
 from fsdp_tune.config.schema import SECTIONS, Assignment, Origin
@@ -183,13 +184,10 @@ class _Reader:
             if canonical:
                 self.set(canonical, value, path)
         if not has_version:
-            what = "accelerate's" if default_version == 1 else "transformers'"
-            self.assignments.insert(
-                0,
-                Assignment(
-                    "fsdp.version", default_version, Origin("fsdp_version", f"{self.filename}: absent, {what} default")
-                ),
-            )
+            # accelerate launch reads no version as FSDP1 (config/fsdp2.py runs it as FSDP2 and says so)
+            what = ACCELERATE_DEFAULT if default_version == 1 else "absent, transformers' default"
+            origin = Origin("fsdp_version", f"{self.filename}: {what}")
+            self.assignments.insert(0, Assignment("fsdp.version", default_version, origin))
 
     def parallelism_section(self, data: Any, prefix: tuple[str, ...]) -> None:
         if not self.is_mapping(data, prefix, "must be a mapping of parallelism_config_* keys"):

@@ -180,6 +180,7 @@ class RunSettings:
     use_reentrant: bool = _f(False)
     overwrite_output_dir: bool = _f(False)
     save_on_interrupt: bool = _f(True)
+    skip_memory_check: bool = _f(False)  # train launches even when the plan's peak does not fit the GPUs here
 
 
 @cache

@@ -27,7 +27,7 @@ from fsdp_tune.launch.decide_data import data_spec
 from fsdp_tune.launch.loading import decide_loading
 from fsdp_tune.launch.lora import lora_kwargs
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
-from fsdp_tune.launch.spec import ModelSpec, RankSpec, World
+from fsdp_tune.launch.spec import ModelSpec, RankSpec, SaveSpec, World
 from fsdp_tune.sources.classes import chosen_attention
 
 DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
@@ -74,7 +74,17 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         notes=_notes(cfg, on_cpu),
         console=console,
         sharded=sharded,
+        save=save_spec(cfg),
     )
+
+
+def save_spec(cfg: RunConfig) -> SaveSpec:
+    """FSDP2 gathers the adapter alone and reloads each rank's rows in place; FSDP1's flat parameters go unit by
+    unit (torch's full state dict would gather the whole model, and clone it on the GPU for an unsharded unit)."""
+    full = cfg.fsdp.state_dict_type == "FULL_STATE_DICT"
+    if cfg.fsdp.version == 1:
+        return SaveSpec(final="fsdp1_units", resume="fsdp1_units", full_checkpoints=full)
+    return SaveSpec(final="gather_trainable", resume="local_rows", full_checkpoints=full)
 
 
 def world(cfg: RunConfig) -> World:

@@ -21,6 +21,7 @@ class Machine:
     cuda_visible_devices: str | None = None  # the launcher's own CUDA_VISIBLE_DEVICES, if set
     driver_version: str | None = None  # the NVIDIA driver's, from nvidia-smi
     omp_num_threads: str | None = None  # the launcher's own OMP_NUM_THREADS, if set (torchrun keeps it)
+    gpu_memory_mib: tuple[int, ...] = ()  # each GPU's total memory, as nvidia-smi reports it (same order as names)
 
     @classmethod
     def cpu_only(cls) -> Machine:
@@ -44,29 +45,31 @@ def visible_gpus(cuda_visible_devices: str | None) -> int | None:
     return len(nodes) or None
 
 
-def _gpus_and_driver() -> tuple[tuple[str, ...], str | None]:
-    """(GPU names, driver version) from nvidia-smi (a few tens of ms); empty when it is missing or fails."""
+def _gpus_and_driver() -> tuple[tuple[str, ...], str | None, tuple[int, ...]]:
+    """(GPU names, driver version, total memory in MiB of each) from nvidia-smi (a few tens of ms); empty when it
+    is missing or fails."""
     if shutil.which("nvidia-smi") is None:
-        return (), None
+        return (), None, ()
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return (), None
+        return (), None, ()
     rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
     if out.returncode != 0 or not rows:
-        return (), None
-    return tuple(r[0] for r in rows), (rows[0][1] if len(rows[0]) > 1 else None)
+        return (), None, ()
+    memory = tuple(int(r[2]) for r in rows if len(r) > 2 and r[2].isdigit())
+    return tuple(r[0] for r in rows), (rows[0][1] if len(rows[0]) > 1 else None), memory
 
 
 def probe() -> Machine:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     cuda = cuda_present()
-    names, driver = _gpus_and_driver() if cuda else ((), None)
+    names, driver, memory = _gpus_and_driver() if cuda else ((), None, ())
     return Machine(
         cuda=cuda,
         gpus=visible_gpus(visible) if cuda else 0,
@@ -74,6 +77,7 @@ def probe() -> Machine:
         cuda_visible_devices=visible,
         driver_version=driver,
         omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        gpu_memory_mib=memory if len(memory) == len(names) else (),
     )
 
 

@@ -16,6 +16,7 @@ from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.launch import outdir, ownership
 from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
+from fsdp_tune.launch.memory_check import check_memory
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.sources.model import hub_cached, offline
 from fsdp_tune.sources.weights import check_weights
@@ -40,6 +41,7 @@ def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_reque
     findings += _model(cfg)
     findings += _libraries(cfg, spec, machine)
     findings += _output_dir(cfg, spec, resume_requested)
+    findings += check_memory(cfg, spec, machine)  # last: it plans the run (seconds), on GPU machines only
     return findings
 
 

@@ -66,6 +66,21 @@ class DataSpec:
     peft_text_field: str | None = None  # PEFT's examples path: chats rendered into this text, every token trained
 
 
+@dataclass(frozen=True)
+class SaveSpec:
+    """How the adapter leaves the sharded model at the end (and at FULL checkpoints) and comes back on resume
+    (worker/save.py): it depends on the FSDP version, so it is decided here and tested as a table."""
+
+    # "gather_trainable": FSDP2, every rank all-gathers the trainable tensors only, rank 0 writes them;
+    # "fsdp1_units": FSDP1, one unit unsharded at a time, its adapter tensors copied off (worker/fsdp1_units.py)
+    final: str = "gather_trainable"
+    # "local_rows": FSDP2, each rank copies its rows of the saved adapter into its shards where they live (GPU, or
+    # pinned host memory under cpu_offload); "fsdp1_units": FSDP1, unit by unit, written back to each shard
+    resume: str = "local_rows"
+    # FULL_STATE_DICT checkpoints are written through the final save's path (Trainer's own fails under FSDP2)
+    full_checkpoints: bool = False
+
+
 def data_spec_from_dict(data: dict[str, Any]) -> DataSpec:
     sources = tuple(source_from_dict(s) for s in data.get("sources", ()))
     return DataSpec(**{**data, "splits": tuple(data["splits"]), "sources": sources})
@@ -103,6 +118,7 @@ class RankSpec:
     # FSDP activation checkpointing, policies, the fp32 upcast), and that path's fsdp_config for a rank that falls
     # back (launch/loading.py). None on the transformers path.
     sharded: dict[str, Any] | None = None
+    save: SaveSpec = field(default_factory=SaveSpec)
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
@@ -137,6 +153,7 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
     kwargs["model"] = ModelSpec(**data["model"])
     kwargs["data"] = data_spec_from_dict(data["data"])
     kwargs["notes"] = tuple(data.get("notes", ()))
+    kwargs["save"] = SaveSpec(**data.get("save", {}))
     return RankSpec(**kwargs)
 
 

@@ -40,7 +40,55 @@ class Planned:
 
 
 def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
-    """The checkpoint to resume, verified against its completion marker (PF036 when it is not whole)."""
+    """The checkpoint to resume, verified against its completion marker (PF036 when it is not whole) and against
+    the FSDP version that wrote it (PF051)."""
+    found = _resume_point(cfg, echo)
+    if found is not None:
+        _same_fsdp_version(cfg, Path(found))
+    return found
+
+
+def written_by_fsdp(checkpoint: Path) -> int | None:
+    """The FSDP version of the run that wrote a checkpoint: its folder's rank spec (machine 0's), None when that
+    folder holds none (a checkpoint copied from elsewhere, or written by an fsdp-tune before rank specs)."""
+    import json
+
+    from fsdp_tune.runfiles import RESOLVED_NAME
+
+    for name in (RESOLVED_NAME, f"node0-{RESOLVED_NAME}"):
+        path = checkpoint.parent / name
+        try:
+            return int(json.loads(path.read_text())["spec"]["fsdp_version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _same_fsdp_version(cfg: RunConfig, checkpoint: Path) -> None:
+    """FSDP1 and FSDP2 lay out sharded weights and optimizer state differently: a checkpoint is resumed by the
+    version that wrote it, refused before launch otherwise (a config without fsdp_version now runs FSDP2)."""
+    from fsdp_tune.config.fsdp2 import version_note
+
+    theirs, ours = written_by_fsdp(checkpoint), cfg.fsdp.version
+    if theirs is None or theirs == ours:
+        return
+    why = f" ({version_note(cfg)})" if version_note(cfg) else ""
+    raise PreflightError(
+        [
+            Finding(
+                "PF051",
+                Severity.ERROR,
+                "--resume_from_checkpoint",
+                "command line",
+                f"{checkpoint} was written by FSDP{theirs}, and this launch runs FSDP{ours}{why}: the two lay out "
+                "sharded weights and optimizer state differently",
+                f"--fsdp_version {theirs} resumes it as it was written",
+            )
+        ]
+    )
+
+
+def _resume_point(cfg: RunConfig, echo: Echo) -> str | None:
     wanted = cfg.training.get("resume_from_checkpoint")
     if not wanted:
         return None

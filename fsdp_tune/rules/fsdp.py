@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fsdp_tune.config.derived import fsdp1_unsharded, offload_active
+from fsdp_tune.config.fsdp2 import kept_reason
 from fsdp_tune.config.keys import FSDP1_ONLY, STRATEGY_TO_RESHARD
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
@@ -46,6 +47,15 @@ def fsdp1(cfg: RunConfig) -> Iterator[Finding]:
             "fsdp.version",
             "FSDP1 does not run on CPU (only FSDP2's fully_shard supports the gloo backend)",
             f"fsdp-tune convert --fsdp2 {cfg.config_path or 'CONFIG'}  (or set `fsdp_version: 2`)",
+        )
+    elif kept_reason(cfg):  # no fsdp_version, and a strategy FSDP2 cannot express (config/fsdp2.py)
+        yield warning(
+            cfg,
+            "FT022",
+            "fsdp.version",
+            f"no fsdp_version: FSDP1 kept, as `accelerate launch` runs it ({kept_reason(cfg)}); FSDP1 is "
+            "deprecated in transformers (removal announced for v5.20) and does not run on CPU",
+            "write `fsdp_version: 1` to say so, or change the strategy and use FSDP2",
         )
     else:
         yield warning(

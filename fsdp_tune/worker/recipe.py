@@ -157,7 +157,7 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
     )
     sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
     progress = ProgressCallback(spec.device, spec.world.world_size, phases.started("rank"), spec.console == "live")
-    trainer = trainer_class()(
+    trainer = trainer_class(spec.save)(
         model=model,
         args=args,
         train_dataset=train_ds,
@@ -231,7 +231,7 @@ def save_and_verify(trainer, spec: RankSpec, tokenizer) -> dict:
     from fsdp_tune.worker.verify import expected_adapter, verify_adapter
 
     expected = expected_adapter(trainer) if spec.lora is not None else (None, None)
-    save_adapter(trainer, spec.output_dir)
+    save_adapter(trainer, spec.output_dir, spec.save.final)
     out = {"vocab_grew": vocab_growth(trainer, tokenizer), "adapter_check": None}
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(spec.output_dir)

@@ -87,16 +87,10 @@ def peft_keys(peft_model) -> dict[str, str]:
     return {canonical_name(name): canonical_name(key) for key, name in chosen.items() if isinstance(name, str)}
 
 
-def full_state_dict_fsdp1(model) -> dict:
-    """FSDP1 flattens parameters: gather through torch's distributed state-dict API (all ranks)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {canonical_name(k): v for k, v in state.items()}
-
-
-def save_adapter(trainer, output_dir: str) -> Path | None:
-    """Write adapter_model.safetensors + adapter_config.json to output_dir (rank 0); all ranks must call."""
+def save_adapter(trainer, output_dir: str, final: str) -> Path | None:
+    """Write adapter_model.safetensors + adapter_config.json to output_dir (rank 0); all ranks must call.
+    final (RankSpec.save.final): "gather_trainable" (FSDP2: the trainable tensors all-gathered, nothing else) or
+    "fsdp1_units" (FSDP1: unit by unit, worker/fsdp1_units.py)."""
     import torch.distributed as dist
 
     wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
@@ -104,14 +98,19 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     is_peft = hasattr(peft_model, "peft_config")
     keys = peft_keys(peft_model) if is_peft else {}
     keep = (resized_embedding_names(peft_model) if is_peft else frozenset()) | frozenset(keys)
-    is_fsdp1 = uses_fsdp1(wrapped)
-    state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped, also=keep)
+    if final == "fsdp1_units":
+        from fsdp_tune.worker.fsdp1_units import gather_adapter
+
+        adapter = peft_model.active_adapter if is_peft else None
+        state = gather_adapter(
+            wrapped, lambda name, p: is_adapter(name, p.requires_grad, keep, adapter), canonical_name
+        )
+    else:
+        state = gather_trainable(wrapped, also=keep)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     path = Path(output_dir)
     if rank0:
         if is_peft:
-            if is_fsdp1:
-                state = adapter_subset(peft_model, state, keep)
             write_peft_adapter(peft_model, state, path, keys)
         else:  # full fine-tuning: the model's own format
             peft_model.save_pretrained(output_dir, state_dict=state, is_main_process=True)
@@ -120,12 +119,21 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     return path if rank0 else None
 
 
+def is_adapter(name: str, trainable: bool, keep: frozenset[str], adapter: str | None) -> bool:
+    """Whether a parameter (canonical name) belongs in the adapter file: trained, or kept (what PEFT saves, the
+    resized embedding layers), or a LoRA tensor of the active adapter (FSDP1's flat parameters hide which are
+    trained). Without an adapter (full fine-tuning) every trainable tensor."""
+    if adapter is None:
+        return trainable
+    return trainable or name in keep or (f".{adapter}." in name and ".lora_" in name)
+
+
 def adapter_subset(peft_model, state: dict, keep: frozenset[str]) -> dict:
-    """From a whole model's state dict (FSDP1 gathers everything), the adapter's tensors and those in `keep`
-    (what PEFT saves, the resized embedding layers): the base weights must not end up in the adapter file."""
+    """From a whole model's state dict, the adapter's tensors and those in `keep` (what PEFT saves, the resized
+    embedding layers): the base weights must not end up in the adapter file."""
     trainable = {canonical_name(n) for n, p in peft_model.named_parameters() if p.requires_grad}
     adapter = peft_model.active_adapter
-    return {k: v for k, v in state.items() if k in trainable or k in keep or f".{adapter}." in k and ".lora_" in k}
+    return {k: v for k, v in state.items() if is_adapter(k, k in trainable, keep, adapter)}
 
 
 def resized_embedding_names(peft_model) -> frozenset[str]:
@@ -168,10 +176,13 @@ def write_peft_adapter(peft_model, state: dict, output_dir: Path, keys: dict[str
     save_file(tensors, str(output_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
-def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:
-    """Load adapter_model.safetensors of a checkpoint into the sharded model (all ranks). False if absent."""
+def load_adapter_into_fsdp(trainer, checkpoint_dir: str, resume: str) -> bool:
+    """Load adapter_model.safetensors of a checkpoint into the sharded model (all ranks). False if absent.
+    resume (RankSpec.save.resume): "local_rows" (FSDP2: each rank copies its rows into its shards where they live,
+    GPU or pinned host memory; no collective) or "fsdp1_units" (worker/fsdp1_units.py). torch's
+    set_model_state_dict is not used: under cpu_offload it finds the weights on the host and the buffers on the GPU
+    and refuses ("Multiple devices found", torch 2.13 checkpoint/state_dict.py)."""
     from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     path = Path(checkpoint_dir) / "adapter_model.safetensors"
     if not path.exists():
@@ -181,14 +192,39 @@ def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     adapter = peft_model.active_adapter
     keys = peft_keys(peft_model)
-    state = {}
-    for name, param in wrapped.named_parameters():
-        if not param.requires_grad and canonical_name(name) not in keys:
-            continue
+
+    def value_of(name: str):
         key = adapter_key(name, keys, adapter)
         if key not in saved:
             raise RuntimeError(f"{path} has no tensor {key}: it was written for another model or adapter")
-        state[name] = saved[key]
+        return saved[key]
 
-    set_model_state_dict(wrapped, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    if resume == "fsdp1_units":
+        from fsdp_tune.worker.fsdp1_units import load_adapter
+
+        keep = frozenset(keys) | resized_embedding_names(peft_model)
+        load_adapter(
+            wrapped, lambda name, p: is_adapter(name, p.requires_grad, keep, adapter), canonical_name, value_of
+        )
+        return True
+    for name, param in wrapped.named_parameters():
+        if param.requires_grad or canonical_name(name) in keys:
+            copy_into_shard(param, value_of(name), name)
     return True
+
+
+def copy_into_shard(param, full, name: str) -> None:
+    """This rank's part of `full` (the whole tensor) into `param`'s local shard, on the device the shard lives on."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if tuple(full.shape) != tuple(param.shape):
+        raise RuntimeError(f"{name}: the checkpoint holds {tuple(full.shape)}, the model has {tuple(param.shape)}")
+    with torch.no_grad():
+        if not isinstance(param, DTensor):
+            param.copy_(full)
+            return
+        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        part = full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+        param.to_local().copy_(part)

@@ -72,10 +72,17 @@ def local_rows(p) -> tuple[int, int, tuple[int, ...]]:
 
 def swap_in(p: nn.Parameter, local: torch.Tensor) -> None:
     """Make the meta DTensor parameter `p` hold `local` as its shard while staying the same Parameter object (as
-    to_empty() does): FSDP2 re-reads it at lazy init (FSDPParam.reset_sharded_param pads and pins it)."""
-    from torch.distributed.tensor import DTensor
+    to_empty() does): FSDP2 re-reads it at lazy init (FSDPParam.reset_sharded_param pads and pins it).
 
-    new = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+    Built the way FSDP2 builds its own shards (_fsdp_common._from_local_no_grad: DTensor(local, spec)), so the
+    shard stays where it was read to: DTensor.from_local would move it to the mesh's device, putting every
+    offloaded shard on the GPU while loading, and FSDP2's lazy init would then find a DTensor that says cuda over
+    pinned host memory ("FSDP parameters should be materialized on CPU when enabling CPU offloading")."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    spec = DTensorSpec(p.device_mesh, p.placements, tensor_meta=TensorMeta(p.shape, p.stride(), local.dtype))
+    new = DTensor(local, spec, requires_grad=False)
     torch.utils.swap_tensors(p, nn.Parameter(new, requires_grad=p.requires_grad))
 
 

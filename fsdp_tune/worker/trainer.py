@@ -38,7 +38,8 @@ def parallelism_config(mesh: dict):
     return ParallelismConfig(**kwargs)
 
 
-def trainer_class():
+def trainer_class(save):
+    """The SFTTrainer subclass for this rank spec's save decisions (`save`: RankSpec.save)."""
     from transformers.trainer import rotate_checkpoints
     from trl import SFTTrainer
 
@@ -51,17 +52,16 @@ def trainer_class():
         """SFTTrainer whose FULL_STATE_DICT saves go through fsdp-tune's gather (see save.py)."""
 
         def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-            full = "FULL_STATE_DICT" in str(getattr(self.accelerator.state.fsdp_plugin, "state_dict_type", ""))
-            if self.is_fsdp_enabled and full:
+            if self.is_fsdp_enabled and save.full_checkpoints:
                 output_dir = output_dir or self.args.output_dir
-                save_adapter(self, output_dir)
+                save_adapter(self, output_dir, save.final)
                 if self.args.should_save and self.processing_class is not None:
                     self.processing_class.save_pretrained(output_dir)
                 return
             super().save_model(output_dir, _internal_call)
             if self.is_fsdp_enabled and _internal_call and pushes_on_save(self.args):
                 # the Trainer pushes the adapter files it finds in the checkpoint: a sharded one has none
-                save_adapter(self, output_dir or self.args.output_dir)
+                save_adapter(self, output_dir or self.args.output_dir, save.final)
 
         def _save_checkpoint(self, model, trial) -> None:
             # Mark the new checkpoint complete before any old one is deleted (save_total_limit), so at
@@ -90,7 +90,7 @@ def trainer_class():
             # torch's state-dict API puts each rank's shard in place. accelerate's FULL path (rank 0
             # loads, then broadcasts) stalls under FSDP2 on gloo, and PEFT's load_adapter does not
             # know about DTensor shards.
-            if self.is_fsdp_enabled and load_adapter_into_fsdp(self, resume_from_checkpoint):
+            if self.is_fsdp_enabled and load_adapter_into_fsdp(self, resume_from_checkpoint, save.resume):
                 return
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 

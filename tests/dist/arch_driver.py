@@ -104,7 +104,7 @@ def reload_into_fsdp(trainer, spec) -> bool:
                 p.zero_()
     from fsdp_tune.worker.save import load_adapter_into_fsdp
 
-    assert load_adapter_into_fsdp(trainer, spec.output_dir)
+    assert load_adapter_into_fsdp(trainer, spec.output_dir, spec.save.resume)
     back = gather_trainable(trainer.model_wrapped or trainer.model, also=frozenset(keys))
     saved = load_file(str(Path(spec.output_dir) / "adapter_model.safetensors"))
     return all(torch.equal(back[name], saved[key]) for name, key in keys.items())

@@ -25,7 +25,11 @@ def test_seed_scripts_dry_run(script: str, nproc: int, tmp_path, monkeypatch) ->
     assert r.exit_code == 0, r.output
     assert f"--nproc_per_node={nproc}" in r.output and "-m fsdp_tune.worker" in r.output
     assert "dry run: nothing was started" in r.output
-    assert "FSDP1" in r.output and "checkpointing: the Trainer's gradient checkpointing" in r.output
+    # no fsdp_version in the seed's YAML: FSDP2 (said in one line), loaded sharded
+    assert "  fsdp: FSDP2, reshard_after_forward=true," in r.output
+    assert "no fsdp_version: FSDP2; `accelerate launch` would run FSDP1; `fsdp_version: 1` keeps it" in r.output
+    assert "  loading: sharded: each rank reads only its own shards" in r.output
+    assert "checkpointing: the Trainer's gradient checkpointing" in r.output
     assert "per-GPU memory:" in r.output  # the planner's summary for the 70B seed
     assert not any(tmp_path.iterdir())  # nothing written
 

@@ -39,8 +39,8 @@ def test_invalid_exits_2_with_key_source_and_hint() -> None:
 
 def test_strict_turns_warnings_into_errors() -> None:
     path = f"{CFG}/accel_fsdp1_hybrid.yaml"
-    assert invoke("validate-config", path).exit_code == 0
-    assert invoke("validate-config", path, "--strict").exit_code == 2
+    assert invoke("validate-config", path, "--fsdp_version", "1").exit_code == 0  # FT022: FSDP1 is deprecated
+    assert invoke("validate-config", path, "--fsdp_version", "1", "--strict").exit_code == 2
 
 
 def test_json_output() -> None:

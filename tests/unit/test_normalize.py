@@ -73,8 +73,11 @@ def test_string_false_is_false(tmp_path) -> None:
 def test_fsdp1_strategy_sets_resharding(tmp_path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n")
-    cfg = check(str(p), []).config
-    assert cfg.fsdp.version == 1 and cfg.fsdp.reshard_after_forward is False
+    cfg = check(str(p), []).config  # no fsdp_version: FSDP2 (config/fsdp2.py), the strategy as resharding
+    assert (cfg.fsdp.version, cfg.fsdp.reshard_after_forward, cfg.fsdp.sharding_strategy) == (2, False, None)
+    assert str(cfg.origin("fsdp.reshard_after_forward")).endswith("c.yaml:3)")  # where the strategy was written
+    cfg = check(str(p), ["--fsdp_version", "1"]).config
+    assert (cfg.fsdp.version, cfg.fsdp.reshard_after_forward, cfg.fsdp.sharding_strategy) == (1, False, "SHARD_GRAD_OP")
 
 
 def test_fsdp1_reshard_given_as_strategy_name(tmp_path) -> None:

@@ -72,10 +72,43 @@ SCENARIOS = [
         {"fsdp_mixed_precision.param_dtype": "bfloat16", "model.dtype": "bfloat16"},
     ),
     (
-        "FSDP1 on one GPU: NO_SHARD saves only with use_orig_params off",
+        "FSDP1 on one GPU: NO_SHARD, use_orig_params off; the adapter saved and reloaded unit by unit (a full state "
+        "dict of an unsharded unit clones the whole model on the GPU)",
         H100x1,
         [*LORA, "--fsdp_version", "1", "--bf16", "True"],
-        {"fsdp_version": 1, "trainer_args.fsdp_config.use_orig_params": False, "fsdp_mixed_precision": None},
+        {
+            "fsdp_version": 1,
+            "trainer_args.fsdp_config.use_orig_params": False,
+            "fsdp_mixed_precision": None,
+            "save.final": "fsdp1_units",
+            "save.resume": "fsdp1_units",
+        },
+    ),
+    (
+        "FSDP1 NO_SHARD on 8 GPUs with cpu_offload: unit by unit, never torch's full state dict",
+        H100x8,
+        [*LORA, "--fsdp_version", "1", "--num_processes", "8", "--fsdp_sharding_strategy", "NO_SHARD"]
+        + ["--fsdp_offload_params", "true", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
+        {"save.final": "fsdp1_units", "save.resume": "fsdp1_units", "save.full_checkpoints": True},
+    ),
+    (
+        "FSDP2 + cpu_offload: the adapter gathered alone; resume copies each rank's rows into its host shards "
+        "(set_model_state_dict refuses host weights beside GPU buffers)",
+        H100x8,
+        [*LORA, "--num_processes", "8", "--fsdp_offload_params", "true", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
+        {
+            "save.final": "gather_trainable",
+            "save.resume": "local_rows",
+            "save.full_checkpoints": True,
+            "sharded.cpu_offload": True,
+        },
+    ),
+    (
+        "one process on the CPU of a GPU machine: GPUs hidden, the CPU shim (whose default mesh is the CPU: "
+        "accelerate builds no mesh for one process)",
+        H100x8,
+        [*LORA, "--use_cpu", "true", "--num_processes", "1"],
+        {"device": "cpu", "backend": "gloo", "env.CUDA_VISIBLE_DEVICES": "", "cpu_fsdp_shim": True},
     ),
     (
         "two nodes of 8, c10d rendezvous",
@@ -139,19 +172,33 @@ def test_gpu_plan_and_cpu_plan_of_one_config_differ_only_where_the_machine_decid
 
 @pytest.mark.parametrize("script", ["run_peft_fsdp.sh", "run_peft_qlora_fsdp.sh"])
 def test_seed_launches_on_their_gpus(script: str) -> None:
-    """The PEFT guide's launches on the machines they were written for: 8 and 2 GPUs, FSDP1 as configured."""
+    """The PEFT guide's launches on the machines they were written for: 8 and 2 GPUs. Their YAML has no
+    fsdp_version: FSDP2 (config/fsdp2.py), FULL_SHARD as reshard_after_forward, loaded sharded."""
     config, flags = seed_flags(script)
     spec = spec_for(H100x8, *flags, config=str(REPO / config))
     f = spec.fsdp_config
-    assert (spec.device, spec.fsdp_version, f["use_orig_params"], f["state_dict_type"]) == (
+    assert (spec.device, spec.fsdp_version, f["reshard_after_forward"], f["state_dict_type"]) == (
         "cuda",
-        1,
-        False,
+        2,
+        True,
         "SHARDED_STATE_DICT",
     )
+    assert "use_orig_params" not in f and spec.model.loading == "sharded"
     assert "--nproc_per_node=" + str(spec.world.nproc_per_node) in torchrun_args(spec)
-    if script == "run_peft_qlora_fsdp.sh":  # offload on: gloo beside NCCL; FSDP1 takes the storage dtype itself
-        assert spec.backend == "cuda:nccl,cpu:gloo" and spec.fsdp_mixed_precision is None
+    if script == "run_peft_qlora_fsdp.sh":  # offload on: gloo beside NCCL; FSDP2 gathers in the storage dtype
+        assert spec.backend == "cuda:nccl,cpu:gloo" and spec.sharded["cpu_offload"] is True
+        assert spec.fsdp_mixed_precision == dict.fromkeys(("param_dtype", "reduce_dtype", "output_dtype"), "bfloat16")
         assert spec.model.quantization["bnb_4bit_quant_storage"] == "bfloat16" and spec.model.dtype == "bfloat16"
     else:
         assert spec.backend == "nccl" and spec.precision == "bf16" and spec.world.world_size == 8
+
+
+@pytest.mark.parametrize("script", ["run_peft_fsdp.sh", "run_peft_qlora_fsdp.sh"])
+def test_seed_launches_keep_fsdp1_when_asked(script: str) -> None:
+    """`--fsdp_version 1` (or `fsdp_version: 1` in the file) keeps what `accelerate launch` runs: FSDP1, its
+    strategy and use_orig_params as written, loaded with from_pretrained."""
+    config, flags = seed_flags(script)
+    spec = spec_for(H100x8, *flags, "--fsdp_version", "1", config=str(REPO / config))
+    f = spec.fsdp_config
+    assert (spec.fsdp_version, f["reshard_after_forward"], f["use_orig_params"]) == (1, "FULL_SHARD", False)
+    assert spec.model.loading == "transformers" and spec.fsdp_mixed_precision is None

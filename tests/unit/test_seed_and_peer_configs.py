@@ -26,8 +26,11 @@ def test_seed_launch_validates(script: str) -> None:
     assert cfg.lora.use_peft_lora and cfg.lora.lora_r == 8 and cfg.lora.lora_target_modules == ("all-linear",)
     assert cfg.training.get("push_to_hub") is True  # bare `--push_to_hub`
     assert cfg.data.max_seq_len == 2048 and cfg.data.packing is True
-    assert cfg.fsdp.version == 1  # no fsdp_version in an Accelerate YAML means FSDP1 ...
-    assert "FT022" in {f.rule for f in checked.warnings}  # ... and says so, pointing at convert
+    # no fsdp_version in an Accelerate YAML: FSDP2, its FSDP1 keys mapped as convert --fsdp2 maps them ...
+    assert (cfg.fsdp.version, cfg.fsdp.reshard_after_forward, cfg.fsdp.use_orig_params) == (2, True, None)
+    (note,) = [f for f in checked.findings if f.rule == "FT022"]  # ... said in one note, not a warning
+    assert note.severity.value == "note" and "`accelerate launch` would run FSDP1" in note.message
+    assert not checked.warnings
 
 
 def test_qlora_seed_resolves_quant_storage() -> None:
