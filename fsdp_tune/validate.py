@@ -12,6 +12,7 @@ from fsdp_tune.config.flags import parse_flags
 from fsdp_tune.config.normalize import build_config
 from fsdp_tune.config.readers import read_file
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.config.trl_defaults import apply_trl_defaults
 from fsdp_tune.errors import ConfigError, Finding, Severity
 from fsdp_tune.rules.catalog import run_rules
 
@@ -51,6 +52,8 @@ def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True) ->
     if adopt_fsdp2:
         cfg, version_findings = fsdp2.adopt_fsdp2(cfg)  # no fsdp_version: FSDP2, said in one note
         findings += version_findings
+    cfg, trl_findings = apply_trl_defaults(cfg)  # --use_peft: TRL's LoRA defaults, said in one note
+    findings += trl_findings
     findings += run_rules(cfg)
     return Checked(cfg, findings, fmt)
 

@@ -1,8 +1,9 @@
 """Regenerate fsdp_tune/config/lora_fields.json and model_config_fields.json from the installed PEFT and TRL.
 
 The launcher must not import peft/trl (validate-config answers in a blink), so PEFT's `LoraConfig` fields,
-TRL's `ModelConfig` fields (name, kind, default) and PEFT's table of the MoE models whose experts it adapts
-through parameter targeting are kept as data, like the SFTConfig table (scripts/gen_training_fields.py).
+TRL's `ModelConfig` fields (name, kind, default), PEFT's table of the MoE models whose experts it adapts
+through parameter targeting and its default LoRA targets per model type are kept as data, like the SFTConfig
+table (scripts/gen_training_fields.py).
 `--check` exits 1 when the installed libraries drift from the tables (tests/dist/test_worker_pieces.py runs it).
 """
 
@@ -94,9 +95,12 @@ def build() -> tuple[dict, dict]:
     import peft
     import trl
     from peft import LoraConfig
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as default_targets
     from trl import ModelConfig
 
     lora = {"peft_version": peft.__version__, "fields": _fields(LoraConfig), "moe": _moe()}
+    # what LoraConfig(target_modules=None) adapts per model_type (TRL's --use_peft without --lora_target_modules)
+    lora["default_targets"] = {k: list(v) for k, v in sorted(default_targets.items())}
     model = {"trl_version": trl.__version__, "fields": _fields(ModelConfig)}
     return lora, model
 

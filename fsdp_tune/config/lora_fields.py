@@ -34,6 +34,11 @@ def moe_tables() -> dict[str, Any]:
     return _table("lora_fields.json")["moe"]
 
 
+def peft_default_targets() -> dict[str, list[str]]:
+    """model_type -> the modules LoraConfig(target_modules=None) adapts (PEFT's own table)."""
+    return _table("lora_fields.json")["default_targets"]
+
+
 def model_config_fields() -> dict[str, dict[str, Any]]:
     """TRL ModelConfig field -> {"kind", "default"}."""
     return _table("model_config_fields.json")["fields"]

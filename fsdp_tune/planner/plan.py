@@ -7,6 +7,7 @@ from dataclasses import replace
 from fsdp_tune.config.derived import gradient_checkpointing
 from fsdp_tune.config.fsdp2 import version_note
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.config.trl_defaults import defaults_note
 from fsdp_tune.errors import UsageError
 from fsdp_tune.launch.loading import loading_path, why_not_sharded
 from fsdp_tune.planner.allocator import assumptions, device_memory
@@ -155,7 +156,7 @@ def memory_plan(
         "components": {k: round(v / GiB, 3) for k, v in est.device.items()},
         "phases_gib": {k: round(v / GiB, 2) for k, v in est.phases.items()},
         "host_components": {k: round(v / GiB, 3) for k, v in est.host_node.items()},
-        "notes": [n for n in (version_note(cfg),) if n] + est.notes,
+        "notes": [n for n in (version_note(cfg), defaults_note(cfg)) if n] + est.notes,
         "assumptions": assumptions(st, f"{loading} ({note})" if note else loading, on_cpu),
         "step_time": None if on_cpu else step_time(cfg, shape, gpu),
         "advice": [],
