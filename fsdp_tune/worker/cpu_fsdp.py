@@ -33,7 +33,7 @@ def is_supported(version: str) -> bool:
 def install() -> bool:
     """Patch AcceleratorState so a CPU run with an FSDP plugin becomes an FSDP run. Returns True if active."""
     import accelerate
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
     if getattr(AcceleratorState.__init__, "_fsdp_tune_cpu_shim", False):
@@ -57,6 +57,10 @@ def install() -> bool:
             if self._mixed_precision != "no":
                 fsdp_plugin.set_mixed_precision(self._mixed_precision)
             self.fsdp_plugin = fsdp_plugin
+            # as accelerate does at the end of the branch it mirrors (state.py): every later bare AcceleratorState()
+            # copies PartialState's distributed_type back, which would turn the run into MULTI_CPU again (and wrap a
+            # model prepared after that in DDP: DPO's reference pass under autocast does it before train())
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
     __init__._fsdp_tune_cpu_shim = True  # type: ignore[attr-defined]
     AcceleratorState.__init__ = __init__

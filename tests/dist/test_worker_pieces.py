@@ -61,6 +61,8 @@ def test_shim_turns_cpu_fsdp_plugin_into_fsdp_state(monkeypatch) -> None:
         acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
         assert acc.state.distributed_type == DistributedType.FSDP
         assert acc.state.fsdp_plugin.fsdp_version == 2
+        # a later bare AcceleratorState() (accelerator.autocast(), AcceleratedOptimizer) keeps it FSDP
+        assert AcceleratorState().distributed_type == DistributedType.FSDP == acc.distributed_type
     finally:
         AcceleratorState.__init__ = original
         AcceleratorState._reset_state(True)
