@@ -77,14 +77,20 @@ def read_marker(folder: str | Path) -> dict | None:
 def verify(folder: str | Path) -> str | None:
     """Why the checkpoint in `folder` cannot be resumed as it was written, or None when it can.
 
-    A marker of an earlier fsdp-tune lists no files: nothing to check it against, so it is trusted."""
+    A marker that lists no files (an earlier fsdp-tune's, or one written by hand) vouches for nothing: not
+    trusted. The marker says the files are as written; whether they are safe to load is pickles.py's question."""
     folder = Path(folder)
     if not (folder / COMPLETE_MARKER).exists():
         return f"it has no completion marker ({COMPLETE_MARKER}): it was never finished"
     marker = read_marker(folder)
     if marker is None:
         return f"its completion marker {COMPLETE_MARKER} is unreadable"
-    for rel, record in (marker.get("files") or {}).items():
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files or not all(isinstance(r, dict) for r in files.values()):
+        return f"its completion marker {COMPLETE_MARKER} lists no files (an earlier fsdp-tune's?): nothing to check"
+    for rel, record in files.items():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            return f"its completion marker lists {rel}, outside the checkpoint"
         path = folder / rel
         if not path.is_file():
             top = rel.split("/")[0]

@@ -54,7 +54,10 @@ def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
             "--resume_from_checkpoint latest picks the newest complete one in --output_dir",
         )
     if not (path / COMPLETE_MARKER).exists():
-        echo(f"warning: {path} has no completion marker ({COMPLETE_MARKER}): it cannot be checked; loading it as is")
+        echo(
+            f"warning: {path} has no completion marker ({COMPLETE_MARKER}): its files cannot be checked against "
+            "what was written; loading it as is"
+        )
     else:
         problem = verify(path)
         if problem:
@@ -62,7 +65,27 @@ def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
         theirs, ours = marker_run_id(path), folder_run_id(output_dir)
         if theirs and theirs != ours:
             echo(f"note: continuing {path}, a checkpoint of run {theirs} (named by path)")
-    return str(path.resolve())
+    return check_loadable(str(path.resolve()))
+
+
+def check_loadable(checkpoint: str | None) -> str | None:
+    """`checkpoint` when every pickle a resume loads from it is data (launch/pickles.py); PF060 otherwise.
+    Refused outright, never passed over for an older one: a planted pickle is not an accident."""
+    from fsdp_tune.launch.pickles import check_checkpoint
+
+    unsafe = check_checkpoint(checkpoint) if checkpoint else None
+    if unsafe is None:
+        return checkpoint
+    finding = Finding(
+        "PF060",
+        Severity.ERROR,
+        "--resume_from_checkpoint",
+        "command line",
+        f"{unsafe.file}: {unsafe.what}; resuming would load it on every rank (a pickle runs what it names)",
+        f"resume only checkpoints you wrote: move {checkpoint} away and resume another "
+        "(--resume_from_checkpoint PATH), or start over",
+    )
+    raise PreflightError([finding])
 
 
 def _latest(output_dir: str, echo: Echo) -> str | None:
@@ -86,8 +109,9 @@ def _latest(output_dir: str, echo: Echo) -> str | None:
         whose = f"run {best.run_id}, the run this folder holds"
     else:
         whose = f"run {best.run_id}: no manifest here names another run, so that run continues"
+    checked = check_loadable(str(best.path.resolve()))
     echo(f"resuming from {best.path} (step {best.step}, {whose})")
-    return str(best.path.resolve())
+    return checked
 
 
 def _damaged(path: Path, problem: str, hint: str) -> Finding:
