@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune.errors import Finding, PreflightError, Severity
-from fsdp_tune.runfiles import LOCK_NAME
+from fsdp_tune.runfiles import LOCK_NAME, open_nofollow
 
 
 def new_run_id() -> str:
@@ -52,7 +52,7 @@ def acquire(output_dir: str | Path, run_id: str) -> OutputLock:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_nofollow(out, LOCK_NAME, os.O_RDWR)  # a planted link is refused, never truncated through
     holder = _read(fd)
     try:
         import fcntl
@@ -84,7 +84,7 @@ def holder_of(output_dir: str | Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

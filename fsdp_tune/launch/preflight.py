@@ -17,6 +17,7 @@ from fsdp_tune.launch import outdir, ownership
 from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import links_in
 from fsdp_tune.sources.model import hub_cached, offline
 from fsdp_tune.sources.weights import check_weights
 
@@ -230,6 +231,9 @@ def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[
         return []  # machines other than 0 share the output dir that machine 0 checks and owns
     if out.is_file():
         return [_err("PF030", "--output_dir", f"{out} is a file", "choose a folder")]
+    links = links_in(out) if out.is_dir() else []
+    if links:
+        return [outdir.links_finding(out, links)]
     holder = ownership.holder_of(out)
     if holder:
         return [ownership.in_use_finding(out, holder)]

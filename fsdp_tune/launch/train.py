@@ -165,7 +165,10 @@ def execute(planned: Planned, echo_err: Echo) -> run_summary.RunSummary | None:
             echo_err(lock.note)
         if planned.config.run.overwrite_output_dir and not planned.resuming:
             folder = outdir.inspect(planned.spec.output_dir)
-            if folder.kind in ("run", "foreign"):
+            refused = outdir.findings(folder, resume=False, overwrite=True)  # again: the folder may have changed
+            if refused:
+                raise PreflightError(refused)
+            if folder.kind == "run":
                 moved = outdir.move_aside(folder)
                 echo_err(f"--overwrite_output_dir: moved what {folder.path} held to {moved} (nothing deleted)")
         return _launch(planned, echo_err, keep_fds=(lock.fd,))

@@ -11,7 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from fsdp_tune.launch.checkpoints import write_marker
-from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE
+from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE, open_nofollow
 from fsdp_tune.worker import signals
 from fsdp_tune.worker.load_report import peak_rss_mib
 
@@ -28,6 +28,7 @@ class MetricsCallback(TrainerCallback):
     """One line per logging step in OUTPUT_DIR/metrics.jsonl (rank 0), and the numbers for the summary."""
 
     def __init__(self, output_dir: str):
+        self.output_dir = output_dir
         self.path = Path(output_dir) / METRICS_NAME
         self.run_id = os.environ.get(RUN_ID_ENV)
         self.first_step_at: float | None = None
@@ -48,7 +49,7 @@ class MetricsCallback(TrainerCallback):
             "run_id": self.run_id,
             **logs,
         }
-        with open(self.path, "a") as f:
+        with os.fdopen(open_nofollow(self.output_dir, METRICS_NAME), "a") as f:
             f.write(json.dumps(record) + "\n")
 
 
