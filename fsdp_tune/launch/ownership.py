@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune.errors import Finding, PreflightError, Severity
+from fsdp_tune.redact import redact_argv
 from fsdp_tune.runfiles import LOCK_NAME, open_nofollow
 
 
@@ -155,7 +156,7 @@ def _write(fd: int, run_id: str) -> None:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join(sys.argv),
+        "command": " ".join(redact_argv(sys.argv)),
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)

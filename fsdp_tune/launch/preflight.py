@@ -207,7 +207,11 @@ def _hub(cfg: RunConfig) -> list[Finding]:
                 "drop --push_to_hub, or unset HF_HUB_OFFLINE",
             )
         ]
-    token = os.environ.get("HF_TOKEN") or Path("~/.cache/huggingface/token").expanduser().exists()
+    token = (
+        cfg.training.get("hub_token")
+        or os.environ.get("HF_TOKEN")
+        or Path("~/.cache/huggingface/token").expanduser().exists()
+    )
     if not token:
         return [
             _err(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
@@ -29,6 +29,7 @@ class Planned:
     spec: RankSpec
     machine_findings: list[Finding]  # pre-flight: what this machine and these files say about the launch
     run_id: str = ""  # the run this launch is: the folder's run when it resumes it, a new one otherwise
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # for the ranks' environment, no file
 
     @property
     def config(self) -> RunConfig:
@@ -137,13 +138,24 @@ def plan_run(
     machine = machine or probe()
     resume = resolve_resume(cfg, echo)
     spec, findings = check_data(decide(cfg, machine, resume, console))
+    spec, secret_env = _token_out(spec)
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
-    return Planned(checked, spec, findings, run_id)
+    return Planned(checked, spec, findings, run_id, secret_env)
+
+
+def _token_out(spec: RankSpec) -> tuple[RankSpec, dict[str, str]]:
+    """--hub_token leaves the rank spec (a file, fsdp_tune_resolved.json) for the ranks' environment: HF_TOKEN,
+    which the Trainer's and fsdp-tune's pushes read when hub_token is unset (huggingface_hub's get_token)."""
+    token = spec.trainer_args.get("hub_token")
+    if "hub_token" not in spec.trainer_args:
+        return spec, {}
+    args = {k: v for k, v in spec.trainer_args.items() if k != "hub_token"}
+    return replace(spec, trainer_args=args), ({"HF_TOKEN": str(token)} if token else {})
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:
@@ -184,7 +196,7 @@ def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_
             manifest.write_start(planned.config, spec, planned.run_id)
         except OSError as err:
             raise PreflightError([_unwritable(spec, err)]) from None
-    outcome = torchrun.run(spec, planned.run_id, keep_fds)
+    outcome = torchrun.run(spec, planned.run_id, keep_fds, secret_env=planned.secret_env)
     if first_node:
         try:
             manifest.write_end(spec, outcome.returncode)

@@ -57,12 +57,14 @@ class Launch:
 class FakeRanks:
     plan: list[Launch] = field(default_factory=list)
     specs: list = field(default_factory=list)
+    secret_envs: list = field(default_factory=list)  # what reached the ranks' environment only
 
     def next(self, **kw) -> None:
         self.plan.append(Launch(**kw))
 
-    def __call__(self, spec, run_id=None, keep_fds=()) -> Outcome:
+    def __call__(self, spec, run_id=None, keep_fds=(), secret_env=None) -> Outcome:
         self.specs.append(spec)
+        self.secret_envs.append(secret_env or {})
         launch = self.plan.pop(0) if self.plan else Launch(checkpoints=[])
         out = Path(spec.output_dir)
         resolved = json.loads(Path(spec.resolved_path).read_text())
