@@ -11,7 +11,7 @@ from pathlib import Path
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
-from fsdp_tune.launch import manifest, outdir, ownership, torchrun
+from fsdp_tune.launch import batch, manifest, outdir, ownership, torchrun
 from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.failure import Outcome, failure_report
@@ -143,6 +143,7 @@ def plan_run(
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
+    findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
     return Planned(checked, spec, findings, run_id, secret_env)
