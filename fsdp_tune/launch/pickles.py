@@ -51,6 +51,9 @@ _ARCHIVE_MEMBER = re.compile(
     r"|\.data/serialization_id|\.data/version)$"
 )
 TORCH_FILES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+# saved by the Trainer (into every checkpoint before transformers 5), loaded by no resume (transformers 5.24,
+# accelerate 1.15, by reading), and a pickle of TrainingArguments and its enums, which no allowlist should admit
+NOT_LOADED = ("training_args.bin",)
 _DCP_METADATA = re.compile(r"^(__\d+_?)?\.metadata$")
 
 
@@ -275,7 +278,7 @@ def check_checkpoint(folder: str | Path) -> Unsafe | None:
             try:
                 if _DCP_METADATA.match(name):
                     check_dcp(path)
-                elif path.suffix in TORCH_FILES:
+                elif path.suffix in TORCH_FILES and name not in NOT_LOADED:
                     check_torch_file(path)
             except Unsafe as unsafe:
                 return unsafe

@@ -101,7 +101,7 @@ PAYLOADS = {  # where a crafted checkpoint hides the pickle that runs a command
     "optimizer_0/__1_0.distcp": "dcp item",  # DCP: torch.load(weights_only=False) of a non-tensor item
     "rng_state_1.pth": "archive",  # Trainer: torch.load(weights_only=True), checked all the same
     "scheduler.pt": "plain",  # torch.load reads a plain pickle too
-    "training_args.bin": "plain",
+    "optimizer.pt": "plain",  # any other torch file a Trainer or accelerate version may load
 }
 
 
@@ -151,3 +151,14 @@ def test_what_a_checkpoint_may_not_hold(tmp_path) -> None:
     with zipfile.ZipFile(folder / "scheduler.pt", "a") as z:
         z.writestr("archive/constants.pkl", pickle.dumps(1))
     assert "other members (archive/constants.pkl)" in check_checkpoint(folder).what
+
+
+def test_training_args_is_not_read_because_no_resume_loads_it(tmp_path) -> None:
+    """transformers 4 wrote training_args.bin (a pickle of TrainingArguments) into every checkpoint; no resume
+    loads it (transformers 5.24, accelerate 1.15), so it is not refused. The same pickle elsewhere is."""
+    args = b"\x80\x02ctransformers.training_args\nTrainingArguments\nq\x00)\x81q\x01."  # NEWOBJ of that class
+    folder = write_checkpoint(tmp_path, 4, None)
+    (folder / "training_args.bin").write_bytes(args)
+    assert check_checkpoint(folder) is None
+    (folder / "optimizer.pt").write_bytes(args)
+    assert "transformers.training_args.TrainingArguments" in check_checkpoint(folder).what
