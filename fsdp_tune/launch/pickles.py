@@ -266,22 +266,25 @@ def check_checkpoint(folder: str | Path) -> Unsafe | None:
     """The first file of `folder` a resume must not load, or None when every pickle in it is data.
 
     Links and other non-regular files are refused too: what a link points at was never part of the checkpoint."""
-    folder = Path(folder)
     for root, dirs, files in os.walk(folder):
         for name in sorted(dirs + files):
             path = Path(root) / name
-            mode = os.lstat(path).st_mode
-            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                return Unsafe(path, "a link or special file inside a checkpoint (a checkpoint holds plain files)")
-        for name in sorted(files):
-            path = Path(root) / name
             try:
-                if _DCP_METADATA.match(name):
-                    check_dcp(path)
-                elif path.suffix in TORCH_FILES and name not in NOT_LOADED:
-                    check_torch_file(path)
+                _check_entry(path)
             except Unsafe as unsafe:
                 return unsafe
             except OSError as err:
                 return Unsafe(path, f"cannot be read ({err.strerror or err})")
     return None
+
+
+def _check_entry(path: Path) -> None:
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise Unsafe(path, "a link or special file inside a checkpoint (a checkpoint holds plain files)")
+    if stat.S_ISDIR(mode):
+        return
+    if _DCP_METADATA.match(path.name):
+        check_dcp(path)
+    elif path.suffix in TORCH_FILES and path.name not in NOT_LOADED:
+        check_torch_file(path)
