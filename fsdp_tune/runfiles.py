@@ -3,10 +3,15 @@
 The launcher and the ranks share these names; nothing else spells them. Writes that another process
 may read while they happen go through `write_atomic`, which stays safe when several launchers share
 one output folder (multi-node jobs on NFS or Lustre see the same OUTPUT_DIR from every node).
+
+No write follows a link out of the folder: `write_atomic` replaces a link rather than writing through it,
+files appended to (the lock, logs/rank-K.log, metrics.jsonl) are opened with O_NOFOLLOW below the output
+folder, and the pre-flight refuses a folder that holds links at all (`links_in`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -39,6 +44,38 @@ def rank_log(output_dir: str | os.PathLike, rank: int | str) -> Path:
 
 def torchrun_log_dir(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / LOG_DIR / "torchrun"
+
+
+def links_in(output_dir: str | os.PathLike) -> list[Path]:
+    """Every link inside the output folder (the folder itself may be one: a scratch disk linked in), not followed."""
+    found = []
+    for root, dirs, files in os.walk(output_dir):
+        found += [Path(root) / n for n in sorted(dirs + files) if os.path.islink(os.path.join(root, n))]
+    return found
+
+
+def open_nofollow(output_dir: str | os.PathLike, rel: str, flags: int = os.O_WRONLY | os.O_APPEND) -> int:
+    """A descriptor for OUTPUT_DIR/rel, created if need be (its folders too), without following a link on the
+    way below OUTPUT_DIR: a planted link is an OSError (ELOOP) naming it, never a write elsewhere."""
+    path = Path(output_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    parts = Path(rel).parts
+    for part in parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise OSError(
+                errno.ELOOP, "a link inside the output folder: run files are not written through it", str(path)
+            )
+        path.mkdir(exist_ok=True)
+    path = path / parts[-1]
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise OSError(
+                errno.ELOOP, "a link inside the output folder: run files are not written through it", str(path)
+            ) from None
+        raise
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -55,12 +55,10 @@ def train(
         echo_out(f"  run id: {planned.run_id}")
         if dry_run:
             _dry_run_memory(planned.config, planned.spec.model.loading)
-            if planned.machine_findings:
-                typer.echo("this machine could not start it as it stands:", err=True)
-                body = format_findings("this launch", planned.machine_findings, style).split("\n", 1)[-1]
-                typer.echo(body, err=True)
+            _preflight_report(planned.machine_findings, dry_run=True)
             typer.echo("dry run: nothing was started")
             return
+        _preflight_report(planned.machine_findings, dry_run=False)  # its errors: execute() refuses to start
         summary = execute(planned, lambda m: typer.echo(m, err=True))
         if summary:
             echo_out(format_summary(summary))
@@ -94,6 +92,21 @@ def plan_cmd(
         typer.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
     guard(run, debug)
+
+
+def _preflight_report(findings: list, dry_run: bool) -> None:
+    """The pre-flight's warnings and notes (PF017 skipped rows, PF018, ...), for a real run as for a dry run
+    (#26: `train` printed none); its errors too on a dry run (a real run stops on them with the full report)."""
+    from fsdp_tune.errors import Severity
+    from fsdp_tune.output.findings import format_findings
+
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    advisories = [f for f in findings if f.severity is not Severity.ERROR]
+    if dry_run and errors:
+        typer.echo("this machine could not start it as it stands:", err=True)
+        typer.echo(format_findings("this launch", errors, style).split("\n", 1)[-1], err=True)
+    if advisories:
+        typer.echo(format_findings("this launch", advisories, style), err=True)
 
 
 def _plot(output_dir: str) -> None:

@@ -8,9 +8,9 @@ an fsdp_config that says otherwise wins, with a warning here where transformers 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from fsdp_tune.config.parse import loads_unique
 from fsdp_tune.config.readers import read_file, read_fsdp_mapping
 from fsdp_tune.config.schema import Assignment
 from fsdp_tune.config.values import BadValue, to_bool
@@ -47,8 +47,8 @@ def _fsdp_config(a: Assignment) -> tuple[list[Assignment], list[Finding]]:
         file = read_fsdp_mapping(value, a.origin.key)
     elif isinstance(value, str) and value.strip().startswith("{"):
         try:
-            file = read_fsdp_mapping(json.loads(value), a.origin.key)
-        except (json.JSONDecodeError, AttributeError, RecursionError) as e:
+            file = read_fsdp_mapping(loads_unique(value), a.origin.key)
+        except (ValueError, AttributeError, RecursionError) as e:
             return [], [_bad(a, f"not a JSON object: {e}", "pass a file, or a JSON object of FSDP keys")]
     elif isinstance(value, str) and Path(value).expanduser().is_file():
         file = read_file(str(Path(value).expanduser()))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_tune.config import keys, limits
+from fsdp_tune.config.envvars import expand
 from fsdp_tune.config.fsdp2 import ACCELERATE_DEFAULT
 from fsdp_tune.config.names import flag_table, retired, section_keys
 from fsdp_tune.config.parse import line_map, parse
@@ -73,6 +74,8 @@ def read_file(path_str: str) -> FileConfig:
             "`reshard_after_forward`, a recipe has sections such as `fsdp:` and `training:`",
         )
     reader = _Reader(path_str, line_map(text))
+    if fmt != MANIFEST:  # a manifest records expanded values: read as written
+        data, reader.findings = expand(data, lambda key: reader.origin(key).source, literal=fmt != RECIPE)
     if fmt == ACCELERATE:
         reader.accelerate(data)
     elif fmt == TRANSFORMERS:

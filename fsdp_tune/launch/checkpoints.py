@@ -20,6 +20,7 @@ from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME, write_atomic
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 HASH_LIMIT = 64 * 2**20  # bigger files (model shards of a full fine-tune) are checked by size only
+BATCH_KEYS = ("world_size", "per_device_train_batch_size", "gradient_accumulation_steps")
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,9 @@ def list_checkpoints(output_dir: str | Path) -> list[Checkpoint]:
     return found
 
 
-def write_marker(folder: str | Path, step: int, run_id: str | None) -> Path:
-    """Mark `folder` complete: call once every file of the checkpoint is written (by every rank)."""
+def write_marker(folder: str | Path, step: int, run_id: str | None, batch: dict | None = None) -> Path:
+    """Mark `folder` complete: call once every file of the checkpoint is written (by every rank). `batch`: the
+    global batch it was trained with (world_size, per_device_train_batch_size, gradient_accumulation_steps)."""
     folder = Path(folder)
     files = {}
     for path in sorted(folder.rglob("*")):
@@ -62,7 +64,7 @@ def write_marker(folder: str | Path, step: int, run_id: str | None) -> Path:
                 "size": size,
                 "sha256": _sha256(path) if size <= HASH_LIMIT else None,
             }
-    marker = {"global_step": step, "run_id": run_id, "files": files}
+    marker = {"global_step": step, "run_id": run_id, "files": files, **({"batch": batch} if batch else {})}
     return write_atomic(folder / COMPLETE_MARKER, json.dumps(marker, indent=1))
 
 
@@ -77,14 +79,20 @@ def read_marker(folder: str | Path) -> dict | None:
 def verify(folder: str | Path) -> str | None:
     """Why the checkpoint in `folder` cannot be resumed as it was written, or None when it can.
 
-    A marker of an earlier fsdp-tune lists no files: nothing to check it against, so it is trusted."""
+    A marker that lists no files (an earlier fsdp-tune's, or one written by hand) vouches for nothing: not
+    trusted. The marker says the files are as written; whether they are safe to load is pickles.py's question."""
     folder = Path(folder)
     if not (folder / COMPLETE_MARKER).exists():
         return f"it has no completion marker ({COMPLETE_MARKER}): it was never finished"
     marker = read_marker(folder)
     if marker is None:
         return f"its completion marker {COMPLETE_MARKER} is unreadable"
-    for rel, record in (marker.get("files") or {}).items():
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files or not all(isinstance(r, dict) for r in files.values()):
+        return f"its completion marker {COMPLETE_MARKER} lists no files (an earlier fsdp-tune's?): nothing to check"
+    for rel, record in files.items():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            return f"its completion marker lists {rel}, outside the checkpoint"
         path = folder / rel
         if not path.is_file():
             top = rel.split("/")[0]
@@ -97,6 +105,23 @@ def verify(folder: str | Path) -> str | None:
         if digest and _sha256(path) != digest:
             return f"{rel} changed since it was written (sha256 differs)"
     return None
+
+
+def trained_batch(folder: str | Path) -> dict | None:
+    """The batch a checkpoint was trained with: its marker's record, else what the Trainer's files tell (one
+    rng_state_K.pth per rank, trainer_state.json's per-device batch; gradient accumulation then unknown)."""
+    folder = Path(folder)
+    batch = (read_marker(folder) or {}).get("batch")
+    if isinstance(batch, dict) and all(isinstance(batch.get(k), int) for k in BATCH_KEYS):
+        return batch
+    try:
+        per_device = json.loads((folder / "trainer_state.json").read_text()).get("train_batch_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    ranks = len(list(folder.glob("rng_state_*.pth"))) or (1 if (folder / "rng_state.pth").exists() else 0)
+    if not isinstance(per_device, int) or not ranks:
+        return None
+    return {"world_size": ranks, "per_device_train_batch_size": per_device, "gradient_accumulation_steps": None}
 
 
 def marker_run_id(folder: str | Path) -> str | None:

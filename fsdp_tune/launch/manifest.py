@@ -17,6 +17,7 @@ from pathlib import Path
 from fsdp_tune import __version__
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.redact import drop_secrets, redact, redact_argv
 from fsdp_tune.runfiles import MANIFEST_NAME, write_atomic
 
 PACKAGES = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
@@ -44,12 +45,14 @@ def git_commit(cwd: str | None = None) -> str | None:
 
 
 def reproducible_config(cfg: RunConfig) -> dict:
-    """The run as a recipe (explicit and non-default settings only, so it validates like the original)."""
+    """The run as a recipe (explicit and non-default settings only, so it validates like the original).
+    Secrets are left out (a replay takes them from its environment, HF_TOKEN); token-like values redacted."""
     from fsdp_tune.config.writers import to_recipe
 
     data = to_recipe(cfg)
     data.get("training", {}).pop("resume_from_checkpoint", None)  # a reproduction starts from step 0
-    return data
+    drop_secrets(data)
+    return redact(data)
 
 
 def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> Path:
@@ -60,7 +63,7 @@ def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> Pa
     data = {
         "fsdp_tune_manifest": 1,
         "run_id": run_id,
-        "command": sys.argv,
+        "command": redact_argv(sys.argv),
         "cwd": os.getcwd(),
         "git_commit": git_commit(),
         "versions": versions(),

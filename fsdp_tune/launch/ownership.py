@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune.errors import Finding, PreflightError, Severity
-from fsdp_tune.runfiles import LOCK_NAME
+from fsdp_tune.redact import redact_argv
+from fsdp_tune.runfiles import LOCK_NAME, open_nofollow
 
 
 def new_run_id() -> str:
@@ -52,7 +53,7 @@ def acquire(output_dir: str | Path, run_id: str) -> OutputLock:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_nofollow(out, LOCK_NAME, os.O_RDWR)  # a planted link is refused, never truncated through
     holder = _read(fd)
     try:
         import fcntl
@@ -84,7 +85,7 @@ def holder_of(output_dir: str | Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -155,7 +156,7 @@ def _write(fd: int, run_id: str) -> None:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join(sys.argv),
+        "command": " ".join(redact_argv(sys.argv)),
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)

@@ -18,6 +18,7 @@ from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
 from fsdp_tune.launch.memory_check import check_memory
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import links_in
 from fsdp_tune.sources.model import hub_cached, offline
 from fsdp_tune.sources.weights import check_weights
 
@@ -208,7 +209,11 @@ def _hub(cfg: RunConfig) -> list[Finding]:
                 "drop --push_to_hub, or unset HF_HUB_OFFLINE",
             )
         ]
-    token = os.environ.get("HF_TOKEN") or Path("~/.cache/huggingface/token").expanduser().exists()
+    token = (
+        cfg.training.get("hub_token")
+        or os.environ.get("HF_TOKEN")
+        or Path("~/.cache/huggingface/token").expanduser().exists()
+    )
     if not token:
         return [
             _err(
@@ -232,6 +237,9 @@ def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[
         return []  # machines other than 0 share the output dir that machine 0 checks and owns
     if out.is_file():
         return [_err("PF030", "--output_dir", f"{out} is a file", "choose a folder")]
+    links = links_in(out) if out.is_dir() else []
+    if links:
+        return [outdir.links_finding(out, links)]
     holder = ownership.holder_of(out)
     if holder:
         return [ownership.in_use_finding(out, holder)]

@@ -18,6 +18,7 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.failure import Outcome
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.launch.stopping import TORCHRUN_SIGNALS, StopRelay
+from fsdp_tune.redact import redact
 from fsdp_tune.runfiles import (
     METRICS_NAME,
     PREVIOUS_METRICS_NAME,
@@ -97,7 +98,7 @@ def prepare(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> RankSp
         (out / SUMMARY_NAME).unlink(missing_ok=True)
         if not spec.resume_from_checkpoint and (out / METRICS_NAME).exists():
             (out / METRICS_NAME).replace(out / PREVIOUS_METRICS_NAME)
-    resolved = {"run_id": run_id, "spec": spec.as_dict(), "config": cfg.as_dict()}
+    resolved = {"run_id": run_id, "spec": spec.as_dict(), "config": redact(cfg.as_dict())}  # secrets: not here
     write_atomic(spec.resolved_path, json.dumps(resolved, indent=2))
     return spec
 
@@ -113,15 +114,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = ()) -> Outcome:
+def run(
+    spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = (), secret_env: dict[str, str] | None = None
+) -> Outcome:
     """Start torchrun and wait.
 
     torchrun runs in its own session so a terminal's Ctrl-C reaches only us; a stop request (see
     stopping.py) writes the stop file: every rank finishes its step, saves a checkpoint and exits.
-    `keep_fds` stay open in torchrun (the output folder's lock lives as long as the run). torchrun's stderr
-    passes through to ours, and its tail is kept for the failure report.
+    `keep_fds` stay open in torchrun (the output folder's lock lives as long as the run); `secret_env` (the
+    push's HF_TOKEN) reaches the ranks' environment and no file. torchrun's stderr passes through to ours,
+    and its tail is kept for the failure report.
     """
-    env = dict(os.environ, **spec.env)
+    env = dict(os.environ, **spec.env, **(secret_env or {}))
     if run_id:
         env[RUN_ID_ENV] = run_id
     stop_file = Path(spec.output_dir, STOP_FILE)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
-from fsdp_tune.launch import manifest, outdir, ownership, torchrun
+from fsdp_tune.launch import batch, manifest, outdir, ownership, torchrun
 from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.failure import Outcome, failure_report
@@ -29,6 +29,7 @@ class Planned:
     spec: RankSpec
     machine_findings: list[Finding]  # pre-flight: what this machine and these files say about the launch
     run_id: str = ""  # the run this launch is: the folder's run when it resumes it, a new one otherwise
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # for the ranks' environment, no file
 
     @property
     def config(self) -> RunConfig:
@@ -102,7 +103,10 @@ def _resume_point(cfg: RunConfig, echo: Echo) -> str | None:
             "--resume_from_checkpoint latest picks the newest complete one in --output_dir",
         )
     if not (path / COMPLETE_MARKER).exists():
-        echo(f"warning: {path} has no completion marker ({COMPLETE_MARKER}): it cannot be checked; loading it as is")
+        echo(
+            f"warning: {path} has no completion marker ({COMPLETE_MARKER}): its files cannot be checked against "
+            "what was written; loading it as is"
+        )
     else:
         problem = verify(path)
         if problem:
@@ -110,7 +114,27 @@ def _resume_point(cfg: RunConfig, echo: Echo) -> str | None:
         theirs, ours = marker_run_id(path), folder_run_id(output_dir)
         if theirs and theirs != ours:
             echo(f"note: continuing {path}, a checkpoint of run {theirs} (named by path)")
-    return str(path.resolve())
+    return check_loadable(str(path.resolve()))
+
+
+def check_loadable(checkpoint: str | None) -> str | None:
+    """`checkpoint` when every pickle a resume loads from it is data (launch/pickles.py); PF060 otherwise.
+    Refused outright, never passed over for an older one: a planted pickle is not an accident."""
+    from fsdp_tune.launch.pickles import check_checkpoint
+
+    unsafe = check_checkpoint(checkpoint) if checkpoint else None
+    if unsafe is None:
+        return checkpoint
+    finding = Finding(
+        "PF060",
+        Severity.ERROR,
+        "--resume_from_checkpoint",
+        "command line",
+        f"{unsafe.file}: {unsafe.what}; resuming would load it on every rank (a pickle runs what it names)",
+        f"resume only checkpoints you wrote: move {checkpoint} away and resume another "
+        "(--resume_from_checkpoint PATH), or start over",
+    )
+    raise PreflightError([finding])
 
 
 def _latest(output_dir: str, echo: Echo) -> str | None:
@@ -134,8 +158,9 @@ def _latest(output_dir: str, echo: Echo) -> str | None:
         whose = f"run {best.run_id}, the run this folder holds"
     else:
         whose = f"run {best.run_id}: no manifest here names another run, so that run continues"
+    checked = check_loadable(str(best.path.resolve()))
     echo(f"resuming from {best.path} (step {best.step}, {whose})")
-    return str(best.path.resolve())
+    return checked
 
 
 def _damaged(path: Path, problem: str, hint: str) -> Finding:
@@ -161,13 +186,25 @@ def plan_run(
     machine = machine or probe()
     resume = resolve_resume(cfg, echo)
     spec, findings = check_data(decide(cfg, machine, resume, console))
+    spec, secret_env = _token_out(spec)
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
+    findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
-    return Planned(checked, spec, findings, run_id)
+    return Planned(checked, spec, findings, run_id, secret_env)
+
+
+def _token_out(spec: RankSpec) -> tuple[RankSpec, dict[str, str]]:
+    """--hub_token leaves the rank spec (a file, fsdp_tune_resolved.json) for the ranks' environment: HF_TOKEN,
+    which the Trainer's and fsdp-tune's pushes read when hub_token is unset (huggingface_hub's get_token)."""
+    token = spec.trainer_args.get("hub_token")
+    if "hub_token" not in spec.trainer_args:
+        return spec, {}
+    args = {k: v for k, v in spec.trainer_args.items() if k != "hub_token"}
+    return replace(spec, trainer_args=args), ({"HF_TOKEN": str(token)} if token else {})
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:
@@ -189,7 +226,10 @@ def execute(planned: Planned, echo_err: Echo) -> run_summary.RunSummary | None:
             echo_err(lock.note)
         if planned.config.run.overwrite_output_dir and not planned.resuming:
             folder = outdir.inspect(planned.spec.output_dir)
-            if folder.kind in ("run", "foreign"):
+            refused = outdir.findings(folder, resume=False, overwrite=True)  # again: the folder may have changed
+            if refused:
+                raise PreflightError(refused)
+            if folder.kind == "run":
                 moved = outdir.move_aside(folder)
                 echo_err(f"--overwrite_output_dir: moved what {folder.path} held to {moved} (nothing deleted)")
         return _launch(planned, echo_err, keep_fds=(lock.fd,))
@@ -205,7 +245,7 @@ def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_
             manifest.write_start(planned.config, spec, planned.run_id)
         except OSError as err:
             raise PreflightError([_unwritable(spec, err)]) from None
-    outcome = torchrun.run(spec, planned.run_id, keep_fds)
+    outcome = torchrun.run(spec, planned.run_id, keep_fds, secret_env=planned.secret_env)
     if first_node:
         try:
             manifest.write_end(spec, outcome.returncode)

@@ -6,6 +6,7 @@ from typing import Any
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.redact import REDACTED, is_secret_key, redact, redact_text
 
 # What a reader of `validate-config` needs first; the rest is in --json.
 SUMMARY_KEYS = {
@@ -72,17 +73,19 @@ def format_settings(cfg: RunConfig) -> str:
             rows.append((path, show(getattr(obj, name)), origin.source if origin else "default"))
     for name, value in sorted(cfg.training.args.items()):
         origin = cfg.origin(f"training.{name}")
-        rows.append((f"training.{name}", show(value), origin.source if origin else ""))
+        rows.append(
+            (f"training.{name}", REDACTED if is_secret_key(name) else show(value), origin.source if origin else "")
+        )
     width = max(len(r[0]) for r in rows)
     vwidth = min(max(len(r[1]) for r in rows), 40)
-    return "\n".join(f"  {p:<{width}}  {v:<{vwidth}}  {s}" for p, v, s in rows)
+    return "\n".join(f"  {p:<{width}}  {redact_text(v):<{vwidth}}  {s}" for p, v, s in rows)
 
 
 def checked_as_json(checked) -> dict[str, Any]:
     return {
         "valid": not checked.errors,
         "format": checked.format,
-        "config": checked.config.as_dict(),
+        "config": redact(checked.config.as_dict()),
         "sources": {p: {"key": o.key, "source": o.source} for p, o in checked.config.origins.items()},
         "findings": [f.as_dict() for f in checked.findings],
     }

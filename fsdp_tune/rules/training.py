@@ -153,14 +153,14 @@ def packing_token_options(cfg: RunConfig) -> Iterator[Finding]:
             )
 
 
-@rule("FT077", "training", "a Hub token on the command line ends up in the run's files")
+@rule("FT077", "training", "a Hub token on the command line is seen by ps and kept in shell history")
 def hub_token_in_files(cfg: RunConfig) -> Iterator[Finding]:
     if cfg.training.is_set("hub_token"):
         yield warning(
             cfg,
             "FT077",
             "training.hub_token",
-            "the token is written into the run's files (fsdp_tune_resolved.json, the manifest, training_args.bin) "
-            "and any copy of them",
+            "fsdp-tune keeps the token out of the run's files and logs (the ranks get it as HF_TOKEN), but a "
+            "command line is visible to other users of this machine (ps) and stays in your shell history",
             "export HF_TOKEN instead (or `hf auth login`), and drop --hub_token",
         )

@@ -17,10 +17,11 @@ from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detec
 from fsdp_tune.sources.mixture import Source, slice_rows, split_name
 from fsdp_tune.sources.model import offline
 from fsdp_tune.sources.rowcheck import Problem, check_row
-from fsdp_tune.sources.sample import MAX_ROWS, Sample, read_sample
+from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS, Sample, read_sample
 
 DETECT_ROWS = 100  # rows detection looks at
 LISTED = 5  # rows named in one finding
+COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (launch/batch.py compares it with a step)
 
 
 def settle(
@@ -92,6 +93,7 @@ def settle_source(
         return source, findings + [_error("PF014", split_name(source.split), first.path, str(e), e.hint)]
     for s in splits:
         findings += check_rows(split_name(s), sliced(s, [r for x in samples[s] for r in x.rows]), fmt, source.roles)
+    train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
     fmt, as_text = renders_to_text(fmt, first.columns, peft_text_field)
     settled = replace(
         source,
@@ -100,8 +102,17 @@ def settle_source(
         files=files,
         detected=fmt.as_dict(),
         train_on_prompt=source.train_on_prompt or as_text,
+        rows_checked=_usable(train_rows, fmt, source.roles),
     )
     return settled, findings
+
+
+def _usable(rows: list[tuple[str, Any]], fmt: Format, roles: dict[str, str]) -> int | None:
+    """How many rows will be trained on (none skipped), for a split read whole and small enough to count twice;
+    None for a large one (more rows than any step takes)."""
+    if len(rows) >= COUNTED_ROWS:
+        return None
+    return sum(1 for _, r in rows if isinstance(r, dict) and not any(p.skips for p in check_row(r, fmt, roles)))
 
 
 def detect(columns: list[str], rows: list[dict], source: Source, text_field: str) -> Format:

@@ -39,6 +39,7 @@ class Source:
     loader: str | None = None  # json | csv | parquet | arrow | disk; None: load_dataset(path, name=...)
     files: dict[str, list[str]] = field(default_factory=dict)  # split name -> local files
     detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it
+    rows_checked: int | None = None  # training rows the pre-flight found usable; None: not counted (many, or Hub)
 
     @property
     def label(self) -> str:

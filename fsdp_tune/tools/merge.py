@@ -146,9 +146,28 @@ def _checked(adapter_dir: Path, base: str | None, out: Path, dtype: str | None, 
         )
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype}: unknown", "bf16, fp16 or fp32")
+    holds = _holds_a_run(out, adapter_dir)
+    if holds:  # --force or not: a full model written into a run's folder overwrites or confuses what is there
+        raise UsageError(
+            f"-o {out} {holds}: merging there would write a full model over it (and beside its adapter)",
+            f"-o {adapter_dir.name.rstrip('/') or 'run'}-merged (a new folder)",
+        )
     if out.exists() and any(out.iterdir()) and not force:
         raise UsageError(f"{out} exists and is not empty; not overwritten", "pass --force, or another -o")
     return base or recorded_base(adapter_dir)
+
+
+def _holds_a_run(out: Path, adapter_dir: Path) -> str | None:
+    """What in `out` a merge must not write into: the adapter's own folder, another adapter, a run's folder."""
+    from fsdp_tune.launch.outdir import inspect
+
+    if out.exists() and out.resolve() == adapter_dir.resolve():
+        return "is the adapter's own folder"
+    if (out / "adapter_config.json").exists():
+        return "holds an adapter"
+    if inspect(out).kind == "run":
+        return "holds a run"
+    return None
 
 
 def _into(into: str | None, quantized: bool, adapter: str) -> str:

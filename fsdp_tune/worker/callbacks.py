@@ -10,24 +10,27 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from fsdp_tune.launch.checkpoints import write_marker
-from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE
+from fsdp_tune.launch.checkpoints import BATCH_KEYS, write_marker
+from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE, open_nofollow
 from fsdp_tune.worker import signals
 from fsdp_tune.worker.load_report import peak_rss_mib
 
 
-def mark_complete(output_dir: str, step: int) -> None:
+def mark_complete(output_dir: str, step: int, args=None) -> None:
     """Called on rank 0 once every rank has written every file of checkpoint-`step` (before old ones are
-    rotated): the marker lists them with sizes and hashes, and names the run (launch/checkpoints.py)."""
+    rotated): the marker lists them with sizes and hashes, names the run and, given the TrainingArguments,
+    the global batch (a resume on another number of ranks is told what changes; launch/checkpoints.py)."""
     folder = Path(output_dir) / f"checkpoint-{step}"
+    batch = {k: int(getattr(args, k)) for k in BATCH_KEYS} if args is not None else None
     if folder.is_dir():
-        write_marker(folder, step, os.environ.get(RUN_ID_ENV))
+        write_marker(folder, step, os.environ.get(RUN_ID_ENV), batch)
 
 
 class MetricsCallback(TrainerCallback):
     """One line per logging step in OUTPUT_DIR/metrics.jsonl (rank 0), and the numbers for the summary."""
 
     def __init__(self, output_dir: str):
+        self.output_dir = output_dir
         self.path = Path(output_dir) / METRICS_NAME
         self.run_id = os.environ.get(RUN_ID_ENV)
         self.first_step_at: float | None = None
@@ -48,7 +51,7 @@ class MetricsCallback(TrainerCallback):
             "run_id": self.run_id,
             **logs,
         }
-        with open(self.path, "a") as f:
+        with os.fdopen(open_nofollow(self.output_dir, METRICS_NAME), "a") as f:
             f.write(json.dumps(record) + "\n")
 
 

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from fsdp_tune.runfiles import open_nofollow, rank_log
+
 
 class _Tee:
     def __init__(self, stream: TextIO | None, log: TextIO):
@@ -129,11 +131,11 @@ def setup_rank_log(output_dir: str, rank: int, mode: str = "verbose") -> Path:
     console (FSDP_TUNE_ALL_RANKS_TO_CONSOLE=1: every rank shows what rank 0 does). Done once per process:
     the entry point does it before torch is imported, the recipe's setup() then finds it done."""
     global _console, _log_path
-    path = Path(output_dir) / "logs" / f"rank-{rank}.log"
+    path = rank_log(output_dir, rank)
     if _log_path == path:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+    fd = open_nofollow(output_dir, path.relative_to(output_dir).as_posix())  # never through a planted link
+    log = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
     shown = rank == 0 or os.environ.get("FSDP_TUNE_ALL_RANKS_TO_CONSOLE") == "1"
     out, err = (_console_stream(1), _console_stream(2)) if shown else (None, None)
     for stream in (sys.stdout, sys.stderr):

@@ -76,7 +76,7 @@ def trainer_class(save):
             self.accelerator.wait_for_everyone()  # every rank's files (shards, rng_state_K.pth) are written
             if self.args.should_save:
                 run_dir = self._get_output_dir(trial=trial)
-                mark_complete(run_dir, self.state.global_step)
+                mark_complete(run_dir, self.state.global_step, self.args)
                 if limit:
                     best = self.state.best_model_checkpoint
                     rotate_checkpoints(run_dir, save_total_limit=limit, use_mtime=True, best_model_checkpoint=best)

@@ -88,6 +88,15 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, tmp_path, state_dict
     )
     straight = train(*flags, output_dir=tmp_path / "straight")
     assert all((straight.output_dir / f"checkpoint-{n}" / "fsdp_tune_complete").exists() for n in (2, 4, 6))
+    from fsdp_tune.launch.pickles import check_checkpoint
+
+    # every pickle DCP and the Trainer wrote passes the resume's check (#26: the allowlist is not too strict)
+    assert [check_checkpoint(straight.output_dir / f"checkpoint-{n}") for n in (2, 4, 6)] == [None] * 3
+    from fsdp_tune.launch.checkpoints import read_marker
+
+    # the marker records the global batch (a resume on another number of ranks is warned with it, PF063)
+    batch = {"world_size": 2, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}
+    assert read_marker(straight.output_dir / "checkpoint-4")["batch"] == batch
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     shutil.copytree(straight.output_dir / "checkpoint-4", resumed_dir / "checkpoint-4")

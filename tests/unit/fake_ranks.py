@@ -21,6 +21,7 @@ from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome
 from fsdp_tune.runfiles import MANIFEST_NAME
 from tests.conftest import FIXTURES, REPO
+from tests.unit.fake_checkpoint import write_dcp, write_trainer_files
 
 # a torchrun that finishes when the launcher writes the stop file (argv[-1] is the rank spec's path)
 WAITS_FOR_STOP_FILE = (
@@ -29,26 +30,14 @@ WAITS_FOR_STOP_FILE = (
     "while not os.path.exists(stop): time.sleep(0.05)\n"
 )
 
-# what Trainer writes into a SHARDED_STATE_DICT checkpoint of a 2-rank LoRA run
-CHECKPOINT_FILES = {
-    "pytorch_model_fsdp_0/.metadata": 300,
-    "pytorch_model_fsdp_0/__0_0.distcp": 2000,
-    "pytorch_model_fsdp_0/__1_0.distcp": 2000,
-    "optimizer_0/.metadata": 500,
-    "optimizer_0/__0_0.distcp": 4000,
-    "optimizer_0/__1_0.distcp": 4000,
-    "scheduler.pt": 100,
-    "rng_state_0.pth": 200,
-    "rng_state_1.pth": 200,
-    "trainer_state.json": 50,
-}
-
 
 def write_checkpoint(out: Path, step: int, run_id: str | None, marked: bool = True) -> Path:
+    """What Trainer writes into a SHARDED_STATE_DICT checkpoint of a 2-rank LoRA run (tests/unit/fake_checkpoint.py),
+    and fsdp-tune's completion marker."""
     folder = out / f"checkpoint-{step}"
-    for rel, size in CHECKPOINT_FILES.items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        (folder / rel).write_bytes(bytes([step % 256]) * size)
+    write_dcp(folder / "pytorch_model_fsdp_0", 2, step)
+    write_dcp(folder / "optimizer_0", 2, step)
+    write_trainer_files(folder, 2, step)
     if marked:
         from fsdp_tune.launch.checkpoints import write_marker
 
@@ -68,12 +57,14 @@ class Launch:
 class FakeRanks:
     plan: list[Launch] = field(default_factory=list)
     specs: list = field(default_factory=list)
+    secret_envs: list = field(default_factory=list)  # what reached the ranks' environment only
 
     def next(self, **kw) -> None:
         self.plan.append(Launch(**kw))
 
-    def __call__(self, spec, run_id=None, keep_fds=()) -> Outcome:
+    def __call__(self, spec, run_id=None, keep_fds=(), secret_env=None) -> Outcome:
         self.specs.append(spec)
+        self.secret_envs.append(secret_env or {})
         launch = self.plan.pop(0) if self.plan else Launch(checkpoints=[])
         out = Path(spec.output_dir)
         resolved = json.loads(Path(spec.resolved_path).read_text())

@@ -16,9 +16,9 @@ from fsdp_tune.validate import check
 NOTE = "no fsdp_version: FSDP2; `accelerate launch` would run FSDP1; `fsdp_version: 1` keeps it"
 
 
-def _yaml(tmp_path, fsdp: str, top: str = "") -> str:
+def _yaml(tmp_path, fsdp: str, top: str = "num_processes: 2\n") -> str:
     path = tmp_path / "accel.yaml"
-    path.write_text(f"distributed_type: FSDP\nnum_processes: 2\n{top}fsdp_config:\n{fsdp}")
+    path.write_text(f"distributed_type: FSDP\n{top}fsdp_config:\n{fsdp}")
     return str(path)
 
 

@@ -154,23 +154,19 @@ def test_stale_record_without_flock_is_judged_by_pid(tmp_path, monkeypatch) -> N
 
 
 def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, fake_ranks) -> None:  # noqa: F811
-    """Defect 4: an output dir with someone's files (README.md, loss.png) was accepted and written over."""
+    """Defect 4: an output dir with someone's files (README.md, loss.png) was accepted and written over.
+    #26: --overwrite_output_dir moved them aside; it moves a previous run only."""
     out = tmp_path / "notes"
     out.mkdir()
     (out / "README.md").write_text("mine")
     (out / "loss.png").write_bytes(b"my plot")
-    for flags in ([], ["--overwrite_output_dir", "false"], ["--resume_from_checkpoint", "latest"]):
+    flag_sets = ([], ["--overwrite_output_dir", "false"], ["--resume_from_checkpoint", "latest"])
+    for flags in (*flag_sets, ["--overwrite_output_dir", "true"]):
         r = train(out, *flags)
         assert r.exit_code == 2 and "PF033" in r.output and "README.md, loss.png" in r.output, r.output
-    assert not fake_ranks.specs
+    assert not fake_ranks.specs and not list(tmp_path.glob("notes.previous-*"))
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "loss.png"]
     assert (out / "loss.png").read_bytes() == b"my plot"
-
-    fake_ranks.next(checkpoints=[])  # asked: moved aside, never deleted
-    r = train(out, "--overwrite_output_dir", "true")
-    assert r.exit_code == 0, r.output
-    [aside] = tmp_path.glob("notes.previous-*")
-    assert (aside / "README.md").read_text() == "mine" and (aside / "loss.png").read_bytes() == b"my plot"
 
 
 def test_other_machines_rank_specs_in_flight_are_not_foreign_files(tmp_path) -> None:
