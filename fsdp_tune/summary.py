@@ -43,6 +43,7 @@ class RunSummary:
     adapter_check: dict[str, Any] | None = None  # verify_adapter's result
     mesh: dict[str, int] | None = None  # the device mesh read from the trained parameters: dim name -> size
     data: dict[str, Any] | None = None  # worker/prepare.py's report: formats, rows skipped and why, loss share
+    trackers: dict[str, str] | None = None  # --report_to: tracker -> where its files or its run went
     extra: dict[str, Any] = field(default_factory=dict)
 
     kind = "finished"

@@ -47,9 +47,10 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(train) -> None:
     assert not (run.output_dir / "adapter_model.safetensors").exists()
 
 
-def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monkeypatch) -> None:
-    """Valid for validate-config and the pre-flight, fatal in the ranks: a model folder whose config.json
-    does not match its weights (an edited config); a cut-short weights file is refused by the pre-flight."""
+def test_a_broken_model_folder_is_refused_before_launch(train, tmp_path, model_cache, monkeypatch) -> None:
+    """A model folder whose config.json does not match its weights (an edited config) used to pass validation and
+    fail on every rank in from_pretrained ("ignore_mismatched_sizes"); the pre-flight reads the real safetensors
+    header and refuses it (PF007), as it refuses a cut-short weights file (PF004). No rank starts."""
     import shutil
 
     from fsdp_tune.sources.builtin import materialize
@@ -61,9 +62,10 @@ def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monke
     config["intermediate_size"] *= 2
     (broken / "config.json").write_text(json.dumps(config))
     run = train("--model_name_or_path", str(broken), check=False)
-    assert run.proc.returncode == 1, run.logs()
-    assert "training failed on rank" in run.proc.stderr, run.logs()
-    assert "root cause: RuntimeError: You set `ignore_mismatched_sizes` to `False`" in run.proc.stderr, run.logs()
+    assert run.proc.returncode == 2, run.logs()
+    assert "PF007" in run.proc.stderr and "config.json and the weights disagree" in run.proc.stderr, run.logs()
+    assert "mlp.down_proj.weight is [128, 256] in model.safetensors, config.json makes it [128, 512]" in run.proc.stderr
+    assert not (run.output_dir / "logs").exists()
 
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
