@@ -39,12 +39,32 @@ def test_elastic_restart_resumes_and_matches_uninterrupted_run(train, tmp_path) 
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(train) -> None:
+    """Also the console of a rank raising after launch: the plan, the phases, then the failure report (root
+    cause, the frames that matter, the rank log named), at most 30 lines in all; the whole tracebacks (every
+    rank's, torchrun's) are in the logs, not on the console."""
     run = train(*SAVE_EVERY_2, env={"FSDP_TUNE_TEST_POISON_STEP": "3"}, check=False)
     assert run.proc.returncode == 1, run.logs()
     assert "loss became NaN/inf at step 3" in run.proc.stderr
+    console = run.proc.stdout + run.proc.stderr
+    assert len(console.splitlines()) <= 30, console
+    assert "Traceback" not in console and "ChildFailedError" not in console, console
+    rank = run.proc.stderr.split("training failed on rank ")[1][0]  # both ranks raise; either is seen first
+    assert f"full log:   {run.output_dir / 'logs' / f'rank-{rank}.log'} (the whole traceback)" in console, console
+    assert "where:      fsdp_tune/worker/recipe.py" in run.proc.stderr, console
+    assert "Traceback" in (run.output_dir / "logs" / f"rank-{rank}.log").read_text()
+    assert "ChildFailedError" in (run.output_dir / "logs" / "torchrun.log").read_text()
     assert (run.output_dir / "checkpoint-2" / "fsdp_tune_complete").exists()
     assert not (run.output_dir / "checkpoint-4").exists()
     assert not (run.output_dir / "adapter_model.safetensors").exists()
+
+    # the checkpoint says which adapter it holds (PEFT's adapter_config.json, listed in its marker): a resume
+    # with another shape is refused before any rank starts, naming the difference (it crashed after launch)
+    marker = json.loads((run.output_dir / "checkpoint-2" / "fsdp_tune_complete").read_text())
+    assert json.loads((run.output_dir / "checkpoint-2" / "adapter_config.json").read_text())["r"] == 8
+    assert "adapter_config.json" in marker["files"]
+    refused = train(*SAVE_EVERY_2, "--resume_from_checkpoint", "latest", "--lora_r", "16", check=False)
+    assert refused.proc.returncode == 2 and "PF039" in refused.proc.stderr, refused.logs()
+    assert "checkpoint-2 was trained with r 8 (this launch: 16)" in refused.proc.stderr
 
 
 def test_a_broken_model_folder_is_refused_before_launch(train, tmp_path, model_cache, monkeypatch) -> None:
