@@ -39,6 +39,8 @@ SHAPE = (
     "trainable_token_indices",
     "fan_in_fan_out",
 )
+# what PEFT's adapter_config.json alone can be compared on (PEFT rewrites the rest when it builds the model)
+CORE = ("r", "lora_alpha", "use_dora", "use_rslora", "target_modules")
 # how the user sets each (a PEFT field without one of our names is a flag under its own)
 FLAGS = {"r": "--lora_r", "lora_alpha": "--lora_alpha", "target_modules": "--lora_target_modules"}
 
@@ -69,8 +71,11 @@ def resume_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
 
 
 def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
-    """{"lora": LoraConfig fields or None (full fine-tune), "method": ..., "model": ...} of the checkpoint, as
-    far as the files tell (a key missing: unknown, not compared); None when nothing says."""
+    """What the checkpoint was, as far as the files tell (a key missing: unknown, not compared), or None:
+    "lora" (LoraConfig fields, None for a full fine-tune), "fields" (those to compare), "trained_targets" (the
+    module names PEFT resolved), "method", "model". The run's own rank spec is the request as it was made, so it
+    compares like with like; PEFT's adapter_config.json holds what PEFT made of it (`all-linear` resolved, MoE
+    experts turned into target_parameters), so alone it speaks only for the core fields."""
     run_id = marker_run_id(checkpoint)
     spec = _json(Path(output_dir) / RESOLVED_NAME)
     same_run = isinstance(spec, dict) and run_id is not None and spec.get("run_id") == run_id
@@ -78,23 +83,25 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
     config = _json(checkpoint / ADAPTER_CONFIG)
     if config is None and run_id is not None and folder_run_id(output_dir) == run_id:
         config = _json(Path(output_dir) / ADAPTER_CONFIG)  # the run's finished adapter, same shape
+    trained = config.get("target_modules") if isinstance(config, dict) else None
     if isinstance(record, dict):
         lora, model = record.get("lora"), record.get("model") or {}
-        before = {"lora": lora, "method": _method(lora, model.get("quantization")), "model": model.get("requested")}
-        if lora is not None:
-            before["requested_targets"] = lora.get("target_modules")  # as asked: `all-linear` stays itself
-            if isinstance(config, dict):
-                before["lora"] = config  # as trained: PEFT's resolved names
-        return before
+        return {
+            "lora": lora,
+            "fields": SHAPE,
+            "trained_targets": trained,
+            "method": _method(lora, model.get("quantization")),
+            "model": model.get("requested"),
+        }
     if isinstance(config, dict):
-        return {"lora": config}
+        return {"lora": config, "fields": CORE, "trained_targets": trained}
     return None
 
 
 def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str, str, str]]:
     """(what, the checkpoint's value, this launch's, the flag that sets the checkpoint's) for each difference."""
     found = []
-    if "model" in before and before["model"] and before["model"] != spec.model.requested:
+    if before.get("model") and before["model"] != spec.model.requested:
         found.append(("base model", before["model"], spec.model.requested, f"--model_name_or_path {before['model']}"))
     method = _method(spec.lora, spec.model.quantization)
     if "method" in before and before["method"] != method:
@@ -104,13 +111,12 @@ def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str,
     if old is None or new is None:
         return found
     defaults = lora_fields()
-    for name in SHAPE:
+    for name in before["fields"]:
         default = (defaults.get(name) or {}).get("default")
         was, now = _norm(old.get(name, default)), _norm(new.get(name, default))
         asked = was
         if name == "target_modules":
-            asked = _norm(before.get("requested_targets")) or was
-            was = _targets(was, _norm(before.get("requested_targets")), now)
+            was = _targets(_norm(before.get("trained_targets")), was, now)
         if was is not _UNKNOWN and was != now:
             flag = FLAGS.get(name, f"--{name}")
             found.append((name, _show(was), _show(now), f"{flag} {_show(asked, flag=True)}"))
@@ -125,20 +131,15 @@ def _targets(trained: Any, requested: Any, now: Any) -> Any:
     list of names with the names PEFT resolved and trained, else with the request (a list asked for where
     `all-linear` was is another request: the hint says how to repeat the first); _UNKNOWN when nothing says."""
     if isinstance(now, str):
-        return requested if requested is not None else (trained if isinstance(trained, str) else _UNKNOWN)
+        return requested if isinstance(requested, str) else _UNKNOWN
     if isinstance(trained, tuple):
         return trained
     return requested if requested is not None else _UNKNOWN
 
 
 def _method(lora: dict | None, quantization: dict | None) -> str:
-    bits = (
-        "4-bit "
-        if (quantization or {}).get("load_in_4bit")
-        else "8-bit "
-        if (quantization or {}).get("load_in_8bit")
-        else ""
-    )
+    q = quantization or {}
+    bits = "4-bit " if q.get("load_in_4bit") else "8-bit " if q.get("load_in_8bit") else ""
     if lora is None:
         return bits + "full fine-tune"
     return bits + ("DoRA" if lora.get("use_dora") else "LoRA")

@@ -105,3 +105,17 @@ def test_a_stale_summary_is_not_taken_for_this_attempts(finished_run, fake_ranks
     fake_ranks.next(returncode=1)
     r = train(finished_run, *SAVE, *LATEST, "--lora_r", "16", "--lora_alpha", "32")
     assert r.exit_code == 1 and "training failed" in r.output and "done:" not in r.output, r.output
+
+
+def test_what_peft_made_of_the_same_request_is_no_difference(finished_run, fake_ranks) -> None:  # noqa: F811
+    """PEFT resolves `all-linear` to module names and turns MoE experts into target_parameters in the
+    adapter_config.json it saves: the same request resumes, and so do the resolved names spelled out."""
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    saved = {"r": 16, "lora_alpha": 32, "target_modules": names, "target_parameters": ["mlp.experts.down_proj"]}
+    (finished_run / "checkpoint-4" / ADAPTER_CONFIG).write_text(json.dumps(saved))
+    fake_ranks.next(checkpoints=[6])
+    assert train(finished_run, *SAVE, *LATEST, "--lora_r", "16", "--lora_alpha", "32").exit_code == 0
+    fake_ranks.next(checkpoints=[8])
+    named = ("--resume_from_checkpoint", str(finished_run / "checkpoint-4"), "--lora_target_modules", *names)
+    r = train(finished_run, *SAVE, *named, "--lora_r", "16", "--lora_alpha", "32")
+    assert "PF039" not in r.output, r.output
