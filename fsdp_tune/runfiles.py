@@ -78,6 +78,11 @@ def open_nofollow(output_dir: str | os.PathLike, rel: str, flags: int = os.O_WRO
         raise
 
 
+def torchrun_log(output_dir: str | os.PathLike) -> Path:
+    """torchrun's own stderr (its tracebacks and notes): kept here, whole; the console gets the failure report."""
+    return Path(output_dir) / LOG_DIR / "torchrun.log"
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write `text` to `path` complete or not at all; the temporary file is this process's own."""
     path = Path(path)

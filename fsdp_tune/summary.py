@@ -43,6 +43,7 @@ class RunSummary:
     adapter_check: dict[str, Any] | None = None  # verify_adapter's result
     mesh: dict[str, int] | None = None  # the device mesh read from the trained parameters: dim name -> size
     data: dict[str, Any] | None = None  # worker/prepare.py's report: formats, rows skipped and why, loss share
+    trackers: dict[str, str] | None = None  # --report_to: tracker -> where its files or its run went
     extra: dict[str, Any] = field(default_factory=dict)
 
     kind = "finished"
@@ -59,16 +60,27 @@ class Interrupted:
     kind = "interrupted"
 
 
+# the launch that started the ranks (launch/train.py): its summary is told from a previous attempt's by it
+ATTEMPT_ENV = "FSDP_TUNE_ATTEMPT"
+
+
 def write(output_dir: str | Path, summary: RunSummary | Interrupted) -> Path:
-    data = {"kind": summary.kind, "run_id": os.environ.get(RUN_ID_ENV), **asdict(summary)}
+    """Over the previous attempt's summary, if any (it stays until this one exists: a failed attempt leaves
+    the finished run's summary as it was)."""
+    data = {"kind": summary.kind, "run_id": os.environ.get(RUN_ID_ENV), "attempt": os.environ.get(ATTEMPT_ENV)}
+    data.update(asdict(summary))
     return write_atomic(Path(output_dir) / SUMMARY_NAME, json.dumps(data, indent=2))
 
 
-def read(output_dir: str | Path) -> RunSummary | Interrupted | None:
+def read(output_dir: str | Path, attempt: str | None = None) -> RunSummary | Interrupted | None:
+    """The folder's summary; with `attempt`, only the one that attempt's ranks wrote (None otherwise)."""
     path = Path(output_dir) / SUMMARY_NAME
     if not path.exists():
         return None
     data = json.loads(path.read_text())
+    if attempt is not None and data.get("attempt") != attempt:
+        return None
+    data.pop("attempt", None)
     kind = data.pop("kind", "finished")
     if kind == Interrupted.kind:
         return Interrupted(**_known(Interrupted, data))

@@ -7,24 +7,28 @@ Keep imports here light: `validate-config`, `rules` and `--help` must not import
 from __future__ import annotations
 
 import os
+import sys
 
 import typer
 
 from fsdp_tune import __version__
 from fsdp_tune.cli import after_cmds, check_cmds, run_cmds
-from fsdp_tune.cli.common import PASSTHROUGH
+from fsdp_tune.cli.common import PASSTHROUGH, ReaderGone
+from fsdp_tune.output.flags import help_epilog
 
 app = typer.Typer(
     name="fsdp-tune",
-    help="Check, launch and save FSDP2 + LoRA/QLoRA/DoRA fine-tuning runs.",
+    help="Check, launch and save FSDP2 + LoRA/QLoRA/DoRA fine-tuning runs.\n\n"
+    "Training flags: `fsdp-tune train --help` lists the common ones by group, `fsdp-tune flags` all of them.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-app.command("validate-config", context_settings=PASSTHROUGH)(check_cmds.validate_config)
-app.command("train", context_settings=PASSTHROUGH)(run_cmds.train)
-app.command("plan", context_settings=PASSTHROUGH)(run_cmds.plan_cmd)
+app.command("validate-config", context_settings=PASSTHROUGH, epilog=help_epilog())(check_cmds.validate_config)
+app.command("train", context_settings=PASSTHROUGH, epilog=help_epilog())(run_cmds.train)
+app.command("plan", context_settings=PASSTHROUGH, epilog=help_epilog())(run_cmds.plan_cmd)
+app.command("flags")(check_cmds.flags_cmd)
 app.command("convert")(check_cmds.convert_cmd)
 app.command("chat")(after_cmds.chat_cmd)
 app.command("merge")(after_cmds.merge_cmd)
@@ -44,4 +48,5 @@ def main_callback(
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.stdout, sys.stderr = ReaderGone(sys.stdout), ReaderGone(sys.stderr)  # `fsdp-tune ... | head`
     app()

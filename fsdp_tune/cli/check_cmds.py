@@ -68,6 +68,30 @@ def rules_cmd(as_json: bool = typer.Option(False, "--json"), debug: bool = Debug
     guard(run, debug)
 
 
+def flags_cmd(
+    word: Optional[str] = typer.Argument(None, metavar="[GROUP|WORD]", help="A group (lora, training, ...) or a word."),
+    as_json: bool = typer.Option(False, "--json"),
+    debug: bool = DebugOpt,
+) -> None:
+    """List the flags train, validate-config and plan take: kind, default, allowed values, what each sets.
+
+    `fsdp-tune flags lora` lists a group, `fsdp-tune flags scheduler` every flag with that word in its name."""
+
+    def run() -> None:
+        from fsdp_tune.errors import UsageError
+        from fsdp_tune.output.flags import GROUPS, format_flags, select
+
+        found = select(word)
+        if not found:
+            raise UsageError(f"no flag matches {word!r}", f"a group ({', '.join(GROUPS)}) or part of a flag's name")
+        if as_json:
+            typer.echo(json.dumps(found, indent=2, default=str))
+        else:
+            typer.echo(format_flags(found, full_choices=len(found) <= 3))
+
+    guard(run, debug)
+
+
 def convert_cmd(
     src: str = typer.Argument(..., help="Accelerate YAML, Transformers fsdp_config JSON, or recipe."),
     to: Optional[str] = typer.Option(None, "--to", help="accelerate | transformers | recipe (default: same)."),

@@ -16,7 +16,17 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_o
 ConfigOpt = typer.Option(None, "--config", "-c", help="Accelerate YAML, Transformers fsdp_config JSON, or recipe.")
 DebugOpt = typer.Option(False, "--debug", help="Show Python tracebacks.")
 
-__all__ = ["PASSTHROUGH", "ConfigOpt", "DebugOpt", "Optional", "echo_out", "guard", "split_config", "style"]
+__all__ = [
+    "PASSTHROUGH",
+    "ConfigOpt",
+    "DebugOpt",
+    "Optional",
+    "ReaderGone",
+    "echo_out",
+    "guard",
+    "split_config",
+    "style",
+]
 
 
 def style(text: str, **kw) -> str:
@@ -34,6 +44,38 @@ def echo_out(text: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+class ReaderGone:
+    """sys.stdout / sys.stderr for a command: when the reader leaves (`fsdp-tune rules | head`), the rest of the
+    output goes to /dev/null and the command runs on to its own exit code, with no BrokenPipeError (an exit
+    3 or a traceback about a closed pipe is no answer to a reader that had seen enough)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def split_config(config: Optional[str], args: list[str]) -> tuple[Optional[str], list[str]]:

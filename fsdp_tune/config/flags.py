@@ -53,7 +53,7 @@ def _flag(token: str, words: list[str]) -> tuple[Assignment | None, list[Finding
         assignment, finding = retired(name, words[0] if words else True, origin)
         return assignment, [finding, *(_stray(w) for w in words[1:])]
     if path is None:
-        hint = did_you_mean(name, flag_table(), prefix="--") or "run `fsdp-tune train --help`"
+        hint = did_you_mean(name, flag_table(), prefix="--") or "`fsdp-tune flags WORD` lists flags by name"
         return None, [Finding("FT001", Severity.ERROR, token, "command line", f"unknown flag `--{raw_name}`", hint)]
     kind = kind_of(path)
     if not words:

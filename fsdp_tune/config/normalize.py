@@ -60,7 +60,8 @@ def build_config(assignments: list[Assignment], config_path: str | None = None) 
         try:
             values[target] = coerce(target, raw)
         except BadValue as e:
-            findings.append(Finding("FT010", Severity.ERROR, a.origin.key, a.origin.source, str(e), value_hint(target)))
+            hint = e.hint or value_hint(target)
+            findings.append(Finding("FT010", Severity.ERROR, a.origin.key, a.origin.source, str(e), hint))
             continue
         origins[target] = a.origin
 

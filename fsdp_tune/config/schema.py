@@ -184,10 +184,20 @@ class RunSettings:
 
 
 @cache
-def training_fields() -> dict[str, dict[str, Any]]:
-    """SFTConfig's fields (kind and default) as data: see scripts/gen_training_fields.py."""
+def _training_table() -> dict[str, Any]:
     text = resources.files("fsdp_tune.config").joinpath("training_fields.json").read_text()
-    return json.loads(text)["fields"]
+    return json.loads(text)
+
+
+def training_fields() -> dict[str, dict[str, Any]]:
+    """SFTConfig's fields (kind, default and, for a choice-valued field, its values) as data: see
+    scripts/gen_training_fields.py."""
+    return _training_table()["fields"]
+
+
+def attention_implementations() -> tuple[str, ...]:
+    """The `attn_implementation` names the installed transformers registers (a Hub kernel `org/repo` besides)."""
+    return tuple(_training_table().get("attn_implementation", ()))
 
 
 @dataclass(frozen=True)

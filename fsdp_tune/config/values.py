@@ -6,13 +6,15 @@ to case. Shared by the normalizer and the flag parser (a bare boolean flag needs
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 from dataclasses import MISSING
 from typing import Any
 
 from fsdp_tune.config import keys
 from fsdp_tune.config.lora_fields import lora_fields
-from fsdp_tune.config.schema import section_fields, training_fields
+from fsdp_tune.config.schema import attention_implementations, section_fields, training_fields
 
 TRUE = {"true", "t", "yes", "y", "on", "1"}
 FALSE = {"false", "f", "no", "n", "off", "0"}
@@ -21,7 +23,9 @@ UPPER_ENUMS = {"fsdp.auto_wrap_policy", "fsdp.state_dict_type", "fsdp.sharding_s
 
 
 class BadValue(ValueError):
-    pass
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint  # a fix for this value (the closest valid one); value_hint() is the general one
 
 
 def kind_of(path: str) -> str:
@@ -41,10 +45,35 @@ def kind_of(path: str) -> str:
 
 
 def choices_of(path: str) -> tuple[str, ...] | None:
+    """The values a choice-valued field takes: our own fields' `choices`; for SFTConfig fields and the
+    attention implementation, the installed libraries' own enums (generated into training_fields.json)."""
     section, name = path.split(".", 1)
-    if section in ("training", "peft"):
+    if section == "training":
+        spec = training_fields().get(name) or {}
+        return tuple(spec["choices"]) if spec.get("choices") else None
+    if section == "peft":
         return None
+    if path == "model.attn_implementation":
+        return attention_implementations() or None
     return section_fields(section)[name].metadata.get("choices")
+
+
+def _choice(path: str, text: str, choices: tuple[str, ...]) -> str:
+    """`text` as one of `choices` (matched without regard to case), or BadValue with the closest one."""
+    if path == "model.attn_implementation" and "/" in text:
+        return text  # a Hub kernel (`kernels-community/flash-attn`): transformers loads it by name
+    norm = text.upper() if path in UPPER_ENUMS else text.lower()
+    if norm in choices:
+        return norm
+    closest = difflib.get_close_matches(norm, choices, n=1, cutoff=0.5)
+    flag = path.split(".", 1)[1]
+    if len(choices) <= 8:
+        message = f"must be one of {', '.join(choices)}; got {text!r}"
+    else:
+        message = f"{text!r} is not one of the {len(choices)} values the installed libraries accept"
+    where = f"`fsdp-tune flags {flag}` lists {'them' if len(choices) <= 8 else 'all of them'}"
+    hint = f"--{flag} {closest[0]} (the closest); {where}" if closest else f"{where}"
+    raise BadValue(message, hint)
 
 
 def to_bool(value: Any) -> bool:
@@ -72,12 +101,17 @@ def to_int(value: Any) -> int:
 
 
 def to_float(value: Any) -> float:
+    """A finite number: `nan` and `inf` (YAML's `.nan`, a flag's `nan`) would pass every range check
+    (comparisons with NaN are false) and fail or diverge after launch."""
     if isinstance(value, bool):
         raise BadValue(f"must be a number, got {value!r}")
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise BadValue(f"must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise BadValue(f"must be a finite number, got {value!r}")
+    return number
 
 
 def to_list(value: Any) -> tuple[str, ...]:
@@ -180,7 +214,12 @@ def coerce(path: str, value: Any) -> Any:
     if kind == "float":
         return to_float(value)
     if kind == "list":
-        return to_list(value)
+        items = to_list(value)
+        choices = choices_of(path)
+        if choices:  # report_to, debug: each word one of the choices (TrainingArguments splits on spaces)
+            words = [w for item in items for w in item.split()]
+            return tuple(_choice(path, w, choices) for w in words)
+        return items
     if kind == "dict":
         return to_dict(value)
     if kind in _KINDS:
@@ -190,12 +229,7 @@ def coerce(path: str, value: Any) -> Any:
             raise BadValue(f"must be a string, got {value!r}")
         text = str(value).strip()
         choices = choices_of(path)
-        if choices:
-            norm = text.upper() if path in UPPER_ENUMS else text.lower()
-            if norm not in choices:
-                raise BadValue(f"must be one of {', '.join(choices)}; got {text!r}")
-            return norm
-        return text
+        return _choice(path, text, choices) if choices else text
     return value
 
 
@@ -207,7 +241,7 @@ def value_hint(path: str) -> str:
     return {
         "bool": "use true or false (a real boolean, not a sentence)",
         "int": "use a whole number",
-        "float": "use a number",
+        "float": "use a finite number",
         "list": "use a list, or a comma-separated string",
         "int_list": "use a list of whole numbers (or a comma-separated string of them)",
         "bool_or_str": "use true, false or the name of an initialisation",

@@ -1,4 +1,5 @@
-"""torchrun's outcome -> one failure report: which rank and host failed, the root cause, where its log is.
+"""torchrun's outcome -> one failure report: which rank and host failed, the root cause, the frames that matter,
+where the logs are (launch/causes.py reads the evidence).
 
 torchrun prints a "Root Cause (first observed failure)" block and a "Failures:" list; each names a rank, its
 exit code and the error file torchrun's @record wrote. The first observed failure can be a rank that only
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdp_tune.errors import ExitCode, LaunchError
-from fsdp_tune.runfiles import LOG_DIR, rank_log
+from fsdp_tune.launch import causes
+from fsdp_tune.runfiles import LOG_DIR, rank_log, torchrun_log
 
 
 @dataclass
@@ -50,21 +52,19 @@ def _other_failures(torchrun_stderr: str) -> list[dict[str, str]]:
     return [f for f in (dict(_FIELDS.findall(b)) for b in blocks) if "rank" in f and "exitcode" in f]
 
 
-def _describe(failure: dict[str, str]) -> tuple[str, int, str]:
-    """(rank, exit code, cause) of one failed rank."""
+def _describe(failure: dict[str, str]) -> tuple[str, int, str | None, str]:
+    """(rank, exit code, cause, the rank's traceback) of one failed rank; cause None: no Python exception was
+    recorded for a rank that exited on its own (its log or the machine may still say why)."""
     code = int(failure["exitcode"].split()[0])
-    cause = _cause_from_error_file(failure.get("error_file", ""))
-    if cause is None:
-        cause = (
-            f"killed by {signal.Signals(-code).name}" + (" (out of host memory? see dmesg)" if code == -9 else "")
-            if code < 0
-            else f"exited with code {code} without a Python exception"
-        )
-    return failure["rank"].split()[0], code, cause
+    cause, callstack = _cause_from_error_file(failure.get("error_file", ""))
+    if cause is None and code < 0:
+        cause = f"killed by {signal.Signals(-code).name}" + (" (out of host memory? see dmesg)" if code == -9 else "")
+    return failure["rank"].split()[0], code, cause, callstack
 
 
 def failure_report(output_dir: str, outcome: Outcome) -> LaunchError:
-    """One block: which rank and host failed, the root cause, where the full log is, the exit code.
+    """One short block: which rank and host failed, the root cause, the frames that matter, where the full logs
+    are. Whole tracebacks (the rank's, torchrun's) stay in the logs, named.
 
     torchrun's "first observed failure" can be a rank that only lost its peer (it raised "connection reset
     by peer" before torchrun noticed the peer die): then the rank that died on its own is the root cause."""
@@ -72,25 +72,59 @@ def failure_report(output_dir: str, outcome: Outcome) -> LaunchError:
         code = ExitCode.INTERRUPTED if outcome.signal == signal.SIGINT else ExitCode.TERMINATED
         return LaunchError(f"stopped by {signal.Signals(outcome.signal).name}", code)
     root = _root_cause(outcome.torchrun_tail)
-    log_dir = Path(output_dir, LOG_DIR)
     if not root:
-        return LaunchError(f"training failed (torchrun exit code {outcome.returncode}); rank logs: {log_dir}")
-    rank, code, cause = _describe(root)
+        return _torchrun_failed(output_dir, outcome)
+    rank, code, cause, callstack = _describe(root)
     host = root.get("host", "?")
     consequence = ""
-    if _LOST_PEER.search(cause):
+    if _LOST_PEER.search(cause or ""):
         for other in _other_failures(outcome.torchrun_tail):
-            o_rank, o_code, o_cause = _describe(other)
-            died_alone = o_code != -signal.SIGTERM and not _LOST_PEER.search(o_cause)  # torchrun SIGTERMs the rest
+            o_rank, o_code, o_cause, o_stack = _describe(other)
+            died_alone = o_code != -signal.SIGTERM and not _LOST_PEER.search(o_cause or "")  # torchrun SIGTERMs
             if o_rank != rank and died_alone:
                 consequence = f"\n  then:       rank {rank} lost its peer ({cause})"
-                rank, code, cause, host = o_rank, o_code, o_cause, other.get("host", "?")
+                rank, code, cause, callstack, host = o_rank, o_code, o_cause, o_stack, other.get("host", "?")
                 break
-    return LaunchError(
-        f"training failed on rank {rank} (host {host}, exit code {code})\n"
-        f"  root cause: {cause}\n"
-        f"  full log:   {rank_log(output_dir, rank)}" + consequence + _silent_peers(outcome.torchrun_tail, rank, cause)
-    )
+    cause, callstack = _explained(output_dir, rank, code, cause, callstack, outcome.torchrun_tail)
+    where = causes.frames(callstack)
+    lines = [f"training failed on rank {rank} (host {host}, exit code {code})", f"  root cause: {cause}"]
+    lines += [f"  {'where:' if i == 0 else '':<11} {frame}" for i, frame in enumerate(where)]
+    lines.append(f"  full log:   {rank_log(output_dir, rank)}" + (" (the whole traceback)" if where else ""))
+    lines.append(f"  torchrun:   {torchrun_log(output_dir)}")
+    return LaunchError("\n".join(lines) + consequence + _silent_peers(outcome.torchrun_tail, rank, cause))
+
+
+def _explained(output_dir: str, rank: str, code: int, cause: str | None, callstack: str, tail: str) -> tuple[str, str]:
+    """The cause in one line, and the traceback its frames come from. A rank that left no error file (a full
+    disk cannot take one) is read from its own log; a cause outside the code (the output folder deleted, the
+    disk full) comes first."""
+    if cause is None and code > 0:
+        callstack = causes.last_traceback(rank_log(output_dir, rank))
+        cause = causes.last_exception(callstack)
+    evidence = "\n".join((cause or "", callstack, tail[-4096:]))
+    outside = causes.environment(output_dir, evidence, no_exception=cause is None and code > 0)
+    if outside:
+        return outside + (f" ({cause})" if cause else ""), callstack
+    return cause or f"exited with code {code} without a Python exception", callstack
+
+
+def _torchrun_failed(output_dir: str, outcome: Outcome) -> LaunchError:
+    """torchrun itself failed before or between the ranks (a rendezvous it could not hold, a port in use): its
+    own exception, one line, and its log."""
+    tail = outcome.torchrun_tail
+    port = causes.port_in_use(tail)
+    logs = f"\n  torchrun:   {torchrun_log(output_dir)}\n  rank logs:  {Path(output_dir, LOG_DIR)}"
+    if port:
+        err = LaunchError(
+            f"training failed to start: port {port} is in use on this machine (EADDRINUSE): torchrun could not "
+            f"listen there" + logs
+        )
+        err.hint = f"--main_process_port {int(port) + 1} (any free port, the same on every machine)"
+        return err
+    cause = causes.environment(output_dir, tail[-4096:]) or causes.last_exception(tail)
+    if cause:
+        return LaunchError(f"training failed (torchrun exit code {outcome.returncode})\n  root cause: {cause}" + logs)
+    return LaunchError(f"training failed (torchrun exit code {outcome.returncode})" + logs)
 
 
 def _silent_peers(torchrun_stderr: str, root_rank: str, cause: str) -> str:
@@ -111,15 +145,17 @@ def _silent_peers(torchrun_stderr: str, root_rank: str, cause: str) -> str:
     )
 
 
-def _cause_from_error_file(path: str) -> str | None:
-    """`ExceptionType: message` from the error file torchrun's @record writes for a failed rank."""
+def _cause_from_error_file(path: str) -> tuple[str | None, str]:
+    """(`ExceptionType: message`, the traceback) from the error file torchrun's @record writes for a failed rank."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return None
+        return None, ""
     message = data.get("message", {})
     text = message.get("message", "") if isinstance(message, dict) else str(message)
-    return _first_line(text)
+    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    callstack = extra.get("py_callstack", "") if isinstance(extra, dict) else ""
+    return _first_line(text), callstack if isinstance(callstack, str) else ""
 
 
 def _first_line(text: str, more: int = 200) -> str | None:

@@ -55,14 +55,17 @@ def reproducible_config(cfg: RunConfig) -> dict:
     return redact(data)
 
 
-def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> Path:
+def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None, attempt_id: str | None = None) -> Path:
     """Written by node 0 before torchrun starts. `cfg` is the config as the user gave it (a builtin model is
     recorded as builtin:NAME, not as this machine's cache folder), so the manifest reproduces the run anywhere.
-    `run_id` names the run the folder holds (a resumed run keeps its id): `latest` resumes only its checkpoints."""
+    `run_id` names the run the folder holds (a resumed run keeps its id): `latest` resumes only its checkpoints.
+
+    Every launch of the run is an attempt, appended to `attempts` (never replaced). The top level is the run's
+    record: the latest attempt, except that a finished run's record stays until another attempt finishes too
+    (a failed resume never rewrites what a finished run was)."""
     path = Path(spec.output_dir) / MANIFEST_NAME
-    data = {
-        "fsdp_tune_manifest": 1,
-        "run_id": run_id,
+    attempt = {
+        "attempt_id": attempt_id,
         "command": redact_argv(sys.argv),
         "cwd": os.getcwd(),
         "git_commit": git_commit(),
@@ -74,18 +77,37 @@ def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> Pa
         "exit_status": None,
         "resolved_config": reproducible_config(cfg),
     }
-    _write(path, data)
+    before = _read(path)
+    if before is None or before.get("run_id") != run_id:
+        _write(path, {"fsdp_tune_manifest": 1, "run_id": run_id, **attempt, "attempts": [attempt]})
+        return path
+    attempts = before.get("attempts") or [{k: v for k, v in before.items() if k in attempt}]  # an older manifest
+    record = before if before.get("exit_status") == 0 else {**before, **attempt}
+    _write(path, {**record, "attempts": [*attempts, attempt]})
     return path
 
 
 def write_end(spec: RankSpec, exit_status: int) -> None:
+    """The end of the latest attempt; it becomes the run's record when it finished, or when the record was not
+    a finished run's."""
     path = Path(spec.output_dir) / MANIFEST_NAME
-    if not path.exists():
+    data = _read(path)
+    if data is None:
         return
-    data = json.loads(path.read_text())
-    data["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    data["exit_status"] = exit_status
-    _write(path, data)
+    ended = {"ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "exit_status": exit_status}
+    attempts = data.get("attempts") or [{}]
+    attempts[-1] = {**attempts[-1], **ended}
+    if exit_status == 0 or data.get("exit_status") != 0:
+        data = {**data, **attempts[-1]}
+    _write(path, {**data, "attempts": attempts})
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _write(path: Path, data: dict) -> None:

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch import outdir, ownership
+from fsdp_tune.launch import outdir, ownership, reach
 from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
 from fsdp_tune.launch.memory_check import check_memory
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.runfiles import links_in
 from fsdp_tune.sources.model import hub_cached, offline
+from fsdp_tune.sources.modelcheck import check_model_folder
 from fsdp_tune.sources.weights import check_weights
 
 BUILTIN_MODEL_PREFIX = "builtin:"
@@ -41,6 +42,7 @@ def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_reque
     findings: list[Finding] = []
     findings += _model(cfg)
     findings += _libraries(cfg, spec, machine)
+    findings += reach.port_findings(spec)
     findings += _output_dir(cfg, spec, resume_requested)
     findings += check_memory(cfg, spec, machine)  # last: it plans the run (seconds), on GPU machines only
     return findings
@@ -78,13 +80,16 @@ def _model(cfg: RunConfig) -> list[Finding]:
             return [
                 _err("PF002", "--model_name_or_path", f"{name} has no config.json: not a Transformers model folder")
             ]
-        return check_weights(path, name)
+        found = check_weights(path, name)
+        return found + check_model_folder(path, name, cfg.model.trust_remote_code, shapes=not found)
     return _hub_model(name)
 
 
 def _hub_model(name: str) -> list[Finding]:
-    """A hub id: offline, it must be in the local cache."""
-    if _offline() and not hub_cached(name, "models"):
+    """A hub id: in the local cache, or a Hub that answers (offline: it must be in the cache)."""
+    if hub_cached(name, "models"):
+        return []
+    if _offline():
         return [
             _err(
                 "PF003",
@@ -93,7 +98,7 @@ def _hub_model(name: str) -> list[Finding]:
                 "download it first, or point at a local folder",
             )
         ]
-    return []
+    return reach.hub_findings(name)
 
 
 def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
@@ -110,7 +115,8 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
 
 
 def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
-    return [*_attention(cfg, spec), *_quantization(cfg), *_gpus(cfg, spec, machine), *_trackers(cfg), *_hub(cfg)]
+    trackers = reach.tracker_findings(cfg)
+    return [*_attention(cfg, spec), *_quantization(cfg), *_gpus(cfg, spec, machine), *trackers, *_hub(cfg)]
 
 
 def _attention(cfg: RunConfig, spec: RankSpec) -> list[Finding]:
@@ -180,21 +186,6 @@ def _gpus(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
             )
         )
     return findings
-
-
-def _trackers(cfg: RunConfig) -> list[Finding]:
-    report_to = cfg.training.get("report_to") or ()
-    report_to = (report_to,) if isinstance(report_to, str) else report_to
-    return [
-        _err(
-            "PF024",
-            "--report_to",
-            f"{tracker} is not installed; the trainer would fail at start",
-            f"pip install {module}, or drop it from --report_to",
-        )
-        for tracker, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow"))
-        if tracker in report_to and importlib.util.find_spec(module) is None
-    ]
 
 
 def _hub(cfg: RunConfig) -> list[Finding]:

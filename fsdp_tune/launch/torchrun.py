@@ -24,10 +24,11 @@ from fsdp_tune.runfiles import (
     PREVIOUS_METRICS_NAME,
     RUN_ID_ENV,
     STOP_FILE,
-    SUMMARY_NAME,
+    torchrun_log,
     torchrun_log_dir,
     write_atomic,
 )
+from fsdp_tune.summary import ATTEMPT_ENV
 
 # torchrun's default wait for every node to join (static and c10d rendezvous alike)
 RENDEZVOUS_TIMEOUT_S = 600
@@ -93,9 +94,9 @@ def prepare(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> RankSp
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.world.node_rank == 0:
-        # a summary is this run's or none; an overwritten run's metrics are kept aside, a resumed run appends.
-        # Node 0 only: on a shared filesystem the other nodes see the same folder.
-        (out / SUMMARY_NAME).unlink(missing_ok=True)
+        # an overwritten run's metrics are kept aside, a resumed run appends. The summary stays until this
+        # attempt writes its own (the launcher reads only its own attempt's): a resume that fails leaves the
+        # finished run's summary as it was. Node 0 only: on a shared filesystem the other nodes see the same folder.
         if not spec.resume_from_checkpoint and (out / METRICS_NAME).exists():
             (out / METRICS_NAME).replace(out / PREVIOUS_METRICS_NAME)
     resolved = {"run_id": run_id, "spec": spec.as_dict(), "config": redact(cfg.as_dict())}  # secrets: not here
@@ -115,7 +116,11 @@ def _die_with_parent() -> None:
 
 
 def run(
-    spec: RankSpec, run_id: str | None = None, keep_fds: tuple[int, ...] = (), secret_env: dict[str, str] | None = None
+    spec: RankSpec,
+    run_id: str | None = None,
+    keep_fds: tuple[int, ...] = (),
+    secret_env: dict[str, str] | None = None,
+    attempt: str | None = None,
 ) -> Outcome:
     """Start torchrun and wait.
 
@@ -128,6 +133,8 @@ def run(
     env = dict(os.environ, **spec.env, **(secret_env or {}))
     if run_id:
         env[RUN_ID_ENV] = run_id
+    if attempt:
+        env[ATTEMPT_ENV] = attempt
     stop_file = Path(spec.output_dir, STOP_FILE)
     stop_file.unlink(missing_ok=True)
     w = spec.world
@@ -142,6 +149,7 @@ def run(
     relay = StopRelay(stop_file).install()  # before torchrun exists: a signal now is a stop request too
     tail = bytearray()
     reader = None
+    echo = spec.console == "verbose"  # otherwise torchrun's stderr goes to its log; the console gets the report
     try:
         proc = subprocess.Popen(
             command(spec),
@@ -152,7 +160,8 @@ def run(
             pass_fds=keep_fds,
         )
         relay.pid = proc.pid
-        reader = threading.Thread(target=_pump, args=(proc, tail), daemon=True)
+        log = torchrun_log(spec.output_dir)
+        reader = threading.Thread(target=_pump, args=(proc, tail, log, echo), daemon=True)
         reader.start()
         code = proc.wait()
     finally:
@@ -163,11 +172,17 @@ def run(
     return Outcome(code, relay.signal, tail.decode("utf-8", "replace"))
 
 
-def _pump(proc: subprocess.Popen, tail: bytearray) -> None:
-    """torchrun's stderr to ours, keeping the tail. When ours is gone (`2>&1 | head` exited), keep reading:
-    a full pipe would block torchrun and the ranks on their next write."""
+def _pump(proc: subprocess.Popen, tail: bytearray, log_path: Path, echo: bool) -> None:
+    """torchrun's stderr into its log (its tracebacks and notes, whole), and to ours with --verbose, keeping the
+    tail for the failure report. A log that cannot be written (a full disk) or a console whose reader is gone
+    (`2>&1 | head` exited) stops nothing: keep reading, a full pipe would block torchrun and the ranks."""
     assert proc.stderr is not None
-    out = sys.stderr.buffer
+    out = sys.stderr.buffer if echo else None
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")  # noqa: SIM115 - closed below, written as torchrun writes
+    except OSError:
+        log = None
     while chunk := os.read(proc.stderr.fileno(), 65536):
         if out is not None:
             try:
@@ -175,5 +190,16 @@ def _pump(proc: subprocess.Popen, tail: bytearray) -> None:
                 out.flush()
             except (OSError, ValueError):
                 out = None
+        if log is not None:
+            try:
+                log.write(chunk)
+                log.flush()
+            except OSError:
+                log = None
         tail.extend(chunk)
         del tail[:-65536]
+    if log is not None:
+        try:
+            log.close()
+        except OSError:
+            pass

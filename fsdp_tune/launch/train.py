@@ -4,6 +4,7 @@ launch, read the outcome."""
 from __future__ import annotations
 
 import signal
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, marker_
 from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.failure import Outcome, failure_report
 from fsdp_tune.launch.machine import Machine, probe
+from fsdp_tune.launch.resume import resume_findings
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
 from fsdp_tune.validate import Checked, load
@@ -189,6 +191,7 @@ def plan_run(
     spec, secret_env = _token_out(spec)
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
+    findings += resume_findings(resume, spec)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
     findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
@@ -240,25 +243,29 @@ def execute(planned: Planned, echo_err: Echo) -> run_summary.RunSummary | None:
 def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_summary.RunSummary | None:
     spec = torchrun.prepare(planned.config, planned.spec, planned.run_id)
     first_node = spec.world.node_rank == 0
+    attempt = uuid.uuid4().hex[:12]  # this launch: its manifest entry, and the summary its ranks write
     if first_node:  # one manifest per run, even when the nodes share the output folder
         try:
-            manifest.write_start(planned.config, spec, planned.run_id)
+            manifest.write_start(planned.config, spec, planned.run_id, attempt)
         except OSError as err:
             raise PreflightError([_unwritable(spec, err)]) from None
-    outcome = torchrun.run(spec, planned.run_id, keep_fds, secret_env=planned.secret_env)
+    outcome = torchrun.run(spec, planned.run_id, keep_fds, secret_env=planned.secret_env, attempt=attempt)
     if first_node:
         try:
             manifest.write_end(spec, outcome.returncode)
         except OSError as err:  # a full disk must not hide how the run ended
             echo_err(f"warning: could not record the end of the run in {MANIFEST_NAME}: {err}")
-    return _outcome(spec, outcome, echo_err)
+    return _outcome(spec, outcome, echo_err, attempt if first_node else None)
 
 
-def _outcome(spec: RankSpec, outcome: Outcome, echo_err: Echo) -> run_summary.RunSummary | None:
-    """A finished run's summary; an interrupted run (whoever received the signal: fsdp-tune, torchrun or
-    only the ranks) is exit 130/143 with the resume hint; anything else is the failure report."""
+def _outcome(
+    spec: RankSpec, outcome: Outcome, echo_err: Echo, attempt: str | None = None
+) -> run_summary.RunSummary | None:
+    """A finished run's summary (this attempt's: a previous attempt's stays in the folder until replaced); an
+    interrupted run (whoever received the signal: fsdp-tune, torchrun or only the ranks) is exit 130/143 with the
+    resume hint; anything else is the failure report."""
     try:
-        result = run_summary.read(spec.output_dir)
+        result = run_summary.read(spec.output_dir, attempt)
     except (OSError, ValueError, TypeError):
         result = None
     if isinstance(result, run_summary.RunSummary) and (outcome.returncode == 0 or outcome.signal is not None):

@@ -45,6 +45,8 @@ def format_summary(s: RunSummary) -> str:
     gpu = [r for r in s.per_rank if r.peak_gpu_reserved_mib is not None]
     if gpu:
         lines.append("  peak GPU reserved: " + ", ".join(f"{r.peak_gpu_reserved_mib:.0f} MiB" for r in gpu))
+    for tracker, where in (s.trackers or {}).items():
+        lines.append(f"  {tracker}: {where}")
     if s.adapter_check:
         lines.append(f"  adapter: {s.adapter_dir} ({s.adapter_check['lora_tensors']} LoRA tensors, whole, trained)")
     else:

@@ -156,3 +156,24 @@ def eval_needs_data(cfg: RunConfig) -> Iterator[Finding]:
         "a `datasets:` mixture is evaluated on rows held out from it (TRL's test_split_size), and none is set",
         "test_split_size: 0.1 in the `data:` section, or --test_split_size 0.1",
     )
+
+
+@rule("FT107", "data", "builtin:NAME must be a dataset fsdp-tune ships")
+def builtin_dataset(cfg: RunConfig) -> Iterator[Finding]:
+    import difflib
+
+    from fsdp_tune.sources.data import BUILTIN
+
+    named = [("data.dataset_name", cfg.data.dataset_name)]
+    named += [("data.datasets", e.get("path")) for e in cfg.data.datasets or () if isinstance(e, dict)]
+    for path, name in named:
+        if not isinstance(name, str) or not name.startswith("builtin:") or name in BUILTIN:
+            continue
+        closest = difflib.get_close_matches(name, list(BUILTIN), n=1, cutoff=0.3)
+        yield error(
+            cfg,
+            "FT107",
+            path,
+            f"{name} is not a dataset fsdp-tune ships; the builtins are {', '.join(BUILTIN)}",
+            f"{closest[0] if closest else next(iter(BUILTIN))}, or your own file (see README: Your data)",
+        )

@@ -16,6 +16,28 @@ from fsdp_tune.sources import model as model_source
 TORCH_MODULES = frozenset({"Embedding", "Linear", "LayerNorm", "RMSNorm", "ModuleList", "Sequential", "Conv1d"})
 
 
+@rule("FT085", "model", "builtin:NAME must be a model fsdp-tune builds")
+def builtin_model(cfg: RunConfig) -> Iterator[Finding]:
+    name = cfg.model.model_name_or_path or ""
+    if not name.startswith("builtin:"):
+        return
+    from fsdp_tune.sources.builtin import PRESETS
+
+    wanted = name.removeprefix("builtin:")
+    if wanted in PRESETS:
+        return
+    closest = difflib.get_close_matches(wanted, list(PRESETS), n=1, cutoff=0.3)
+    yield error(
+        cfg,
+        "FT085",
+        "model.model_name_or_path",
+        f"{name} is not a model fsdp-tune builds; the builtins are {', '.join('builtin:' + p for p in PRESETS)}",
+        f"--model_name_or_path builtin:{closest[0] if closest else 'tiny-llama'}"
+        + (" (the closest)" if closest else "")
+        + ", a local folder, or a Hub id",
+    )
+
+
 @rule("FT080", "model", "layer classes to wrap must exist in the model")
 def layer_classes(cfg: RunConfig) -> Iterator[Finding]:
     wanted = cfg.fsdp.transformer_layer_cls_to_wrap

@@ -89,6 +89,47 @@ def numeric_ranges(cfg: RunConfig) -> Iterator[Finding]:
     steps = t.get("warmup_steps")
     if isinstance(steps, (int, float)) and steps < 0:
         yield error(cfg, "FT072", "training.warmup_steps", f"warmup_steps must be >= 0, got {steps}")
+    yield from _intervals(cfg)
+    yield from _timeout(cfg)
+
+
+# (the `*_steps` field, the strategy that reads it); TrainingArguments checks them only once a rank builds it
+_INTERVALS = (("logging_steps", "logging_strategy"), ("save_steps", "save_strategy"), ("eval_steps", "eval_strategy"))
+
+
+def _intervals(cfg: RunConfig) -> Iterator[Finding]:
+    """logging/save/eval steps under the `steps` strategy: above 0 (below 1 is a share of the run's steps), and
+    whole above 1, as TrainingArguments requires; a zero or negative interval would fail on every rank."""
+    t = cfg.training
+    for name, strategy in _INTERVALS:
+        value = t.get(name)
+        if value is None or t.get(strategy) != "steps":
+            continue
+        if value <= 0:
+            yield error(
+                cfg,
+                "FT072",
+                f"training.{name}",
+                f"{name} must be above 0 with {strategy} steps, got {value:g}",
+                f"--{name} 10 (every 10 steps; below 1: a share of the run's steps), or --{strategy} no",
+            )
+        elif value > 1 and value != int(value):
+            message = f"{name} above 1 must be whole, got {value:g}"
+            yield error(cfg, "FT072", f"training.{name}", message, f"--{name} {int(value)}")
+
+
+def _timeout(cfg: RunConfig) -> Iterator[Finding]:
+    """ddp_timeout bounds every collective: 0 or less would time out the first one (torch has no "never")."""
+    timeout = cfg.training.get("ddp_timeout")
+    if timeout is not None and timeout <= 0:
+        yield error(
+            cfg,
+            "FT072",
+            "training.ddp_timeout",
+            f"ddp_timeout must be at least 1 second, got {timeout} (it bounds every collective; torch has no "
+            "setting for no timeout)",
+            "--ddp_timeout 1800 (the default), or more for slow steps",
+        )
 
 
 @rule("FT073", "training", "save_only_model with FSDP")

@@ -60,7 +60,9 @@ def find_config(name: str) -> tuple[str, dict]:
     if name.startswith("builtin:"):
         from fsdp_tune.sources.builtin import PRESETS
 
-        preset = PRESETS[name.removeprefix("builtin:")]
+        preset = PRESETS.get(name.removeprefix("builtin:"))
+        if preset is None:
+            raise FileNotFoundError(name)  # not a builtin (rule FT085 says so)
         return name, {
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],

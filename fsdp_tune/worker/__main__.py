@@ -34,7 +34,7 @@ def main() -> None:
     except Exception:
         import traceback
 
-        console().show_error(traceback.format_exc())  # a quiet console shows the rank's error as before
+        console().show_error(traceback.format_exc())  # the launcher's failure report tells the console
         raise
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from fsdp_tune.launch.checkpoints import BATCH_KEYS, write_marker
-from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE, open_nofollow
+from fsdp_tune.runfiles import ADAPTER_CONFIG, METRICS_NAME, RUN_ID_ENV, STOP_FILE, open_nofollow
 from fsdp_tune.worker import signals
 from fsdp_tune.worker.load_report import peak_rss_mib
 
@@ -24,6 +24,17 @@ def mark_complete(output_dir: str, step: int, args=None) -> None:
     batch = {k: int(getattr(args, k)) for k in BATCH_KEYS} if args is not None else None
     if folder.is_dir():
         write_marker(folder, step, os.environ.get(RUN_ID_ENV), batch)
+
+
+def record_adapter_config(model, output_dir: str, step: int) -> None:
+    """Rank 0, before the marker: PEFT's adapter_config.json in checkpoint-`step` (a sharded checkpoint has none
+    of its own), so a resume can be checked against the adapter it continues (launch/resume.py) before any rank
+    starts, and the marker lists it with the other files."""
+    folder = Path(output_dir) / f"checkpoint-{step}"
+    configs = getattr(model, "peft_config", None)
+    if not folder.is_dir() or (folder / ADAPTER_CONFIG).exists() or not isinstance(configs, dict) or not configs:
+        return
+    configs[getattr(model, "active_adapter", "default")].save_pretrained(str(folder))
 
 
 class MetricsCallback(TrainerCallback):

@@ -93,10 +93,11 @@ class Console:
             self._write("out", "\n")
 
     def show_error(self, text: str) -> None:
-        """A rank's error, as Python prints it, on the console (the log gets it from Python itself)."""
+        """A rank is failing: the live line is left where it is. The traceback itself goes to the log (Python
+        prints it there); the console gets the launcher's failure report (root cause, the frames that matter,
+        the log's name) instead of every rank's whole traceback. --verbose shows it as Python prints it."""
         if not self.echoes_output:
             self.end_status()
-            self._write("err", text if text.endswith("\n") else text + "\n")
 
     def _clear_status(self) -> None:
         if self._status:

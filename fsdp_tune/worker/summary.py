@@ -48,8 +48,32 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
         adapter_dir=str(Path(spec.output_dir).resolve()),
         use_peft_lora=spec.lora is not None,
         mesh=mesh_of(model),
+        trackers=tracker_locations(trainer) or None,
         **extra,
     )
+
+
+def tracker_locations(trainer) -> dict[str, str]:
+    """Where each --report_to tracker put the run, read off transformers' own callbacks: TensorBoard's event
+    folder, wandb's run page (or its local folder offline), mlflow's tracking URI and experiment."""
+    import os
+
+    found = {}
+    for callback in trainer.callback_handler.callbacks:
+        kind = type(callback).__name__
+        if kind == "TensorBoardCallback" and getattr(callback, "logging_dir", None):
+            found["tensorboard"] = os.path.abspath(callback.logging_dir)
+        elif kind == "WandbCallback":
+            run = getattr(getattr(callback, "_wandb", None), "run", None)
+            url = getattr(run, "url", None) if run is not None else None
+            where = url or (getattr(run, "dir", None) if run is not None else None)
+            found["wandb"] = str(where or os.path.abspath(os.environ.get("WANDB_DIR", "wandb")))
+        elif kind == "MLflowCallback":
+            flow = getattr(callback, "_ml_flow", None)
+            uri = flow.get_tracking_uri() if flow is not None else os.environ.get("MLFLOW_TRACKING_URI", "mlruns")
+            experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME")
+            found["mlflow"] = str(uri) + (f" (experiment {experiment})" if experiment else "")
+    return found
 
 
 def vocab_growth(trainer, tokenizer) -> dict | None:

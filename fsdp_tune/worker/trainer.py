@@ -44,7 +44,7 @@ def trainer_class(save):
     from trl import SFTTrainer
 
     from fsdp_tune.worker import faults
-    from fsdp_tune.worker.callbacks import mark_complete
+    from fsdp_tune.worker.callbacks import mark_complete, record_adapter_config
     from fsdp_tune.worker.hub import pushes_on_save
     from fsdp_tune.worker.save import load_adapter_into_fsdp, save_adapter
 
@@ -76,6 +76,7 @@ def trainer_class(save):
             self.accelerator.wait_for_everyone()  # every rank's files (shards, rng_state_K.pth) are written
             if self.args.should_save:
                 run_dir = self._get_output_dir(trial=trial)
+                record_adapter_config(self.accelerator.unwrap_model(self.model), run_dir, self.state.global_step)
                 mark_complete(run_dir, self.state.global_step, self.args)
                 if limit:
                     best = self.state.best_model_checkpoint

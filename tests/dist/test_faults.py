@@ -39,17 +39,38 @@ def test_elastic_restart_resumes_and_matches_uninterrupted_run(train, tmp_path) 
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(train) -> None:
+    """Also the console of a rank raising after launch: the plan, the phases, then the failure report (root
+    cause, the frames that matter, the rank log named), at most 30 lines in all; the whole tracebacks (every
+    rank's, torchrun's) are in the logs, not on the console."""
     run = train(*SAVE_EVERY_2, env={"FSDP_TUNE_TEST_POISON_STEP": "3"}, check=False)
     assert run.proc.returncode == 1, run.logs()
     assert "loss became NaN/inf at step 3" in run.proc.stderr
+    console = run.proc.stdout + run.proc.stderr
+    assert len(console.splitlines()) <= 30, console
+    assert "Traceback" not in console and "ChildFailedError" not in console, console
+    rank = run.proc.stderr.split("training failed on rank ")[1][0]  # both ranks raise; either is seen first
+    assert f"full log:   {run.output_dir / 'logs' / f'rank-{rank}.log'} (the whole traceback)" in console, console
+    assert "where:      fsdp_tune/worker/recipe.py" in run.proc.stderr, console
+    assert "Traceback" in (run.output_dir / "logs" / f"rank-{rank}.log").read_text()
+    assert "ChildFailedError" in (run.output_dir / "logs" / "torchrun.log").read_text()
     assert (run.output_dir / "checkpoint-2" / "fsdp_tune_complete").exists()
     assert not (run.output_dir / "checkpoint-4").exists()
     assert not (run.output_dir / "adapter_model.safetensors").exists()
 
+    # the checkpoint says which adapter it holds (PEFT's adapter_config.json, listed in its marker): a resume
+    # with another shape is refused before any rank starts, naming the difference (it crashed after launch)
+    marker = json.loads((run.output_dir / "checkpoint-2" / "fsdp_tune_complete").read_text())
+    assert json.loads((run.output_dir / "checkpoint-2" / "adapter_config.json").read_text())["r"] == 8
+    assert "adapter_config.json" in marker["files"]
+    refused = train(*SAVE_EVERY_2, "--resume_from_checkpoint", "latest", "--lora_r", "16", check=False)
+    assert refused.proc.returncode == 2 and "PF039" in refused.proc.stderr, refused.logs()
+    assert "checkpoint-2 was trained with r 8 (this launch: 16)" in refused.proc.stderr
 
-def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monkeypatch) -> None:
-    """Valid for validate-config and the pre-flight, fatal in the ranks: a model folder whose config.json
-    does not match its weights (an edited config); a cut-short weights file is refused by the pre-flight."""
+
+def test_a_broken_model_folder_is_refused_before_launch(train, tmp_path, model_cache, monkeypatch) -> None:
+    """A model folder whose config.json does not match its weights (an edited config) used to pass validation and
+    fail on every rank in from_pretrained ("ignore_mismatched_sizes"); the pre-flight reads the real safetensors
+    header and refuses it (PF007), as it refuses a cut-short weights file (PF004). No rank starts."""
     import shutil
 
     from fsdp_tune.sources.builtin import materialize
@@ -61,9 +82,10 @@ def test_crash_in_a_rank_names_the_exception(train, tmp_path, model_cache, monke
     config["intermediate_size"] *= 2
     (broken / "config.json").write_text(json.dumps(config))
     run = train("--model_name_or_path", str(broken), check=False)
-    assert run.proc.returncode == 1, run.logs()
-    assert "training failed on rank" in run.proc.stderr, run.logs()
-    assert "root cause: RuntimeError: You set `ignore_mismatched_sizes` to `False`" in run.proc.stderr, run.logs()
+    assert run.proc.returncode == 2, run.logs()
+    assert "PF007" in run.proc.stderr and "config.json and the weights disagree" in run.proc.stderr, run.logs()
+    assert "mlp.down_proj.weight is [128, 256] in model.safetensors, config.json makes it [128, 512]" in run.proc.stderr
+    assert not (run.output_dir / "logs").exists()
 
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])

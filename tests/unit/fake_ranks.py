@@ -7,6 +7,7 @@ completion marker, the summary), so `train` can be driven through its whole laun
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -62,7 +63,7 @@ class FakeRanks:
     def next(self, **kw) -> None:
         self.plan.append(Launch(**kw))
 
-    def __call__(self, spec, run_id=None, keep_fds=(), secret_env=None) -> Outcome:
+    def __call__(self, spec, run_id=None, keep_fds=(), secret_env=None, attempt=None) -> Outcome:
         self.specs.append(spec)
         self.secret_envs.append(secret_env or {})
         launch = self.plan.pop(0) if self.plan else Launch(checkpoints=[])
@@ -71,12 +72,19 @@ class FakeRanks:
         rid = resolved.get("run_id")
         for step in launch.checkpoints:
             write_checkpoint(out, step, rid)
-        if launch.stop_at is not None:
-            write_checkpoint(out, launch.stop_at, rid)
-            run_summary.write(out, run_summary.Interrupted(launch.stop_at, True, signal.SIGTERM))
-        elif launch.returncode == 0 or launch.signal_seen_by_launcher:
-            steps = max(launch.checkpoints, default=1)
-            run_summary.write(out, finished(steps, str(out)))
+        before = os.environ.get(run_summary.ATTEMPT_ENV)
+        os.environ[run_summary.ATTEMPT_ENV] = attempt or ""  # what torchrun passes the ranks
+        try:
+            if launch.stop_at is not None:
+                write_checkpoint(out, launch.stop_at, rid)
+                run_summary.write(out, run_summary.Interrupted(launch.stop_at, True, signal.SIGTERM))
+            elif launch.returncode == 0 or launch.signal_seen_by_launcher:
+                steps = max(launch.checkpoints, default=1)
+                run_summary.write(out, finished(steps, str(out)))
+        finally:
+            os.environ.pop(run_summary.ATTEMPT_ENV)
+            if before is not None:
+                os.environ[run_summary.ATTEMPT_ENV] = before
         return Outcome(launch.returncode, launch.signal_seen_by_launcher, "")
 
 

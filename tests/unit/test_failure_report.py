@@ -70,3 +70,113 @@ def test_a_message_over_several_lines_keeps_its_beginning(tmp_path) -> None:
     block = BLOCK.format(i=0, rank=0, code=1, error_file=err, traceback="<see error file>")
     report = _report(tmp_path, _tail(block, []))
     assert "root cause: ValueError: fully_shard does not support containers that do not implement forward" in report
+
+
+CALLSTACK = """Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/x.py", line 367, in wrapper
+    return f(*args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^
+  File "/src/fsdp_tune/worker/__main__.py", line 28, in main
+    run(sys.argv[1], started=STARTED)
+  File "/src/fsdp_tune/worker/recipe.py", line 120, in run
+    trainer.train(resume_from_checkpoint=resume)
+  File "/venv/lib/python3.11/site-packages/transformers/trainer.py", line 2100, in train
+    return inner_training_loop(
+           ^^^^^^^^^^^^^^^^^^^^
+  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 2600, in load_state_dict
+    raise RuntimeError(
+RuntimeError: Error(s) in loading state_dict for LlamaForCausalLM: size mismatch for lora_A
+"""
+
+
+def _error_file(tmp_path, message: str, callstack: str = "") -> str:
+    err = tmp_path / "error.json"
+    err.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": callstack}}}))
+    return str(err)
+
+
+def test_the_report_gives_the_frames_that_matter_and_names_both_logs(tmp_path) -> None:
+    """The console gets a few lines: root cause, the last frames of the root exception (not torchrun's or the
+    entry point's), the rank log for the whole traceback, torchrun's log; no traceback."""
+    err = _error_file(tmp_path, "RuntimeError: Error(s) in loading state_dict: size mismatch", CALLSTACK)
+    text = _report(tmp_path, _tail(BLOCK.format(i=0, rank=0, code=1, error_file=err, traceback="x"), []))
+    lines = text.splitlines()
+    assert lines[1] == "  root cause: RuntimeError: Error(s) in loading state_dict: size mismatch"
+    assert (
+        lines[2] == "  where:      fsdp_tune/worker/recipe.py:120 in run: trainer.train(resume_from_checkpoint=resume)"
+    )
+    assert lines[3] == "              transformers/trainer.py:2100 in train: return inner_training_loop("
+    assert lines[4] == "              torch/nn/modules/module.py:2600 in load_state_dict: raise RuntimeError("
+    assert lines[5] == f"  full log:   {tmp_path / 'logs' / 'rank-0.log'} (the whole traceback)"
+    assert lines[6] == f"  torchrun:   {tmp_path / 'logs' / 'torchrun.log'}"
+    assert len(lines) == 7 and "Traceback" not in text and "elastic" not in text
+
+
+def test_a_chained_exception_shows_where_it_started(tmp_path) -> None:
+    chained = (
+        CALLSTACK.replace("RuntimeError: Error(s)", "KeyError: 'lora_A'  # Error(s)")
+        + "\nThe above exception was the direct cause of the following exception:\n\n"
+        + 'Traceback (most recent call last):\n  File "/src/fsdp_tune/worker/errors.py", line 9, in wrap\n'
+        + "    raise RuntimeError(describe(err)) from err\nRuntimeError: wrapped\n"
+    )
+    err = _error_file(tmp_path, "RuntimeError: wrapped", chained)
+    text = _report(tmp_path, _tail(BLOCK.format(i=0, rank=0, code=1, error_file=err, traceback="x"), []))
+    assert "torch/nn/modules/module.py:2600 in load_state_dict" in text and "errors.py" not in text, text
+
+
+def test_a_rank_without_an_error_file_is_read_from_its_log(tmp_path) -> None:
+    """A full disk takes torchrun's error file too: the rank log's traceback still gives cause and frames."""
+    (tmp_path / "logs").mkdir()
+    log = "step 1/6\n" + "".join(f"[rank1]: {line}\n" for line in CALLSTACK.splitlines())
+    (tmp_path / "logs" / "rank-1.log").write_text(log)
+    block = BLOCK.format(i=0, rank=1, code=1, error_file="<N/A>", traceback="<NO TRACEBACK>")
+    text = _report(tmp_path, _tail(block, []))
+    assert "root cause: RuntimeError: Error(s) in loading state_dict for LlamaForCausalLM" in text, text
+    assert "load_state_dict: raise RuntimeError(" in text and "without a Python exception" not in text
+
+
+def test_a_full_disk_is_the_cause(tmp_path) -> None:
+    err = _error_file(tmp_path, "OSError: [Errno 28] No space left on device: 'checkpoint-4/optimizer_0'")
+    text = _report(tmp_path, _tail(BLOCK.format(i=0, rank=0, code=1, error_file=err, traceback="x"), []))
+    assert f"root cause: the disk holding {tmp_path} is full (" in text and "[Errno 28]" in text, text
+
+
+def test_no_exception_on_a_disk_with_nothing_free_is_a_full_disk(tmp_path, monkeypatch) -> None:
+    from collections import namedtuple
+
+    from fsdp_tune.launch import causes
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(causes.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 4096))
+    block = BLOCK.format(i=0, rank=0, code=1, error_file="<N/A>", traceback="<NO TRACEBACK>")
+    text = _report(tmp_path, _tail(block, []))
+    assert "root cause: the disk holding" in text and "is full (0 MiB free)" in text, text
+    assert "without a Python exception" not in text
+
+
+def test_a_deleted_output_folder_is_the_cause(tmp_path) -> None:
+    gone = tmp_path / "run"
+    block = BLOCK.format(i=0, rank=0, code=1, error_file="<N/A>", traceback="<NO TRACEBACK>")
+    text = str(failure_report(str(gone), Outcome(1, None, _tail(block, []))))
+    assert f"root cause: the output folder {gone} was deleted while the run was running" in text, text
+    assert "without a Python exception" not in text and "torchrun exit code" not in text
+
+
+def test_a_port_in_use_after_launch_is_one_line_with_the_fix(tmp_path) -> None:
+    tail = (
+        'Traceback (most recent call last):\n  File "/venv/torch/distributed/run.py", line 1032, in <module>\n'
+        "    main()\ntorch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+        "network address. port: 29555, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n"
+    )
+    err = failure_report(str(tmp_path), Outcome(1, None, tail))
+    assert str(err).splitlines()[0] == (
+        "training failed to start: port 29555 is in use on this machine (EADDRINUSE): torchrun could not listen there"
+    )
+    assert err.hint.startswith("--main_process_port 29556")
+
+
+def test_torchrun_failing_on_its_own_gives_its_exception(tmp_path) -> None:
+    tail = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    g()\n'
+    tail += "RendezvousTimeoutError: nodes did not join\n"
+    text = _report(tmp_path, tail)
+    assert "root cause: RendezvousTimeoutError: nodes did not join" in text and "torchrun.log" in text, text
