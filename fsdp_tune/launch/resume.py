@@ -1,6 +1,6 @@
-"""A resume that cannot continue its checkpoint, refused before any rank starts (PF039): the adapter's shape
-(r, alpha, targets, DoRA, rsLoRA, ...), the method (full fine-tune, LoRA, DoRA, 4-bit) or the base model
-differ from what the checkpoint was trained with. Loaded anyway, a different shape fails on every rank after
+"""A resume that cannot continue its checkpoint, refused before any rank starts (PF039, PF051): the FSDP version,
+the adapter's shape (r, alpha, targets, DoRA, rsLoRA, ...), the method (full fine-tune, LoRA, DoRA, 4-bit) or the
+base model differ from what the checkpoint was trained with. Loaded anyway, a different shape fails on every rank after
 the model has loaded ("size mismatch"), and a different alpha or method silently changes what training means.
 
 What the checkpoint was: its own adapter_config.json (the ranks write PEFT's into every checkpoint), else the
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_tune.config.lora_fields import lora_fields
+from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.launch.checkpoints import folder_run_id, marker_run_id
 from fsdp_tune.launch.spec import RankSpec
@@ -66,6 +67,41 @@ def resume_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
             "fails loading on every rank; a different scale or method changes the run without a word)",
             (f"resume with the checkpoint's settings ({fix}), or " if fix else "")
             + "start a new run in another --output_dir (the checkpoint stays as it is)",
+        )
+    ]
+
+
+def written_by_fsdp(checkpoint: Path) -> int | None:
+    """The FSDP version of the run that wrote a checkpoint: its folder's rank spec (machine 0's), None when that
+    folder holds none (a checkpoint copied from elsewhere, or written by an fsdp-tune before rank specs)."""
+    for name in (RESOLVED_NAME, f"node0-{RESOLVED_NAME}"):
+        record = _json(checkpoint.parent / name)
+        try:
+            return int(record["spec"]["fsdp_version"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def fsdp_version_findings(checkpoint: str | None, cfg: RunConfig) -> list[Finding]:
+    """PF051: FSDP1 and FSDP2 lay out sharded weights and optimizer state differently, so a checkpoint is resumed
+    by the version that wrote it (a config without fsdp_version now runs FSDP2: config/fsdp2.py)."""
+    from fsdp_tune.config.fsdp2 import version_note
+
+    theirs = written_by_fsdp(Path(checkpoint)) if checkpoint else None
+    ours = cfg.fsdp.version
+    if theirs is None or theirs == ours:
+        return []
+    why = f" ({version_note(cfg)})" if version_note(cfg) else ""
+    return [
+        Finding(
+            "PF051",
+            Severity.ERROR,
+            "--resume_from_checkpoint",
+            "command line",
+            f"{checkpoint} was written by FSDP{theirs}, and this launch runs FSDP{ours}{why}: the two lay out "
+            "sharded weights and optimizer state differently",
+            f"--fsdp_version {theirs} resumes it as it was written",
         )
     ]
 

@@ -17,7 +17,7 @@ from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, marker_
 from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.failure import Outcome, failure_report
 from fsdp_tune.launch.machine import Machine, probe
-from fsdp_tune.launch.resume import resume_findings
+from fsdp_tune.launch.resume import fsdp_version_findings, resume_findings
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
 from fsdp_tune.validate import Checked, load
@@ -43,52 +43,9 @@ class Planned:
 
 
 def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
-    """The checkpoint to resume, verified against its completion marker (PF036 when it is not whole) and against
-    the FSDP version that wrote it (PF051)."""
-    found = _resume_point(cfg, echo)
-    if found is not None:
-        _same_fsdp_version(cfg, Path(found))
-    return found
-
-
-def written_by_fsdp(checkpoint: Path) -> int | None:
-    """The FSDP version of the run that wrote a checkpoint: its folder's rank spec (machine 0's), None when that
-    folder holds none (a checkpoint copied from elsewhere, or written by an fsdp-tune before rank specs)."""
-    import json
-
-    from fsdp_tune.runfiles import RESOLVED_NAME
-
-    for name in (RESOLVED_NAME, f"node0-{RESOLVED_NAME}"):
-        path = checkpoint.parent / name
-        try:
-            return int(json.loads(path.read_text())["spec"]["fsdp_version"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return None
-
-
-def _same_fsdp_version(cfg: RunConfig, checkpoint: Path) -> None:
-    """FSDP1 and FSDP2 lay out sharded weights and optimizer state differently: a checkpoint is resumed by the
-    version that wrote it, refused before launch otherwise (a config without fsdp_version now runs FSDP2)."""
-    from fsdp_tune.config.fsdp2 import version_note
-
-    theirs, ours = written_by_fsdp(checkpoint), cfg.fsdp.version
-    if theirs is None or theirs == ours:
-        return
-    why = f" ({version_note(cfg)})" if version_note(cfg) else ""
-    raise PreflightError(
-        [
-            Finding(
-                "PF051",
-                Severity.ERROR,
-                "--resume_from_checkpoint",
-                "command line",
-                f"{checkpoint} was written by FSDP{theirs}, and this launch runs FSDP{ours}{why}: the two lay out "
-                "sharded weights and optimizer state differently",
-                f"--fsdp_version {theirs} resumes it as it was written",
-            )
-        ]
-    )
+    """The checkpoint to resume, verified against its completion marker (PF036 when it is not whole); what it was
+    trained with is compared in pre-flight (launch/resume.py: PF039, PF051)."""
+    return _resume_point(cfg, echo)
 
 
 def _resume_point(cfg: RunConfig, echo: Echo) -> str | None:
@@ -191,7 +148,7 @@ def plan_run(
     spec, secret_env = _token_out(spec)
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
-    findings += resume_findings(resume, spec)
+    findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
     findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)

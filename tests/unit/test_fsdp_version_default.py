@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fsdp_tune.errors import PreflightError
+from fsdp_tune.launch.resume import fsdp_version_findings
 from fsdp_tune.launch.train import resolve_resume
 from fsdp_tune.tools.convert import convert
 from fsdp_tune.validate import check
@@ -84,11 +84,11 @@ def _run_folder(tmp_path, version: int):
 def test_resume_across_fsdp_versions_is_refused(tmp_path) -> None:
     run = _run_folder(tmp_path, 1)
     path = _yaml(tmp_path, "  fsdp_sharding_strategy: FULL_SHARD\n")
-    flags = ["--output_dir", str(run), "--resume_from_checkpoint", str(run / "checkpoint-2")]
-    with pytest.raises(PreflightError) as refused:
-        resolve_resume(check(path, flags).config, lambda _: None)
-    (f,) = refused.value.findings
+    checkpoint = run / "checkpoint-2"
+    flags = ["--output_dir", str(run), "--resume_from_checkpoint", str(checkpoint)]
+    cfg = check(path, flags).config
+    assert resolve_resume(cfg, lambda _: None) == str(checkpoint.resolve())
+    (f,) = fsdp_version_findings(str(checkpoint), cfg)
     assert f.rule == "PF051" and "written by FSDP1, and this launch runs FSDP2 (no fsdp_version" in f.message
     assert f.hint == "--fsdp_version 1 resumes it as it was written"
-    kept = check(path, [*flags, "--fsdp_version", "1"]).config
-    assert resolve_resume(kept, lambda _: None) == str((run / "checkpoint-2").resolve())
+    assert fsdp_version_findings(str(checkpoint), check(path, [*flags, "--fsdp_version", "1"]).config) == []
