@@ -6,7 +6,23 @@ import json
 from pathlib import Path
 
 from fsdp_tune.errors import UsageError
-from fsdp_tune.runfiles import ADAPTER_CONFIG
+from fsdp_tune.runfiles import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+
+def check_adapter_folder(folder: Path, what: str) -> None:
+    """A PEFT adapter folder (its config and its weights), else a UsageError that says what the folder is: a
+    sharded checkpoint holds PEFT's adapter_config.json but keeps its tensors inside the FSDP shards."""
+    if not (folder / ADAPTER_CONFIG).exists():
+        raise UsageError(
+            f"{folder} has no {ADAPTER_CONFIG}: not {what}",
+            "pass the output dir of a finished run (or one of its checkpoints with a FULL adapter)",
+        )
+    if not (folder / ADAPTER_WEIGHTS).exists():
+        raise UsageError(
+            f"{folder} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}: a sharded checkpoint keeps its adapter inside "
+            "its FSDP shards, not as a PEFT adapter",
+            "pass the run's output dir (its final adapter), or checkpoint with --fsdp_state_dict_type FULL_STATE_DICT",
+        )
 
 
 def recorded_base(adapter_dir: Path) -> str:

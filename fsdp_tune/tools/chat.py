@@ -13,8 +13,7 @@ from pathlib import Path
 
 from fsdp_tune.errors import UsageError
 from fsdp_tune.launch.spec import RankSpec, read_from
-from fsdp_tune.runfiles import ADAPTER_CONFIG
-from fsdp_tune.tools.base import recorded_base, resize_as_trained
+from fsdp_tune.tools.base import check_adapter_folder, recorded_base, resize_as_trained
 from fsdp_tune.tools.quiet import libraries_quiet, quiet_transformers
 
 
@@ -45,8 +44,7 @@ def load(run: str, base: str | None = None, device: str | None = None) -> Chat:
     """The run's model, ready to answer; what the libraries say while loading it is not shown (the answers are
     the output: no loading bars, deprecation notes or bitsandbytes' backend notes)."""
     run_dir = Path(run)
-    if not (run_dir / ADAPTER_CONFIG).exists():
-        raise UsageError(f"{run} has no {ADAPTER_CONFIG}: not a finished run's folder", "pass a run's output dir")
+    check_adapter_folder(run_dir, "a finished run's folder")
     with libraries_quiet():
         return _load(run_dir, base, device)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from fsdp_tune.errors import FsdpTuneError, UsageError
 from fsdp_tune.launch.spec import read_from
 from fsdp_tune.runfiles import RESOLVED_NAME
-from fsdp_tune.tools.base import recorded_base, resize_as_trained
+from fsdp_tune.tools.base import check_adapter_folder, recorded_base, resize_as_trained
 from fsdp_tune.tools.quiet import quiet_transformers
 
 DTYPES = {
@@ -139,11 +139,7 @@ def merge(
 
 def _checked(adapter_dir: Path, base: str | None, out: Path, dtype: str | None, force: bool) -> str:
     """The arguments, before anything heavy is imported; returns the base model to merge into."""
-    if not (adapter_dir / "adapter_config.json").exists():
-        raise UsageError(
-            f"{adapter_dir} has no adapter_config.json: not a PEFT adapter folder",
-            "pass the output dir of a finished run (or one of its checkpoints with a FULL adapter)",
-        )
+    check_adapter_folder(adapter_dir, "a PEFT adapter folder")
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype}: unknown", "bf16, fp16 or fp32")
     holds = _holds_a_run(out, adapter_dir)

@@ -29,8 +29,20 @@ def test_chat_needs_a_run_folder(tmp_path) -> None:
     assert r.exit_code == 2 and "no adapter_config.json" in r.output
 
 
+def test_a_sharded_checkpoint_is_not_taken_for_an_adapter(tmp_path) -> None:
+    """A SHARDED checkpoint holds PEFT's adapter_config.json (resume compares it) but its tensors are in the FSDP
+    shards: chat and merge say so instead of failing inside PEFT."""
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "some/base"}))
+    (tmp_path / "pytorch_model_fsdp_0").mkdir()
+    r = runner.invoke(app, ["chat", str(tmp_path), "--prompt", "Hi"])
+    assert r.exit_code == 2 and "a sharded checkpoint keeps its adapter inside its FSDP shards" in r.output
+    with pytest.raises(UsageError, match="no adapter_model.safetensors"):
+        merge(str(tmp_path), None, str(tmp_path.parent / "out"), None, "5GB", "cpu", False, None)
+
+
 def _adapter(tmp_path, quantization) -> str:
     (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "some/base"}))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
     spec = {"model": {"quantization": quantization}}
     (tmp_path / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": spec}))
     return str(tmp_path)

@@ -67,6 +67,7 @@ def test_merge_into_a_run_is_refused_before_writing(tmp_path, where) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "m", "peft_type": "LORA"}))
+    (run / "adapter_model.safetensors").write_bytes(b"")
     (run / MANIFEST_NAME).write_text("{}")
     target = run
     if where == "another run":
