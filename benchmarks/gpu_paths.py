@@ -78,7 +78,7 @@ def check_offload_clip_and_gather(rank: int) -> str:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from fsdp_tune.worker.save import gather_trainable
+    from fsdp_tune.worker.saving.save import gather_trainable
 
     model = _tiny_lora(DEVICE)
     _shard(model, init_device_mesh(DEVICE, (torch.distributed.get_world_size(),)), offload=DEVICE == "cuda")
@@ -140,7 +140,7 @@ def check_sharded_4bit() -> str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
 
-    from fsdp_tune.worker.sharded_4bit import Packed, quant_state, quantize_shard, shard_ranges
+    from fsdp_tune.worker.loading.four_bit import Packed, quant_state, quantize_shard, shard_ranges
 
     device = torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
     torch.manual_seed(0)

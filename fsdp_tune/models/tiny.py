@@ -3,7 +3,7 @@
 The demo and the tests cannot download anything, so `builtin:tiny-llama` (and `builtin:small-llama`,
 ~120M parameters, for memory benchmarks) are made here: a BPE tokenizer trained on the shipped demo
 data plus a randomly initialised LlamaForCausalLM with a fixed seed. Run as
-`python -m fsdp_tune.worker.tiny_model NAME OUT_DIR`; the launcher does this once and caches the folder.
+`python -m fsdp_tune.models.tiny NAME OUT_DIR`; the launcher does this once and caches the folder.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def materialize(name: str) -> Path:
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
         built = subprocess.run(
-            [sys.executable, "-m", "fsdp_tune.worker.tiny_model", name, str(target)],
+            [sys.executable, "-m", "fsdp_tune.models.tiny", name, str(target)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,  # transformers' "Writing model shards" bar: not for the console
             text=True,

@@ -7,8 +7,9 @@ import time
 
 STARTED = time.time()  # before torch is imported: time-to-first-step includes the imports
 
-from fsdp_tune.worker import phases, signals  # noqa: E402
+from fsdp_tune.worker import phases  # noqa: E402
 from fsdp_tune.worker.logs import console, setup_from_spec  # noqa: E402
+from fsdp_tune.worker.training import signals  # noqa: E402
 
 signals.current()  # a stop request during start-up (imports, loading) is kept for the first step end
 phases.mark("rank", STARTED)

@@ -122,7 +122,7 @@ def saved(seconds: float, result: Any, *_) -> None:
 
 def _tokens(dataset: Any) -> int | None:
     """Tokens in a tokenized dataset, from the Arrow list offsets of input_ids (rows TRL kept only)."""
-    from fsdp_tune.worker.data import row_lengths
+    from fsdp_tune.worker.data.lengths import row_lengths
 
     try:
         return int(row_lengths(dataset).sum())

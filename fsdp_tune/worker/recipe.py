@@ -58,8 +58,9 @@ def read_spec(resolved_path: str) -> RankSpec:
 
 def setup(spec: RankSpec) -> int:
     """Rank log, environment, the CPU shim (when the spec asks), test hooks, the Hub client, process group."""
-    from fsdp_tune.worker import faults, hub
+    from fsdp_tune.worker import faults
     from fsdp_tune.worker.logs import setup_rank_log
+    from fsdp_tune.worker.saving import hub
 
     os.environ.update(spec.env)  # inherited from the launcher already; a spec run by hand gets it too
     rank = int(os.environ.get("RANK", "0"))
@@ -104,7 +105,7 @@ def init_process_group(spec: RankSpec) -> None:
 
 
 def build_tokenizer(spec: RankSpec):
-    from fsdp_tune.worker.model import load_tokenizer
+    from fsdp_tune.worker.loading.pretrained import load_tokenizer
 
     return load_tokenizer(spec)
 
@@ -112,7 +113,7 @@ def build_tokenizer(spec: RankSpec):
 def training_args(spec: RankSpec):
     from transformers import set_seed
 
-    from fsdp_tune.worker.trainer import sft_config
+    from fsdp_tune.worker.training.trainer import sft_config
 
     args = sft_config(spec)
     set_seed(args.seed)
@@ -121,7 +122,7 @@ def training_args(spec: RankSpec):
 
 @phases.timed("build_data", show=phases.data_read)
 def build_data(spec: RankSpec, tokenizer):
-    from fsdp_tune.worker.data import load_splits
+    from fsdp_tune.worker.data.lengths import load_splits
 
     return load_splits(spec, tokenizer)
 
@@ -130,7 +131,7 @@ def build_data(spec: RankSpec, tokenizer):
 def build_model(spec: RankSpec, tokenizer, args):
     """The model on the spec's loading path (worker/sharded_load.py), and the SFTConfig that trains it (its own
     when a rank finds that sharded loading cannot take this model and falls back)."""
-    from fsdp_tune.worker.sharded_load import build
+    from fsdp_tune.worker.loading.sharded import build
 
     return build(spec, tokenizer, args)
 
@@ -138,17 +139,17 @@ def build_model(spec: RankSpec, tokenizer, args):
 @phases.timed("build_trainer", show=phases.data_prepared)
 def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
     from fsdp_tune.worker import faults
-    from fsdp_tune.worker.callbacks import (
+    from fsdp_tune.worker.loading.pretrained import lora_config
+    from fsdp_tune.worker.loading.report import first_step_memory
+    from fsdp_tune.worker.loading.sharded import prebuilt
+    from fsdp_tune.worker.training.callbacks import (
         MetricsCallback,
         NanGuardCallback,
         ShardingCheckCallback,
         StopOnSignalCallback,
     )
-    from fsdp_tune.worker.load_report import first_step_memory
-    from fsdp_tune.worker.model import lora_config
-    from fsdp_tune.worker.progress import ProgressCallback
-    from fsdp_tune.worker.sharded_load import prebuilt
-    from fsdp_tune.worker.trainer import trainer_class
+    from fsdp_tune.worker.training.progress import ProgressCallback
+    from fsdp_tune.worker.training.trainer import trainer_class
 
     watch = Watchers(
         metrics=MetricsCallback(spec.output_dir),
@@ -174,7 +175,7 @@ def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
 
 def report_truncation(trainer, spec: RankSpec) -> dict | None:
     """Say how much of the data TRL cuts at max_seq_len, which it does without a word."""
-    from fsdp_tune.worker.data import truncated_rows
+    from fsdp_tune.worker.data.lengths import truncated_rows
 
     max_len = spec.data.max_seq_len
     try:
@@ -226,9 +227,9 @@ def check_finite(nan_guard) -> None:
 def save_and_verify(trainer, spec: RankSpec, tokenizer) -> dict:
     """The final adapter (all ranks gather, rank 0 writes), the tokenizer and trainer state; rank 0 re-opens
     the adapter and proves it whole and trained. Returns what the summary records about it."""
-    from fsdp_tune.worker.save import save_adapter
+    from fsdp_tune.worker.saving.save import save_adapter
+    from fsdp_tune.worker.saving.verify import expected_adapter, verify_adapter
     from fsdp_tune.worker.summary import vocab_growth
-    from fsdp_tune.worker.verify import expected_adapter, verify_adapter
 
     expected = expected_adapter(trainer) if spec.lora is not None else (None, None)
     save_adapter(trainer, spec.output_dir)
@@ -244,7 +245,7 @@ def save_and_verify(trainer, spec: RankSpec, tokenizer) -> dict:
 def push(trainer, spec: RankSpec) -> None:
     """--push_to_hub: the adapter just saved and verified, from rank 0 (see worker/hub.py)."""
     if trainer.args.push_to_hub:
-        from fsdp_tune.worker.hub import push_final
+        from fsdp_tune.worker.saving.hub import push_final
 
         push_final(trainer, spec.output_dir)
     trainer.accelerator.wait_for_everyone()
@@ -253,7 +254,7 @@ def push(trainer, spec: RankSpec) -> None:
 def write_summary(
     trainer, spec: RankSpec, result, watch: Watchers, started: float, truncation, saved: dict, data: dict
 ) -> None:
-    from fsdp_tune.worker.load_report import loading_summary
+    from fsdp_tune.worker.loading.report import loading_summary
     from fsdp_tune.worker.summary import collect
 
     extra = {"loading": loading_summary()}  # a collective, as collect is

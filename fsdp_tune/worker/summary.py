@@ -14,8 +14,8 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
     import torch
     import torch.distributed as dist
 
-    from fsdp_tune.worker.load_report import peak_gpu_mib, peak_rss_mib
-    from fsdp_tune.worker.units import describe_units
+    from fsdp_tune.worker.loading.report import peak_gpu_mib, peak_rss_mib
+    from fsdp_tune.worker.wrappers import describe_units
 
     mine = RankMemory(peak_rss_mib=peak_rss_mib())
     if torch.cuda.is_available():

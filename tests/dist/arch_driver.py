@@ -20,8 +20,9 @@ from pathlib import Path
 
 
 def setup(spec, log_dir: str) -> int:
-    from fsdp_tune.worker import cpu_fsdp, hub, recipe
+    from fsdp_tune.worker import cpu_fsdp, recipe
     from fsdp_tune.worker.logs import setup_rank_log
+    from fsdp_tune.worker.saving import hub
 
     os.environ.update(spec.env)
     rank = int(os.environ.get("RANK", "0"))
@@ -35,8 +36,8 @@ def setup(spec, log_dir: str) -> int:
 def train_one(spec, entry: dict) -> dict:
     """The recipe's steps for one rank spec; what the test checks afterwards."""
     from fsdp_tune.worker import recipe
-    from fsdp_tune.worker.sharded_load import prebuilt
-    from fsdp_tune.worker.units import describe_units
+    from fsdp_tune.worker.loading.sharded import prebuilt
+    from fsdp_tune.worker.wrappers import describe_units
 
     os.environ.update(spec.env)
     started = time.time()
@@ -94,7 +95,7 @@ def reload_into_fsdp(trainer, spec) -> bool:
     import torch
     from safetensors.torch import load_file
 
-    from fsdp_tune.worker.save import gather_trainable, peft_keys
+    from fsdp_tune.worker.saving.save import gather_trainable, peft_keys
 
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     keys = peft_keys(peft_model)
@@ -102,7 +103,7 @@ def reload_into_fsdp(trainer, spec) -> bool:
         for p in peft_model.parameters():
             if p.requires_grad:
                 p.zero_()
-    from fsdp_tune.worker.save import load_adapter_into_fsdp
+    from fsdp_tune.worker.saving.save import load_adapter_into_fsdp
 
     assert load_adapter_into_fsdp(trainer, spec.output_dir)
     back = gather_trainable(trainer.model_wrapped or trainer.model, also=frozenset(keys))

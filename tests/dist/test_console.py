@@ -133,7 +133,8 @@ def _state(step: int, total: int = 10) -> SimpleNamespace:
 
 def _drive(live: bool, monkeypatch) -> str:
     """Ten steps with a log at every other one, through ProgressCallback, onto a console in memory."""
-    from fsdp_tune.worker import logs, progress
+    from fsdp_tune.worker import logs
+    from fsdp_tune.worker.training import progress
 
     out = io.StringIO()
     monkeypatch.setattr(logs, "_console", logs.Console(out, out, None, live=live))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_tune.worker.masking import InconsistentTemplate, encode_messages
+from fsdp_tune.worker.data.masking import InconsistentTemplate, encode_messages
 from tests.conftest import FIXTURES
 
 BASE = str(FIXTURES / "tiny_lora.yaml")
@@ -24,7 +24,7 @@ MULTI = [
 
 @pytest.fixture(scope="module")
 def tok():
-    from fsdp_tune.worker.tiny_model import build_tokenizer
+    from fsdp_tune.models.tiny import build_tokenizer
 
     return build_tokenizer(512)  # the builtin model's ChatML tokenizer
 
@@ -112,7 +112,7 @@ def test_templates_that_rerender_earlier_turns(tok) -> None:
 def prepared(tmp_path: Path, tok, *flags: str, config: str = BASE):
     """plan_run (the launcher: pre-flight and the spec) then rank 0's preparation."""
     from fsdp_tune.launch.train import plan_run
-    from fsdp_tune.worker.prepare import prepare
+    from fsdp_tune.worker.data.prepare import prepare
 
     planned = plan_run(config, ["--output_dir", str(tmp_path / "run"), *flags], print)
     errors = [f for f in planned.machine_findings if f.severity.value == "error"]
@@ -281,7 +281,7 @@ def test_skipped_rows_are_counted_with_their_rows(tmp_path, tok) -> None:
 
 def test_prepared_once_and_read_back(tmp_path, tok, monkeypatch) -> None:
     from fsdp_tune.launch.train import plan_run
-    from fsdp_tune.worker import prepare as prep
+    from fsdp_tune.worker.data import prepare as prep
 
     data = jsonl(tmp_path / "a.jsonl", ALPACA)
     spec = plan_run(BASE, ["--output_dir", str(tmp_path / "run"), "--dataset_name", str(data)], print).spec

@@ -14,7 +14,7 @@ import pytest
 from fsdp_tune.planner.shape import measure
 from fsdp_tune.planner.stack import FULL_LOGIT_PATHS, Stack
 from fsdp_tune.planner.terms import Adapters, checkpoint_kept, layer_saved
-from tests.dist.live_bytes import LiveBytes
+from tests.lib.live_bytes import LiveBytes
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.dist

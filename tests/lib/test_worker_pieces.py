@@ -92,7 +92,7 @@ def test_verify_rejects_a_shard_and_an_untrained_adapter(tmp_path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from fsdp_tune.worker.verify import AdapterIntegrityError, verify_adapter
+    from fsdp_tune.worker.saving.verify import AdapterIntegrityError, verify_adapter
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))
     good = {"m.q.lora_A.weight": torch.randn(4, 16), "m.q.lora_B.weight": torch.randn(16, 4)}
@@ -125,7 +125,7 @@ def test_verify_knows_expert_ranks_rank_patterns_and_lora_bias(tmp_path) -> None
     import torch
     from safetensors.torch import save_file
 
-    from fsdp_tune.worker.verify import AdapterIntegrityError, verify_adapter
+    from fsdp_tune.worker.saving.verify import AdapterIntegrityError, verify_adapter
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "rank_pattern": {"q": 8}}))
     experts = "m.layers.0.mlp.experts"
@@ -155,7 +155,7 @@ def test_truncated_rows_counts_what_trl_cut() -> None:
     """TRL truncates silently: rows (no packing) or sequences inside packed rows (BFD) at max_length."""
     from datasets import Dataset
 
-    from fsdp_tune.worker.data import truncated_rows
+    from fsdp_tune.worker.data.lengths import truncated_rows
 
     rows = Dataset.from_dict({"input_ids": [[1] * 8, [1] * 3, [1] * 8, [1] * 5]})
     assert truncated_rows(rows, 8, packing=False) == (2, 4)
@@ -169,7 +169,7 @@ def test_fsdp1_full_state_is_cut_down_to_the_adapter() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from fsdp_tune.worker.save import adapter_subset, resized_embedding_names, saved_name
+    from fsdp_tune.worker.saving.save import adapter_subset, resized_embedding_names, saved_name
 
     base = LlamaForCausalLM(
         LlamaConfig(
@@ -197,7 +197,7 @@ def test_truncated_rows_sees_the_rows_trl_kept() -> None:
     """After TRL's filter and shuffle (an indices mapping over the Arrow table), only the kept rows count."""
     from datasets import Dataset
 
-    from fsdp_tune.worker.data import truncated_rows
+    from fsdp_tune.worker.data.lengths import truncated_rows
 
     rows = Dataset.from_dict({"input_ids": [[1] * 8, [1] * 3, [1] * 8, [1] * 5]})
     kept = rows.filter(lambda r: len(r["input_ids"]) != 3).shuffle(seed=0)

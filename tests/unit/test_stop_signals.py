@@ -30,7 +30,7 @@ class Clock:
 
 def test_a_rank_counts_one_delivery_once_and_a_later_signal_as_now() -> None:
     """scancel signals the rank and torchrun forwards the same signal milliseconds later: one request."""
-    from fsdp_tune.worker.signals import SAME_REQUEST_S, StopRequest
+    from fsdp_tune.worker.training.signals import SAME_REQUEST_S, StopRequest
 
     clock = Clock()
     request = StopRequest(clock)

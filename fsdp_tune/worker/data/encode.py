@@ -10,7 +10,14 @@ from functools import cached_property
 from typing import Any
 
 from fsdp_tune.sources.convert import tool_calls_as_text
-from fsdp_tune.worker.masking import Encoded, Renderer, RowRejected, encode_messages, prompt_completion_mask, truncate
+from fsdp_tune.worker.data.masking import (
+    Encoded,
+    Renderer,
+    RowRejected,
+    encode_messages,
+    prompt_completion_mask,
+    truncate,
+)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from fsdp_tune.launch.spec import RankSpec
 def load_splits(spec: RankSpec, tokenizer):
     """(train, eval or None, the data report): pre-tokenized `input_ids` + `assistant_masks`, from which TRL
     builds the labels (only the tokens in the loss keep their id)."""
-    from fsdp_tune.worker.prepare import prepare
+    from fsdp_tune.worker.data.prepare import prepare
 
     prepared = prepare(spec, tokenizer)
     return prepared.train, prepared.eval, prepared.report

@@ -25,9 +25,9 @@ from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.runfiles import DATA_DIR, write_atomic
 from fsdp_tune.sources.formats import TEXT, Format
 from fsdp_tune.sources.mixture import Source, plan_counts
-from fsdp_tune.worker.encode import Encoder
-from fsdp_tune.worker.encoded_rows import encode_split, loss_counts, report_source
-from fsdp_tune.worker.loaders import format_of, load_split
+from fsdp_tune.worker.data.encode import Encoder
+from fsdp_tune.worker.data.rows import encode_split, loss_counts, report_source
+from fsdp_tune.worker.data.splits import format_of, load_split
 
 REPORT = "report.json"
 

@@ -13,8 +13,8 @@ from fsdp_tune.sources.convert import to_trl
 from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.rowcheck import SKIPPED, check_row
-from fsdp_tune.worker.encode import Encoder
-from fsdp_tune.worker.masking import RowRejected
+from fsdp_tune.worker.data.encode import Encoder
+from fsdp_tune.worker.data.masking import RowRejected
 
 REASONS = {
     **SKIPPED,

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from fsdp_tune.launch.loading import INDEX_FILE, SINGLE_FILE, remote_code_reason
-from fsdp_tune.worker.save import canonical_name
+from fsdp_tune.worker.saving.save import canonical_name
 
 
 class FallbackRequired(RuntimeError):

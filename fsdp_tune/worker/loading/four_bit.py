@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fsdp_tune.worker.sharded_files import Checkpoint, FallbackRequired
+from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired
 
 
 @dataclass(frozen=True)

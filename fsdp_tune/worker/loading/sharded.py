@@ -23,16 +23,16 @@ import time
 from dataclasses import replace
 
 from fsdp_tune.launch.spec import RankSpec
-from fsdp_tune.worker.load_report import REPORT, peak_rss_mib, rss_now_mib
-from fsdp_tune.worker.sharded_files import Checkpoint, FallbackRequired, checkpoint_key, model_folder
-from fsdp_tune.worker.sharded_files import rank_fallback_reason as _config_reason
+from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder
+from fsdp_tune.worker.loading.files import rank_fallback_reason as _config_reason
+from fsdp_tune.worker.loading.report import REPORT, peak_rss_mib, rss_now_mib
 
 
 def build(spec: RankSpec, tokenizer, args):
     """(model, SFTConfig) for this rank, on the path the spec decided; a fallback comes with its own SFTConfig."""
     import torch
 
-    from fsdp_tune.worker.model import load_model
+    from fsdp_tune.worker.loading.pretrained import load_model
 
     REPORT.clear()
     started = time.time()
@@ -61,7 +61,7 @@ def build(spec: RankSpec, tokenizer, args):
 
 def fallback_args(spec: RankSpec):
     """The SFTConfig of the transformers path: the fsdp_config the launcher decided for it."""
-    from fsdp_tune.worker.trainer import sft_config
+    from fsdp_tune.worker.training.trainer import sft_config
 
     fsdp_config = spec.sharded["transformers_fsdp_config"]
     return sft_config(replace(spec, trainer_args={**spec.trainer_args, "fsdp_config": fsdp_config}))
@@ -75,7 +75,7 @@ def prebuilt(model) -> bool:
 def build_sharded_model(spec: RankSpec, tokenizer, args):
     """The PEFT model, fully_shard-ed, every parameter a DTensor whose local shard this rank read itself.
     Collective (QLoRA's absmax): every rank calls it."""
-    from fsdp_tune.worker import sharded_units as units
+    from fsdp_tune.worker.loading import units
 
     m, plan = spec.model, spec.sharded
     t0 = time.time()
@@ -145,8 +145,8 @@ def _quantize_meta(model, spec: RankSpec):
         return None, {}
     from transformers.quantizers import AutoHfQuantizer
 
-    from fsdp_tune.worker.model import quantization_config
-    from fsdp_tune.worker.sharded_4bit import pack_meta_weights
+    from fsdp_tune.worker.loading.four_bit import pack_meta_weights
+    from fsdp_tune.worker.loading.pretrained import quantization_config
 
     quantizer = AutoHfQuantizer.from_config(quantization_config(spec), pre_quantized=False)
     quantizer.preprocess_model(model, device_map={"": "cpu"}, dtype=_dtype(spec.model.dtype))
@@ -221,7 +221,7 @@ def _with_lora(model, spec: RankSpec, quantized: bool, upcast: bool, seed: int):
     from peft import get_peft_model
     from transformers import set_seed
 
-    from fsdp_tune.worker.model import lora_config
+    from fsdp_tune.worker.loading.pretrained import lora_config
 
     if spec.lora is None:
         return model

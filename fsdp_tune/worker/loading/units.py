@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsdp_tune.worker.sharded_4bit import Packed, quant_state, quantize_shard
-from fsdp_tune.worker.sharded_files import Checkpoint, FallbackRequired, checkpoint_key
+from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key
+from fsdp_tune.worker.loading.four_bit import Packed, quant_state, quantize_shard
 
 
 def layer_classes(model: nn.Module, names) -> tuple[type, ...]:

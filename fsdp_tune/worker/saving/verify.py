@@ -27,7 +27,7 @@ def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]] | None, dict[s
     flattens the parameters (their shapes are the local flat shard's): ranks only."""
     from peft.tuners.lora.layer import LoraLayer
 
-    from fsdp_tune.worker.save import adapter_key, canonical_name, peft_keys, resized_embedding_names, uses_fsdp1
+    from fsdp_tune.worker.saving.save import adapter_key, canonical_name, peft_keys, resized_embedding_names, uses_fsdp1
 
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     adapter = peft_model.active_adapter

@@ -12,8 +12,8 @@ from transformers import TrainerCallback
 
 from fsdp_tune.launch.checkpoints import write_marker
 from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE
-from fsdp_tune.worker import signals
-from fsdp_tune.worker.load_report import peak_rss_mib
+from fsdp_tune.worker.loading.report import peak_rss_mib
+from fsdp_tune.worker.training import signals
 
 
 def mark_complete(output_dir: str, step: int) -> None:
@@ -120,7 +120,7 @@ class ShardingCheckCallback(TrainerCallback):
         self.active = world_size > 1 and wrap_policy != "NO_WRAP"
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from fsdp_tune.worker.units import describe_units
+        from fsdp_tune.worker.wrappers import describe_units
 
         if not self.active or model is None:
             return

@@ -34,7 +34,7 @@ class ProgressCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
             return
-        from fsdp_tune.worker.units import describe_units
+        from fsdp_tune.worker.wrappers import describe_units
 
         self.began = time.time()
         self.step, self.total = state.global_step, state.max_steps
@@ -119,7 +119,7 @@ class ProgressCallback(TrainerCallback):
             import torch
 
             return f"{torch.cuda.max_memory_reserved() / 2**30:.1f} GiB GPU reserved"
-        from fsdp_tune.worker.load_report import peak_rss_mib
+        from fsdp_tune.worker.loading.report import peak_rss_mib
 
         return f"{peak_rss_mib():,.0f} MiB RSS"
 

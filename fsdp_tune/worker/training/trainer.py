@@ -43,9 +43,9 @@ def trainer_class():
     from trl import SFTTrainer
 
     from fsdp_tune.worker import faults
-    from fsdp_tune.worker.callbacks import mark_complete
-    from fsdp_tune.worker.hub import pushes_on_save
-    from fsdp_tune.worker.save import load_adapter_into_fsdp, save_adapter
+    from fsdp_tune.worker.saving.hub import pushes_on_save
+    from fsdp_tune.worker.saving.save import load_adapter_into_fsdp, save_adapter
+    from fsdp_tune.worker.training.callbacks import mark_complete
 
     class FsdpTuneTrainer(SFTTrainer):
         """SFTTrainer whose FULL_STATE_DICT saves go through fsdp-tune's gather (see save.py)."""
