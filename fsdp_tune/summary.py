@@ -6,12 +6,11 @@ The worker fills it in, the launcher prints it, `report` compares several. No to
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.runfiles import RUN_ID_ENV, SUMMARY_NAME, write_atomic
+from fsdp_tune.runfiles import SUMMARY_NAME, write_atomic
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,9 @@ class Interrupted:
     kind = "interrupted"
 
 
-def write(output_dir: str | Path, summary: RunSummary | Interrupted) -> Path:
-    data = {"kind": summary.kind, "run_id": os.environ.get(RUN_ID_ENV), **asdict(summary)}
+def write(output_dir: str | Path, summary: RunSummary | Interrupted, run_id: str | None = None) -> Path:
+    """`run_id`: the run the ranks were started for (the launcher writes it beside the rank spec)."""
+    data = {"kind": summary.kind, "run_id": run_id, **asdict(summary)}
     return write_atomic(Path(output_dir) / SUMMARY_NAME, json.dumps(data, indent=2))
 
 

@@ -54,7 +54,7 @@ def train(
         echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
         echo_out(f"  run id: {planned.run_id}")
         if dry_run:
-            _dry_run_memory(planned.config, planned.spec.model.loading)
+            _dry_run_memory(planned.config, planned.spec.loading.path)
             if planned.machine_findings:
                 typer.echo("this machine could not start it as it stands:", err=True)
                 body = format_findings("this launch", planned.machine_findings, style).split("\n", 1)[-1]

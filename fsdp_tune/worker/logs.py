@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from fsdp_tune.runfiles import rank_log
+from fsdp_tune.worker import rank as ranks
+
 
 class _Tee:
     def __init__(self, stream: TextIO | None, log: TextIO):
@@ -129,7 +132,7 @@ def setup_rank_log(output_dir: str, rank: int, mode: str = "verbose") -> Path:
     console (FSDP_TUNE_ALL_RANKS_TO_CONSOLE=1: every rank shows what rank 0 does). Done once per process:
     the entry point does it before torch is imported, the recipe's setup() then finds it done."""
     global _console, _log_path
-    path = Path(output_dir) / "logs" / f"rank-{rank}.log"
+    path = rank_log(output_dir, rank)
     if _log_path == path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +158,6 @@ def setup_from_spec(resolved_path: str) -> None:
     is left to the recipe, which reports it."""
     try:
         spec = json.loads(Path(resolved_path).read_text())["spec"]
-        setup_rank_log(spec["output_dir"], int(os.environ.get("RANK", "0")), spec.get("console", "lines"))
+        setup_rank_log(spec["output_dir"], ranks.rank(), spec.get("console", "lines"))
     except (OSError, ValueError, KeyError, TypeError):
         return

@@ -41,7 +41,7 @@ def _resolved(tmp_path: Path, case: str, path: str, flags: tuple[str, ...]) -> s
     loading = "auto" if path == "sharded" else path  # the default decides sharded loading
     flags = ("--max_steps", "3", *flags, "--loading", loading, "--output_dir", str(out))
     planned = plan_run(str(FIXTURES / "tiny_lora.yaml"), list(flags), lambda m: None)
-    assert planned.spec.model.loading == path
+    assert planned.spec.loading.path == path
     return torchrun.prepare(planned.config, planned.spec, planned.run_id).resolved_path
 
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.machine import Machine
 from fsdp_tune.launch.torchrun import torchrun_args
-from fsdp_tune.validate import check
-from tests.conftest import REPO, seed_flags
+from tests.conftest import REPO, seed_flags, spec_for
 
 H100x8 = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8, driver_version="560.35.03")
 H100x1 = Machine(cuda=True, gpus=1, gpu_names=("NVIDIA H100 80GB HBM3",), driver_version="560.35.03")
@@ -21,12 +19,6 @@ RTX4090x2_NEW = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA GeForce RTX 4090",
 CPU_ONLY = Machine.cpu_only()
 LORA = ["--use_peft_lora", "--output_dir", "/tmp/spec"]
 QLORA = [*LORA, "--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "bfloat16"]
-
-
-def spec_for(machine: Machine, *flags: str, config: str | None = None):
-    checked = check(config, list(flags))
-    assert not checked.errors, checked.findings
-    return decide(checked.config, machine)
 
 
 def get(spec, path: str):
@@ -120,19 +112,19 @@ SCENARIOS = [
 
 @pytest.mark.parametrize("name,machine,flags,expected", SCENARIOS, ids=[s[0] for s in SCENARIOS])
 def test_gpu_scenario(name: str, machine: Machine, flags: list[str], expected: dict) -> None:
-    spec = spec_for(machine, *flags)
+    spec = spec_for(*flags, machine=machine)
     got = {path: get(spec.as_dict(), path) for path in expected}
     assert got == expected
 
 
 def test_rtx_40_with_a_new_driver_keeps_nccl_p2p() -> None:
-    env = spec_for(RTX4090x2_NEW, *LORA, "--num_processes", "2").env
+    env = spec_for(*LORA, "--num_processes", "2", machine=RTX4090x2_NEW).env
     assert "NCCL_P2P_DISABLE" not in env and "NCCL_IB_DISABLE" not in env
 
 
 def test_gpu_plan_and_cpu_plan_of_one_config_differ_only_where_the_machine_decides() -> None:
-    gpu = spec_for(H100x8, *LORA, "--num_processes", "2", "--bf16", "True").as_dict()
-    cpu = spec_for(CPU_ONLY, *LORA, "--num_processes", "2", "--bf16", "True").as_dict()
+    gpu = spec_for(*LORA, "--num_processes", "2", "--bf16", "True", machine=H100x8).as_dict()
+    cpu = spec_for(*LORA, "--num_processes", "2", "--bf16", "True", machine=CPU_ONLY).as_dict()
     differing = {k for k in gpu if gpu[k] != cpu[k]}
     assert differing == {"device", "backend", "cpu_fsdp_shim", "trainer_args", "parallelism"}
 
@@ -141,7 +133,7 @@ def test_gpu_plan_and_cpu_plan_of_one_config_differ_only_where_the_machine_decid
 def test_seed_launches_on_their_gpus(script: str) -> None:
     """The PEFT guide's launches on the machines they were written for: 8 and 2 GPUs, FSDP1 as configured."""
     config, flags = seed_flags(script)
-    spec = spec_for(H100x8, *flags, config=str(REPO / config))
+    spec = spec_for(*flags, machine=H100x8, config=str(REPO / config))
     f = spec.fsdp_config
     assert (spec.device, spec.fsdp_version, f["use_orig_params"], f["state_dict_type"]) == (
         "cuda",

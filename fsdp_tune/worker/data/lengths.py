@@ -1,18 +1,9 @@
-"""Datasets per rank: prepared once (worker/prepare.py: rank 0 converts and tokenizes, the others read it),
-and how much of them TRL cuts at max_seq_len."""
+"""Sequence lengths of a tokenized dataset, read from its Arrow list offsets: how much of the data TRL cuts at
+max_seq_len (the recipe's warning), and how many tokens it kept (the data's phase line)."""
 
 from __future__ import annotations
 
-from fsdp_tune.launch.spec import RankSpec
-
-
-def load_splits(spec: RankSpec, tokenizer):
-    """(train, eval or None, the data report): pre-tokenized `input_ids` + `assistant_masks`, from which TRL
-    builds the labels (only the tokens in the loss keep their id)."""
-    from fsdp_tune.worker.data.prepare import prepare
-
-    prepared = prepare(spec, tokenizer)
-    return prepared.train, prepared.eval, prepared.report
+import numpy as np
 
 
 def truncated_rows(dataset, max_len: int, packing: bool) -> tuple[int, int]:
@@ -26,8 +17,6 @@ def truncated_rows(dataset, max_len: int, packing: bool) -> tuple[int, int]:
     copied into lists on every rank), and no pyarrow.compute, whose thread pool can abort the process at
     exit ("terminate called without an active exception", apache/arrow#34314).
     """
-    import numpy as np
-
     column = "seq_lengths" if packing and "seq_lengths" in dataset.column_names else "input_ids"
     if column not in dataset.column_names:
         return 0, 0
@@ -42,8 +31,6 @@ def truncated_rows(dataset, max_len: int, packing: bool) -> tuple[int, int]:
 def row_lengths(dataset, column: str = "input_ids"):
     """Each kept row's length in a list column, from the Arrow list offsets (numpy, as truncated_rows says
     why), in the dataset's row order: TRL's filter and shuffle leave an indices mapping of the rows it kept."""
-    import numpy as np
-
     chunks = dataset.data.column(column).chunks
     lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks] or [np.zeros(0, np.int64)])
     indices = getattr(dataset, "_indices", None)

@@ -2,8 +2,8 @@
 rank reads that result (memory-mapped). The recipe runs this under `main_process_first`, so the others wait
 for it; a rank that finds no result does not prepare on its own: it stops and points at rank 0's log.
 
-Each source is loaded (worker/loaders.py), every row converted to TRL's representation, checked, and turned
-into `input_ids` + `assistant_masks` (worker/encode.py); rows that cannot be trained on are skipped and counted
+Each source is loaded (splits.py), every row converted to TRL's representation, checked, and turned into
+`input_ids` + `assistant_masks` (encode.py, rows.py); rows that cannot be trained on are skipped and counted
 by reason, with their rows. The sources are then mixed (fraction / weight / samples), and SFTTrainer receives
 the pre-tokenized dataset: TRL builds the labels from `assistant_masks` and packs as asked.
 
@@ -21,6 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from datasets import concatenate_datasets, load_from_disk
+
+from fsdp_tune import __version__
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.runfiles import DATA_DIR, write_atomic
 from fsdp_tune.sources.formats import TEXT, Format
@@ -28,6 +32,7 @@ from fsdp_tune.sources.mixture import Source, plan_counts
 from fsdp_tune.worker.data.encode import Encoder
 from fsdp_tune.worker.data.rows import encode_split, loss_counts, report_source
 from fsdp_tune.worker.data.splits import format_of, load_split
+from fsdp_tune.worker.rank import local_rank
 
 REPORT = "report.json"
 
@@ -38,13 +43,21 @@ class Prepared:
     eval: Any  # the same, or None
     report: dict[str, Any]
 
+    def rows(self) -> dict[str, int | None]:
+        """Rows per split as read, for the data's phase line (None: streamed, not counted)."""
+        return {
+            name: len(ds) if hasattr(ds, "__len__") else None
+            for name, ds in (("train", self.train), ("eval", self.eval))
+            if ds is not None
+        }
+
 
 def prepare(spec: RankSpec, tokenizer) -> Prepared:
-    from datasets import load_from_disk
-
+    """(train, eval or None, the data report): pre-tokenized `input_ids` + `assistant_masks`, from which TRL
+    builds the labels (only the tokens in the loss keep their id)."""
     folder = Path(spec.output_dir) / DATA_DIR / cache_key(spec, tokenizer)
     if not (folder / REPORT).exists():
-        if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        if local_rank() != 0:
             raise RuntimeError(f"rank 0 did not prepare the data in {folder}: see logs/rank-0.log")
         build(spec, tokenizer, folder)
     report = json.loads((folder / REPORT).read_text())
@@ -68,8 +81,6 @@ def encoder_of(spec: RankSpec, tokenizer) -> Encoder:
 
 def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     """Convert, encode, mix and save; the folder appears whole or not at all (other machines may share it)."""
-    from datasets import concatenate_datasets
-
     work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(work, ignore_errors=True)
     encoder = encoder_of(spec, tokenizer)
@@ -87,7 +98,7 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
             held = encode_split(raw, fmt, source, source.eval_split, encoder, train_all, work / f"{i}-eval", num_proc)
             evals.append(held.kept)
             reports[-1]["eval"] = report_source(source, fmt, train_all, held)
-    seed = spec.trainer_args.get("data_seed") or spec.trainer_args.get("seed", 42)
+    seed = spec.data.seed
     counts = plan_counts([len(d) for d in trains], list(spec.data.sources))
     picked = [
         take(d, n, s, seed + k) for k, (d, n, s) in enumerate(zip(trains, counts, spec.data.sources, strict=True))
@@ -129,8 +140,6 @@ def check_template(tokenizer, fmt: Format, source: Source) -> None:
 def take(dataset, count: int, source: Source, seed: int):
     """`count` rows: the first ones for TRL's fraction; a seeded random choice for weight and samples,
     repeating rows when the source has fewer (LLaMA-Factory's num_samples)."""
-    import numpy as np
-
     n = len(dataset)
     if count == n or n == 0:
         return dataset
@@ -172,14 +181,10 @@ def print_report(report: dict[str, Any]) -> None:
 
 def cache_key(spec: RankSpec, tokenizer) -> str:
     """Everything the prepared data depends on: the data settings, the files (size, time), the tokenizer and
-    its template, how TRL cuts sequences, the seed, and this code's version."""
-    from fsdp_tune import __version__
-
+    its template, how TRL cuts sequences, the seed (in the data settings), and this code's version."""
     files = [f for s in spec.data.sources for group in s.files.values() for f in group]
     stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files if os.path.exists(f)]
-    args = {
-        k: spec.trainer_args.get(k) for k in ("seed", "data_seed", "truncation_mode", "packing_strategy", "eos_token")
-    }
+    args = {k: spec.trainer_args.get(k) for k in ("truncation_mode", "packing_strategy", "eos_token")}
     key = {
         "data": asdict(spec.data),
         "files": stats,

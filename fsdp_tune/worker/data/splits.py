@@ -4,6 +4,8 @@ local cache) with its config, data_dir and data_files; split slices (`train[:5%]
 
 from __future__ import annotations
 
+from datasets import DatasetDict, ReadInstruction, concatenate_datasets, load_dataset, load_from_disk
+
 from fsdp_tune.sources.formats import Format, detect_format, renders_to_text
 from fsdp_tune.sources.mixture import Source, split_name
 
@@ -11,8 +13,6 @@ DETECT_ROWS = 100
 
 
 def load_split(source: Source, split: str):
-    from datasets import load_dataset
-
     name = split_name(split)
     if source.loader == "disk":
         dataset = _sliced(_from_disk(source.files[name][0], name), split, name)
@@ -32,8 +32,6 @@ def load_split(source: Source, split: str):
 
 
 def _from_disk(folder: str, name: str):
-    from datasets import DatasetDict, load_from_disk
-
     loaded = load_from_disk(folder)
     return loaded[name] if isinstance(loaded, DatasetDict) else loaded
 
@@ -42,8 +40,6 @@ def _sliced(dataset, spec: str, name: str):
     """A slice of a `load_from_disk` dataset, read by datasets' own parser (load_dataset does it itself)."""
     if spec.strip() == name:
         return dataset
-    from datasets import ReadInstruction, concatenate_datasets
-
     parts = ReadInstruction.from_spec(spec).to_absolute({name: len(dataset)})
     return concatenate_datasets([dataset.select(range(p.from_, p.to)) for p in parts])
 

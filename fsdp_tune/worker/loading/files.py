@@ -14,8 +14,11 @@ import os
 import re
 from pathlib import Path
 
+from huggingface_hub import snapshot_download
+from safetensors import safe_open
+
 from fsdp_tune.launch.loading import INDEX_FILE, SINGLE_FILE, remote_code_reason
-from fsdp_tune.worker.saving.save import canonical_name
+from fsdp_tune.worker.wrappers import canonical_name
 
 
 class FallbackRequired(RuntimeError):
@@ -26,8 +29,6 @@ class Checkpoint:
     """The safetensors files of one model folder: key -> file, shapes from the headers, row ranges of a tensor."""
 
     def __init__(self, folder: str | os.PathLike):
-        from safetensors import safe_open
-
         self.dir = Path(folder)
         if (self.dir / INDEX_FILE).exists():
             weight_map = json.loads((self.dir / INDEX_FILE).read_text())["weight_map"]
@@ -51,8 +52,6 @@ class Checkpoint:
 
     def rows(self, key: str, start: int, stop: int):
         """Rows [start, stop) of tensor `key` (the whole tensor when it has no dimensions)."""
-        from safetensors import safe_open
-
         with safe_open(str(self.dir / self.weight_map[key]), framework="pt") as f:
             piece = f.get_slice(key)
             if not piece.get_shape():
@@ -75,8 +74,6 @@ def model_folder(name_or_path: str) -> Path:
     if path.is_dir():
         return path
     try:
-        from huggingface_hub import snapshot_download
-
         return Path(snapshot_download(name_or_path, allow_patterns=["*.safetensors", "*.json"]))
     except Exception as err:  # noqa: BLE001 - from_pretrained then meets the same problem and says it its way
         raise FallbackRequired(f"the files of {name_or_path} are not at hand ({type(err).__name__}: {err})") from None

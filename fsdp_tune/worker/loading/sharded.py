@@ -1,4 +1,4 @@
-"""Sharded loading (the rank spec's model.loading "sharded"): the model is built on the meta device, LoRA is
+"""Sharded loading (the rank spec's loading.path "sharded"): the model is built on the meta device, LoRA is
 applied, the FSDP2 units are made, and then every rank reads only its own shard of each parameter from the
 safetensors files, layer by layer, quantizing only what it keeps under QLoRA. At any moment a rank holds its
 shards plus one tensor in flight, where from_pretrained holds the whole model on every rank.
@@ -6,109 +6,89 @@ shards plus one tensor in flight, where from_pretrained holds the whole model on
 The result equals the transformers path (from_pretrained, get_peft_model in SFTTrainer, accelerate's
 fully_shard) bit for bit: the same config through from_config under init_empty_weights (buffers such as rotary
 inv_freq computed as usual), LoRA's initial values drawn from the same RNG in the same order, accelerate 1.15's
-units and policies (the rank spec's `sharded` says which: decided on the launcher, launch/loading.py), and
-4-bit bytes and quant states as bitsandbytes makes them (sharded_4bit.py). The Trainer then gets an FSDP2 model,
+units and policies (the rank spec's loading.sharded says which: decided on the launcher, launch/loading.py), and
+4-bit bytes and quant states as bitsandbytes makes them (four_bit.py). The Trainer then gets an FSDP2 model,
 which accelerate leaves as it is (fsdp2_prepare_model returns an FSDPModule untouched), with NO_WRAP and FSDP
 activation checkpointing off in its fsdp_config, and no peft_config.
 
 A model this path cannot build raises FallbackRequired before any collective, on every rank alike: the rank says
 why and loads it with from_pretrained, with the fsdp_config the launcher decided for that path (unless the run
-asked for sharded loading by name: then it stops and says why).
+asked for sharded loading by name: then it stops and says why). That choice is the model step's (build.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate import init_empty_weights
+from peft import get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, set_seed
+from transformers.quantizers import AutoHfQuantizer
 
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.worker.loading import units
+from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder
 from fsdp_tune.worker.loading.files import rank_fallback_reason as _config_reason
-from fsdp_tune.worker.loading.report import REPORT, peak_rss_mib, rss_now_mib
+from fsdp_tune.worker.loading.four_bit import pack_meta_weights
+from fsdp_tune.worker.loading.pretrained import quantization_config
 
 
-def build(spec: RankSpec, tokenizer, args):
-    """(model, SFTConfig) for this rank, on the path the spec decided; a fallback comes with its own SFTConfig."""
-    import torch
-
-    from fsdp_tune.worker.loading.pretrained import load_model
-
-    REPORT.clear()
-    started = time.time()
-    REPORT.update(path=spec.model.loading, note=spec.model.loading_note, started=started)
-    REPORT.update(rss_before_model_mib=rss_now_mib(), peak_rss_before_model_mib=peak_rss_mib())
-    model = None
-    if spec.model.loading == "sharded" and spec.sharded is not None:
-        rng = torch.get_rng_state()
-        try:
-            model = build_sharded_model(spec, tokenizer, args)
-        except FallbackRequired as why:
-            if not spec.sharded["fallback"]:
-                raise RuntimeError(
-                    f"sharded loading was asked for (--loading sharded) and cannot load this model: {why}; "
-                    "--loading auto falls back to from_pretrained on every rank"
-                ) from None
-            print(f"fsdp-tune: sharded loading does not apply ({why}): from_pretrained on every rank", flush=True)
-            REPORT.update(path="transformers", note=f"fell back on the ranks: {why}")
-            torch.set_rng_state(rng)  # LoRA draws its initial values as on the transformers path
-            args = fallback_args(spec)
-    if model is None:
-        model = load_model(spec, tokenizer)
-    REPORT.update(model_ready_s=round(time.time() - started, 2), peak_rss_model_ready_mib=peak_rss_mib())
-    return model, args
+@dataclass
+class ShardedModel:
+    model: Any  # the PEFT model, fully_shard-ed
+    vocab_grew_from: int | None  # the checkpoint's vocabulary, when the chat template's tokens grew it
+    stats: dict[str, Any]  # what the load report records about this path
 
 
-def fallback_args(spec: RankSpec):
-    """The SFTConfig of the transformers path: the fsdp_config the launcher decided for it."""
-    from fsdp_tune.worker.training.trainer import sft_config
+@dataclass
+class MetaModel:
+    """The model on the meta device, and what filling it needs."""
 
-    fsdp_config = spec.sharded["transformers_fsdp_config"]
-    return sft_config(replace(spec, trainer_args={**spec.trainer_args, "fsdp_config": fsdp_config}))
-
-
-def prebuilt(model) -> bool:
-    """The model came from sharded loading: LoRA is applied already (the trainer gets no peft_config)."""
-    return bool(getattr(model, "fsdp_tune_sharded", False))
+    model: Any
+    quantizer: Any  # transformers' bitsandbytes quantizer, or None
+    packed: dict = field(default_factory=dict)  # {id(Linear4bit): Packed}
+    new_rows: dict = field(default_factory=dict)  # {id(embedding module): the rows a vocabulary resize drew}
+    vocab_grew_from: int | None = None
 
 
-def build_sharded_model(spec: RankSpec, tokenizer, args):
+def build_sharded_model(spec: RankSpec, tokenizer, args) -> ShardedModel:
     """The PEFT model, fully_shard-ed, every parameter a DTensor whose local shard this rank read itself.
     Collective (QLoRA's absmax): every rank calls it."""
-    from fsdp_tune.worker.loading import units
-
-    m, plan = spec.model, spec.sharded
+    m, plan = spec.model, spec.loading.sharded
     t0 = time.time()
     ckpt = Checkpoint(model_folder(m.name_or_path))
-    model, quantizer, packed, new_rows = _meta_model(spec, ckpt, len(tokenizer))
-    model = _with_lora(model, spec, quantizer is not None, plan["upcast_trainable"], args.seed)
+    meta = _meta_model(spec, ckpt, len(tokenizer))
+    model = _with_lora(meta.model, spec, meta.quantizer is not None, plan.upcast_trainable, spec.seed)
     prefix = "base_model.model." if spec.lora is not None else ""
-    _check_keys(model, ckpt, prefix, packed, new_rows)
-    classes = units.layer_classes(model, plan["layer_cls"] or getattr(model, "_no_split_modules", None) or [])
-    if plan["activation_checkpointing"]:
-        units.apply_ac(model, classes, plan["activation_checkpointing_offload"])
+    _check_keys(model, ckpt, prefix, meta.packed, meta.new_rows)
+    classes = units.layer_classes(model, plan.layer_cls or getattr(model, "_no_split_modules", None) or [])
+    if plan.activation_checkpointing:
+        units.apply_ac(model, classes, plan.activation_checkpointing_offload)
     t1 = time.time()
     units.apply_fsdp2(model, classes, **_fsdp_kwargs(spec, args))
     t2 = time.time()
-    loaded, quantized = units.fill(model, ckpt, prefix, packed, new_rows, _devices(spec), _dtype(m.dtype))
-    REPORT.update(
+    loaded, quantized = units.fill(model, ckpt, prefix, meta.packed, meta.new_rows, _devices(spec), _dtype(m.dtype))
+    stats = dict(
         seconds={"meta_build": round(t1 - t0, 2), "fully_shard": round(t2 - t1, 2), "fill": round(time.time() - t2, 2)},
         tensors_read=loaded,
         tensors_quantized=quantized,
         checkpoint_mib=round(sum((ckpt.dir / f).stat().st_size for f in set(ckpt.weight_map.values())) / 2**20, 1),
     )
-    model.fsdp_tune_sharded = True
-    return model
+    return ShardedModel(model, meta.vocab_grew_from, stats)
 
 
-def _meta_model(spec: RankSpec, ckpt: Checkpoint, vocab: int):
+def _meta_model(spec: RankSpec, ckpt: Checkpoint, vocab: int) -> MetaModel:
     """The model from its config with every parameter on the meta device (buffers real), as from_pretrained
-    configures it: tied, named, its generation config, 4-bit modules in place, the vocabulary grown for new tokens.
-    Returns (model, hf_quantizer or None, {id(module): Packed}, {id(embedding module): new rows})."""
-    import torch
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
+    configures it: tied, named, its generation config, 4-bit modules in place, the vocabulary grown for new
+    tokens."""
     m = spec.model
     config = AutoConfig.from_pretrained(str(ckpt.dir), trust_remote_code=m.trust_remote_code)
     reason = _config_reason(config, m.trust_remote_code)
@@ -129,13 +109,14 @@ def _meta_model(spec: RankSpec, ckpt: Checkpoint, vocab: int):
     with contextlib.suppress(OSError, ValueError):
         model.generation_config = GenerationConfig.from_pretrained(str(ckpt.dir))
     quantizer, packed = _quantize_meta(model, spec)
+    old = model.get_input_embeddings().weight.shape[0]
     new_rows = _grow_vocab(model, vocab)
     model.config.use_cache = False
     model.eval()  # as from_pretrained returns it; the Trainer switches to train()
     if quantizer is not None:  # is_loaded_in_4bit, config.quantization_config: what PEFT, TRL and Trainer read
         quantizer.postprocess_model(model)
         model.hf_quantizer = quantizer
-    return model, quantizer, packed, new_rows
+    return MetaModel(model, quantizer, packed, new_rows, old if vocab > old else None)
 
 
 def _quantize_meta(model, spec: RankSpec):
@@ -143,11 +124,6 @@ def _quantize_meta(model, spec: RankSpec):
     then each 4-bit weight becomes a meta parameter of its packed shape."""
     if not spec.model.quantization:
         return None, {}
-    from transformers.quantizers import AutoHfQuantizer
-
-    from fsdp_tune.worker.loading.four_bit import pack_meta_weights
-    from fsdp_tune.worker.loading.pretrained import quantization_config
-
     quantizer = AutoHfQuantizer.from_config(quantization_config(spec), pre_quantized=False)
     quantizer.preprocess_model(model, device_map={"": "cpu"}, dtype=_dtype(spec.model.dtype))
     return quantizer, pack_meta_weights(model)
@@ -178,7 +154,6 @@ def _grow_vocab(model, vocab: int) -> dict:
         module.to("meta")
     if tied:
         model.tie_weights()
-    model.fsdp_tune_vocab_grew_from = old  # the final save then carries the embedding layers
     return rows
 
 
@@ -187,10 +162,6 @@ def _adapters_stay_real():
     """PEFT moves each new adapter to the device of its base layer (LoraModel._replace_module,
     BaseTunerLayer._move_adapter_to_device_of_base_layer): on a meta base that drops its initial values. While
     get_peft_model runs, moves to the meta device become moves to the CPU (dtype casts still apply)."""
-    import torch
-    from peft.tuners.tuners_utils import BaseTunerLayer
-    from torch import nn
-
     original_move, original_to = BaseTunerLayer._move_adapter_to_device_of_base_layer, nn.Module.to
 
     def move(self, adapter_name, device=None):
@@ -217,12 +188,6 @@ def _with_lora(model, spec: RankSpec, quantized: bool, upcast: bool, seed: int):
     draws from the same RNG), with the dtype changes that follow it on the transformers path: SFTTrainer's bf16
     adapters for a quantized model, accelerate's fp32 upcast of trainable parameters under mixed precision
     (fsdp2_prepare_model; not with 4-bit weights)."""
-    import torch
-    from peft import get_peft_model
-    from transformers import set_seed
-
-    from fsdp_tune.worker.loading.pretrained import lora_config
-
     if spec.lora is None:
         return model
     set_seed(seed)
@@ -254,17 +219,15 @@ def _check_keys(model, ckpt: Checkpoint, prefix: str, packed: dict, new_rows: di
 
 def _fsdp_kwargs(spec: RankSpec, args) -> dict:
     """fully_shard's arguments as accelerate would pass them: the plugin's policies and the mesh's FSDP dims."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-
-    plan = spec.sharded
-    policy = {k: _dtype(v) for k, v in (plan["mp_policy"] or {}).items()}
+    plan = spec.loading.sharded
+    policy = {k: _dtype(v) for k, v in (plan.mp_policy or {}).items()}
     mesh = None
     pc = args.parallelism_config
     if pc is not None:  # the same DeviceMesh object the Trainer's Accelerator then uses (cached on the config)
         mesh = pc.get_device_mesh(spec.device)[tuple(pc.fsdp_dim_names)]
     return {
-        "reshard_after_forward": plan["reshard_after_forward"],
-        "offload_policy": CPUOffloadPolicy() if plan["cpu_offload"] else OffloadPolicy(),
+        "reshard_after_forward": plan.reshard_after_forward,
+        "offload_policy": CPUOffloadPolicy() if plan.cpu_offload else OffloadPolicy(),
         "mp_policy": MixedPrecisionPolicy(**policy),
         "mesh": mesh,
     }
@@ -273,13 +236,9 @@ def _fsdp_kwargs(spec: RankSpec, args) -> dict:
 def _devices(spec: RankSpec):
     """(where 4-bit weights are quantized and collectives run, where the shards live): the rank's GPU, and the
     host under cpu_offload (FSDP2 pins the shards there)."""
-    import torch
-
     device = torch.device("cuda", torch.cuda.current_device()) if spec.device == "cuda" else torch.device("cpu")
-    return device, torch.device("cpu") if spec.sharded["cpu_offload"] else device
+    return device, torch.device("cpu") if spec.loading.sharded.cpu_offload else device
 
 
-def _dtype(name: str):
-    import torch
-
+def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)

@@ -9,6 +9,11 @@ verified instead, without the run's own bookkeeping (rank logs, metrics, manifes
 
 from __future__ import annotations
 
+import transformers.trainer as trainer_module
+
+from fsdp_tune.worker.logs import console
+from fsdp_tune.worker.rank import is_main
+
 # Files of the output folder that are the run's bookkeeping, not the model: never uploaded
 NOT_UPLOADED = ["_*", "checkpoint-*", "logs/*", "fsdp_tune_*", "metrics*.jsonl", "*.png", "*.tmp", ".*"]
 
@@ -16,8 +21,6 @@ NOT_UPLOADED = ["_*", "checkpoint-*", "logs/*", "fsdp_tune_*", "metrics*.jsonl",
 def exclude_bookkeeping() -> None:
     """The Trainer's own pushes (on each save, --hub_strategy) upload the output folder with only `_*` and
     `checkpoint-*` left out: wrap its Hub client so the run's bookkeeping stays out of those too."""
-    import transformers.trainer as trainer_module
-
     original = trainer_module.hf_api
     if getattr(original, "_fsdp_tune_filtered", False):
         return
@@ -45,11 +48,7 @@ class _Filtered:
 def push_final(trainer, output_dir: str) -> str | None:
     """Upload the verified adapter (and tokenizer, model card) to the run's Hub repository; rank 0 only.
     Every rank calls it; returns the commit URL on rank 0."""
-    import transformers.trainer as trainer_module
-
-    from fsdp_tune.worker.logs import console
-
-    if not trainer.is_world_process_zero():
+    if not is_main():
         return None
     args = trainer.args
     if trainer.hub_model_id is None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fsdp_tune.runfiles import ADAPTER_WEIGHTS
+from fsdp_tune.worker.wrappers import canonical_name
+
 
 def gather_trainable(model, also: frozenset[str] = frozenset()) -> dict:
     """Full CPU copies of the trainable parameters, and of the frozen ones named in `also` (canonical names):
@@ -42,16 +45,6 @@ def gather_trainable(model, also: frozenset[str] = frozenset()) -> dict:
             tensor = tensor.full_tensor()
         out[canonical_name(name)] = done[id(param)] = tensor.to("cpu", copy=True).contiguous()
     return out
-
-
-# Wrappers that activation checkpointing, FSDP1 and torch.compile put into parameter names.
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
-
-
-def canonical_name(name: str) -> str:
-    for part in _WRAPPER_PARTS:
-        name = name.replace(part, "")
-    return name
 
 
 def adapter_key(name: str, keys: dict[str, str], adapter: str) -> str:
@@ -103,7 +96,8 @@ def save_adapter(trainer, output_dir: str) -> Path | None:
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     is_peft = hasattr(peft_model, "peft_config")
     keys = peft_keys(peft_model) if is_peft else {}
-    keep = (resized_embedding_names(peft_model) if is_peft else frozenset()) | frozenset(keys)
+    grew = trainer.saving.vocab_grew  # the trainer's typed saving options (training/trainer.py)
+    keep = (resized_embedding_names(peft_model, grew) if is_peft else frozenset()) | frozenset(keys)
     is_fsdp1 = uses_fsdp1(wrapped)
     state = full_state_dict_fsdp1(wrapped) if is_fsdp1 else gather_trainable(wrapped, also=keep)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -128,15 +122,16 @@ def adapter_subset(peft_model, state: dict, keep: frozenset[str]) -> dict:
     return {k: v for k, v in state.items() if k in trainable or k in keep or f".{adapter}." in k and ".lora_" in k}
 
 
-def resized_embedding_names(peft_model) -> frozenset[str]:
-    """The input and output embedding weights, when the run added tokens to the vocabulary.
+def resized_embedding_names(peft_model, grew: bool) -> frozenset[str]:
+    """The input and output embedding weights, when the run added tokens to the vocabulary (`grew`: the model
+    step says so, worker/loading/build.py Loaded.vocab_grew_from).
 
     Their new rows exist only in this run, so the adapter must carry both layers (as PEFT's own
     save_pretrained does when it sees the vocabulary changed), or it loads onto a resized base with
-    different rows for the new tokens. load_model marks the model it resized."""
-    base = peft_model.get_base_model()
-    if getattr(base, "fsdp_tune_vocab_grew_from", None) is None:
+    different rows for the new tokens."""
+    if not grew:
         return frozenset()
+    base = peft_model.get_base_model()
     layers = {id(m) for m in (base.get_input_embeddings(), base.get_output_embeddings()) if m is not None}
     names = set()
     for name, module in peft_model.named_modules():
@@ -165,7 +160,7 @@ def write_peft_adapter(peft_model, state: dict, output_dir: Path, keys: dict[str
         config.base_model_name_or_path = peft_model.base_model.model.name_or_path
     output_dir.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(str(output_dir))
-    save_file(tensors, str(output_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(output_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
 
 
 def load_adapter_into_fsdp(trainer, checkpoint_dir: str) -> bool:

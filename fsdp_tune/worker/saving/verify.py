@@ -14,6 +14,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from peft.tuners.lora.layer import LoraLayer
+from peft.utils.other import get_pattern_key
+from safetensors import safe_open
+
+from fsdp_tune.runfiles import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from fsdp_tune.worker.saving.save import adapter_key, peft_keys, resized_embedding_names, uses_fsdp1
+from fsdp_tune.worker.wrappers import canonical_name, inner, outer
+
 PARTS = (".lora_A.weight", ".lora_B.weight")
 
 
@@ -25,22 +33,17 @@ def expected_adapter(trainer) -> tuple[dict[str, tuple[int, ...]] | None, dict[s
     """(saved key -> global shape, LoRA module prefix as saved -> rank dimension) from the live model, on every
     rank before the gather (FSDP2 DTensors report global shapes; PEFT sets num_experts before sharding). FSDP1
     flattens the parameters (their shapes are the local flat shard's): ranks only."""
-    from peft.tuners.lora.layer import LoraLayer
-
-    from fsdp_tune.worker.saving.save import adapter_key, canonical_name, peft_keys, resized_embedding_names, uses_fsdp1
-
-    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    peft_model = inner(trainer)
     adapter = peft_model.active_adapter
     ranks = {
         canonical_name(name): module.r[adapter] * getattr(module, "num_experts", 1)
         for name, module in peft_model.named_modules()
         if isinstance(module, LoraLayer) and adapter in getattr(module, "r", {})
     }
-    wrapped = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
-    if uses_fsdp1(wrapped):
+    if uses_fsdp1(outer(trainer)):
         return None, ranks
     keys = peft_keys(peft_model)
-    embeddings = resized_embedding_names(peft_model)  # carried when the run grew the vocabulary
+    embeddings = resized_embedding_names(peft_model, trainer.saving.vocab_grew)  # carried when the vocabulary grew
     shapes = {}
     for name, param in peft_model.named_parameters(remove_duplicate=False):
         name = canonical_name(name)
@@ -53,8 +56,6 @@ def _rank_for(prefix: str, cfg: dict) -> int:
     """r, or the rank_pattern's rank for this module (from the adapter config alone)."""
     pattern = cfg.get("rank_pattern") or {}
     if pattern:
-        from peft.utils.other import get_pattern_key
-
         key = get_pattern_key(pattern.keys(), prefix.removeprefix("base_model.model."))
         if key in pattern:
             return int(pattern[key])
@@ -62,8 +63,6 @@ def _rank_for(prefix: str, cfg: dict) -> int:
 
 
 def _read(path: Path, expected: dict | None, problems: list[str]) -> tuple[dict, int, int, int]:
-    from safetensors import safe_open
-
     pairs: dict[str, dict[str, tuple[int, ...]]] = {}
     n_b = zero_b = 0
     with safe_open(str(path), framework="pt") as f:
@@ -89,10 +88,10 @@ def _read(path: Path, expected: dict | None, problems: list[str]) -> tuple[dict,
 
 def verify_adapter(adapter_dir: str, expected: dict | None = None, ranks: dict | None = None) -> dict:
     """Shapes (against the model's when given), one rank dimension per LoRA pair, and lora_B trained."""
-    path = Path(adapter_dir) / "adapter_model.safetensors"
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
     if not path.exists():
         raise AdapterIntegrityError(f"{path} is missing")
-    cfg = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+    cfg = json.loads((Path(adapter_dir) / ADAPTER_CONFIG).read_text())
     problems: list[str] = []
     pairs, n_b, zero_b, n_keys = _read(path, expected, problems)
     for prefix, pair in pairs.items():

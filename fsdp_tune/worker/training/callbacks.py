@@ -4,32 +4,34 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
 
 from fsdp_tune.launch.checkpoints import write_marker
-from fsdp_tune.runfiles import METRICS_NAME, RUN_ID_ENV, STOP_FILE
+from fsdp_tune.runfiles import METRICS_NAME, STOP_FILE
 from fsdp_tune.worker.loading.report import peak_rss_mib
 from fsdp_tune.worker.training import signals
+from fsdp_tune.worker.wrappers import describe_units
 
 
-def mark_complete(output_dir: str, step: int) -> None:
+def mark_complete(output_dir: str, step: int, run_id: str | None) -> None:
     """Called on rank 0 once every rank has written every file of checkpoint-`step` (before old ones are
     rotated): the marker lists them with sizes and hashes, and names the run (launch/checkpoints.py)."""
     folder = Path(output_dir) / f"checkpoint-{step}"
     if folder.is_dir():
-        write_marker(folder, step, os.environ.get(RUN_ID_ENV))
+        write_marker(folder, step, run_id)
 
 
 class MetricsCallback(TrainerCallback):
     """One line per logging step in OUTPUT_DIR/metrics.jsonl (rank 0), and the numbers for the summary."""
 
-    def __init__(self, output_dir: str):
+    def __init__(self, output_dir: str, run_id: str | None):
         self.path = Path(output_dir) / METRICS_NAME
-        self.run_id = os.environ.get(RUN_ID_ENV)
+        self.run_id = run_id
         self.first_step_at: float | None = None
         self.started_at = time.time()
 
@@ -75,7 +77,7 @@ class StopOnSignalCallback(TrainerCallback):
 
     The launcher asks by writing OUTPUT_DIR/STOP_FILE (torchrun runs in its own session, so a terminal's
     Ctrl-C reaches only the launcher); a signal to a rank directly (a scheduler preempting the job) asks the
-    same (worker/signals.py counts repeats as one). Ranks agree through an all-reduce at each step end, of the
+    same (training/signals.py counts repeats as one). Ranks agree through an all-reduce at each step end, of the
     signal number, so all of them stop at the same step, the checkpoint's collectives line up, and rank 0
     knows what asked.
     """
@@ -89,9 +91,6 @@ class StopOnSignalCallback(TrainerCallback):
         self.signal: int | None = None
 
     def on_step_end(self, args, state, control, **kwargs):
-        import torch
-        import torch.distributed as dist
-
         local = self.request.signum or (self._stop_file_signal() if self.stop_file.exists() else 0)
         if dist.is_initialized():
             flag = torch.tensor([local], device=self.device)
@@ -120,8 +119,6 @@ class ShardingCheckCallback(TrainerCallback):
         self.active = world_size > 1 and wrap_policy != "NO_WRAP"
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from fsdp_tune.worker.wrappers import describe_units
-
         if not self.active or model is None:
             return
         units = describe_units(model)

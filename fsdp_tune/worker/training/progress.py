@@ -9,19 +9,38 @@ gets a line at every logging step. Trainer's own progress bar and log dicts go t
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+import torch
 from transformers import TrainerCallback
 
 from fsdp_tune.worker import phases
+from fsdp_tune.worker.loading.report import peak_rss_mib
 from fsdp_tune.worker.logs import console
+from fsdp_tune.worker.wrappers import describe_units
 
 REDRAW_S = 0.5
 LINES_EVERY_S = 10.0
 
 
+@dataclass(frozen=True)
+class Metric:
+    """One evaluation metric on rank 0's eval line: `label value`, the value formatted by `fmt` (each method
+    names its own, training/methods.py)."""
+
+    key: str  # as the trainer reports it (eval_loss, ...)
+    label: str
+    fmt: str
+
+
 class ProgressCallback(TrainerCallback):
-    def __init__(self, device: str, world_size: int, started: float | None, live: bool):
-        self.device, self.world_size, self.started, self.live = device, world_size, started, live
+    """`timings`: the recipe's Phases (when the rank and the train step started); `metrics`: the method's
+    evaluation metrics (training/methods.py)."""
+
+    def __init__(self, device: str, world_size: int, timings: phases.Phases, live: bool, metrics: tuple[Metric, ...]):
+        self.device, self.world_size, self.timings, self.live = device, world_size, timings, live
+        self.metrics = metrics
+        self.started = timings.started.get("rank")
         self.began = self.drawn = 0.0
         self.first_at: float | None = None
         self.printed: float | None = None
@@ -34,15 +53,13 @@ class ProgressCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
             return
-        from fsdp_tune.worker.wrappers import describe_units
-
         self.began = time.time()
         self.step, self.total = state.global_step, state.max_steps
         units = sum(describe_units(model).values()) if model is not None else 0
         detail = f"{units} FSDP units on {self.world_size} rank{'s' if self.world_size > 1 else ''}"
         if state.global_step:
             detail += f", resumed at step {state.global_step}"
-        since = phases.started("train")
+        since = self.timings.started.get("train")
         phases.line("sharding", self.began - since if since else None, detail)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -81,9 +98,7 @@ class ProgressCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if not state.is_world_process_zero or not metrics:
             return
-        shown = [f"loss {metrics['eval_loss']:.4f}"] if "eval_loss" in metrics else []
-        if "eval_mean_token_accuracy" in metrics:
-            shown.append(f"token accuracy {metrics['eval_mean_token_accuracy']:.3f}")
+        shown = [f"{m.label} {metrics[m.key]:{m.fmt}}" for m in self.metrics if m.key in metrics]
         phases.line(f"eval (step {state.global_step})", _float(metrics.get("eval_runtime")), ", ".join(shown))
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -116,11 +131,7 @@ class ProgressCallback(TrainerCallback):
 
     def peak_memory(self) -> str:
         if self.device == "cuda":
-            import torch
-
             return f"{torch.cuda.max_memory_reserved() / 2**30:.1f} GiB GPU reserved"
-        from fsdp_tune.worker.loading.report import peak_rss_mib
-
         return f"{peak_rss_mib():,.0f} MiB RSS"
 
 

@@ -12,9 +12,11 @@ the first step end rather than killing the rank. No torch here: unit tests drive
 
 from __future__ import annotations
 
-import os
 import signal
 import time
+
+from fsdp_tune.worker.logs import console
+from fsdp_tune.worker.rank import rank
 
 # SIGHUP: a hang-up (terminal, some schedulers); SIGUSR1: SLURM's --signal=USR1@SECONDS before the time limit
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -60,9 +62,7 @@ def current() -> StopRequest:
 
 
 def _note(text: str) -> None:
-    from fsdp_tune.worker.logs import console
-
     try:
-        console().line(f"fsdp-tune: rank {os.environ.get('RANK', '?')}: {text}", err=True)
+        console().line(f"fsdp-tune: rank {rank()}: {text}", err=True)
     except (OSError, ValueError, RuntimeError):  # RuntimeError: the signal came inside a write to stderr
         pass

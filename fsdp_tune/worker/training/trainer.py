@@ -1,100 +1,86 @@
-"""SFTConfig from the rank spec, and the SFTTrainer subclass that saves correctly under FSDP."""
+"""The trainer every method trains with: its TRL trainer class (training/methods.py) with fsdp-tune's saving
+mixed in, so FULL_STATE_DICT saves and resumes go through fsdp-tune's gather and load (saving/save.py), and
+checkpoints are marked complete before old ones are rotated."""
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 
-from fsdp_tune.launch.spec import RankSpec
+from transformers.trainer import rotate_checkpoints
 
-
-def sft_config(spec: RankSpec):
-    """SFTConfig exactly as the spec's trainer_args (and its device mesh, when it has one)."""
-    from trl import SFTConfig
-
-    args = dict(spec.trainer_args)
-    if spec.parallelism:
-        args["parallelism_config"] = parallelism_config(spec.parallelism)
-    config = SFTConfig(**args)
-    if spec.fsdp_mixed_precision:
-        import torch
-
-        # the Trainer builds accelerate's FSDP plugin from these; a policy set here is kept (state.py sets the
-        # run's precision only without override)
-        policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.items()}
-        config.fsdp_plugin_args["mixed_precision_policy"] = policy
-    return config
+from fsdp_tune.worker import faults
+from fsdp_tune.worker.saving.hub import pushes_on_save
+from fsdp_tune.worker.saving.save import load_adapter_into_fsdp, save_adapter
+from fsdp_tune.worker.training.callbacks import mark_complete
 
 
-def parallelism_config(mesh: dict):
-    """accelerate's ParallelismConfig (the device mesh) from the spec's sizes."""
-    from accelerate import ParallelismConfig
+@dataclass(frozen=True)
+class Saving:
+    """What the trainer's saves need from the rank spec and the model step."""
 
-    kwargs = dict(mesh)
-    strategy = kwargs.pop("cp_comm_strategy", None)
-    if strategy is not None:
-        from accelerate.utils import TorchContextParallelConfig
-
-        kwargs["cp_handler"] = TorchContextParallelConfig(cp_comm_strategy=strategy)
-    return ParallelismConfig(**kwargs)
+    full_state_dict: bool  # RankSpec.full_state_dict: checkpoints hold the whole adapter
+    vocab_grew: bool  # the chat template's tokens grew the vocabulary: the adapter carries the embedding layers
+    run_id: str | None  # written into each checkpoint's completion marker
 
 
-def trainer_class():
-    from transformers.trainer import rotate_checkpoints
-    from trl import SFTTrainer
+class FsdpSaving:
+    """Mixed into a TRL trainer (FsdpSaving first): fsdp-tune's FULL_STATE_DICT save and load, checkpoint
+    completion markers, and the test-only loss fault."""
 
-    from fsdp_tune.worker import faults
-    from fsdp_tune.worker.saving.hub import pushes_on_save
-    from fsdp_tune.worker.saving.save import load_adapter_into_fsdp, save_adapter
-    from fsdp_tune.worker.training.callbacks import mark_complete
+    def __init__(self, *args, saving: Saving, **kwargs):
+        self.saving = saving
+        super().__init__(*args, **kwargs)
 
-    class FsdpTuneTrainer(SFTTrainer):
-        """SFTTrainer whose FULL_STATE_DICT saves go through fsdp-tune's gather (see save.py)."""
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if self.is_fsdp_enabled and self.saving.full_state_dict:
+            output_dir = output_dir or self.args.output_dir
+            save_adapter(self, output_dir)
+            if self.args.should_save and self.processing_class is not None:
+                self.processing_class.save_pretrained(output_dir)
+            return
+        super().save_model(output_dir, _internal_call)
+        if self.is_fsdp_enabled and _internal_call and pushes_on_save(self.args):
+            # the Trainer pushes the adapter files it finds in the checkpoint: a sharded one has none
+            save_adapter(self, output_dir or self.args.output_dir)
 
-        def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-            full = "FULL_STATE_DICT" in str(getattr(self.accelerator.state.fsdp_plugin, "state_dict_type", ""))
-            if self.is_fsdp_enabled and full:
-                output_dir = output_dir or self.args.output_dir
-                save_adapter(self, output_dir)
-                if self.args.should_save and self.processing_class is not None:
-                    self.processing_class.save_pretrained(output_dir)
-                return
-            super().save_model(output_dir, _internal_call)
-            if self.is_fsdp_enabled and _internal_call and pushes_on_save(self.args):
-                # the Trainer pushes the adapter files it finds in the checkpoint: a sharded one has none
-                save_adapter(self, output_dir or self.args.output_dir)
+    def _save_checkpoint(self, model, trial) -> None:
+        # Mark the new checkpoint complete before any old one is deleted (save_total_limit), so at
+        # every moment the newest complete checkpoint, the one `latest` resumes from, exists.
+        make_checkpoint_folder(self, trial)  # first: every rank then agrees on the best checkpoint
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        self.accelerator.wait_for_everyone()  # every rank's files (shards, rng_state_K.pth) are written
+        if self.args.should_save:
+            run_dir = self._get_output_dir(trial=trial)
+            mark_complete(run_dir, self.state.global_step, self.saving.run_id)
+            if limit:
+                best = self.state.best_model_checkpoint
+                rotate_checkpoints(run_dir, save_total_limit=limit, use_mtime=True, best_model_checkpoint=best)
 
-        def _save_checkpoint(self, model, trial) -> None:
-            # Mark the new checkpoint complete before any old one is deleted (save_total_limit), so at
-            # every moment the newest complete checkpoint, the one `latest` resumes from, exists.
-            make_checkpoint_folder(self, trial)  # first: every rank then agrees on the best checkpoint
-            limit = self.args.save_total_limit
-            self.args.save_total_limit = None
-            try:
-                super()._save_checkpoint(model, trial)
-            finally:
-                self.args.save_total_limit = limit
-            self.accelerator.wait_for_everyone()  # every rank's files (shards, rng_state_K.pth) are written
-            if self.args.should_save:
-                run_dir = self._get_output_dir(trial=trial)
-                mark_complete(run_dir, self.state.global_step)
-                if limit:
-                    best = self.state.best_model_checkpoint
-                    rotate_checkpoints(run_dir, save_total_limit=limit, use_mtime=True, best_model_checkpoint=best)
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        return faults.poison_loss(loss, self.state.global_step + 1)  # test-only; the loss itself otherwise
 
-        def compute_loss(self, model, inputs, *args, **kwargs):
-            loss = super().compute_loss(model, inputs, *args, **kwargs)
-            return faults.poison_loss(loss, self.state.global_step + 1)  # test-only; the loss itself otherwise
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        # A FULL checkpoint of ours holds the whole adapter: every rank reads it (it is small) and
+        # torch's state-dict API puts each rank's shard in place. accelerate's FULL path (rank 0
+        # loads, then broadcasts) stalls under FSDP2 on gloo, and PEFT's load_adapter does not
+        # know about DTensor shards.
+        if self.is_fsdp_enabled and load_adapter_into_fsdp(self, resume_from_checkpoint):
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
-        def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-            # A FULL checkpoint of ours holds the whole adapter: every rank reads it (it is small) and
-            # torch's state-dict API puts each rank's shard in place. accelerate's FULL path (rank 0
-            # loads, then broadcasts) stalls under FSDP2 on gloo, and PEFT's load_adapter does not
-            # know about DTensor shards.
-            if self.is_fsdp_enabled and load_adapter_into_fsdp(self, resume_from_checkpoint):
-                return
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
-    return FsdpTuneTrainer
+@functools.cache
+def fsdp_trainer(base: type) -> type:
+    """`base` (SFTTrainer, ...) with fsdp-tune's saving: FsdpTuneSFTTrainer and so on."""
+    return type(f"FsdpTune{base.__name__}", (FsdpSaving, base), {"__doc__": f"{base.__name__} + FsdpSaving"})
 
 
 def make_checkpoint_folder(trainer, trial) -> None:
