@@ -17,7 +17,6 @@ def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
         dataset_name=d.dataset_name or "",
         splits=tuple(d.splits or ("train",)),
         text_field=d.dataset_text_field,
-        chat_template_format=d.chat_template_format,
         max_seq_len=d.max_seq_len,
         packing=d.packing,
         seed=derived.data_seed,

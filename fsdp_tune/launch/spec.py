@@ -92,7 +92,6 @@ class DataSpec:
     dataset_name: str
     splits: tuple[str, ...]
     text_field: str
-    chat_template_format: str  # "none": the tokenizer's own template renders chats
     max_seq_len: int
     packing: bool
     seed: int  # mixing sources and carving held-out rows: --data_seed, else --seed

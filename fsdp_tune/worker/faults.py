@@ -87,14 +87,14 @@ def poison_loss(loss, next_step: int):
 
 class FaultInjectionCallback(TrainerCallback):
     def __init__(self):
-        self.kill = self._spec(KILL)
-        self.hang = self._spec(HANG)
+        self.kill = self._where(os.environ.get(KILL, ""))
+        self.hang = self._where(os.environ.get(HANG, ""))
 
     @staticmethod
-    def _spec(name: str) -> tuple[int, int]:
-        spec = os.environ.get(name, "")
-        rank, step = spec.split(":") if spec else (-1, -1)
-        return int(rank), int(step)
+    def _where(value: str) -> tuple[int, int]:
+        """"RANK:STEP" -> (rank, step); (-1, -1) when not set."""
+        at_rank, step = value.split(":") if value else (-1, -1)
+        return int(at_rank), int(step)
 
     def on_step_end(self, args, state, control, **kwargs):
         here = (rank(), state.global_step)
