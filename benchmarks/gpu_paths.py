@@ -4,7 +4,7 @@ datasets or bitsandbytes needed): what the GPU check can still run on a machine 
 Run by benchmarks/gpu_check.py on a GPU machine, one rank per GPU (torchrun). Each check is one decision of
 launch/decide.py, exercised the way the ranks execute it:
 - the process group "cuda:nccl,cpu:gloo" with cpu_offload: gradient clipping all-reduces CPU tensors;
-- fsdp-tune's adapter gather (worker/save.py) from CPU-offloaded FSDP2 shards on an NCCL mesh;
+- fsdp-tune's adapter gather (worker/saving/save.py) from CPU-offloaded FSDP2 shards on an NCCL mesh;
 - a CPU mesh on a CUDA build (a CPU run on a GPU machine shards on the CPU, not on the GPUs);
 - QLoRA's FSDP2 policy in the storage dtype keeps the packed 4-bit bytes intact (when bitsandbytes is there);
 - sharded loading's 4-bit quantization (worker/sharded_4bit.py): each rank quantizes only the blocks under its

@@ -41,7 +41,7 @@ class RunSummary:
     vocab_grew: dict[str, int] | None = None  # {"from", "tokenizer", "rows"}
     adapter_check: dict[str, Any] | None = None  # verify_adapter's result
     mesh: dict[str, int] | None = None  # the device mesh read from the trained parameters: dim name -> size
-    data: dict[str, Any] | None = None  # worker/prepare.py's report: formats, rows skipped and why, loss share
+    data: dict[str, Any] | None = None  # worker/data/prepare.py's report: formats, rows skipped and why, loss share
     extra: dict[str, Any] = field(default_factory=dict)
 
     kind = "finished"

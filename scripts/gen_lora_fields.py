@@ -3,7 +3,7 @@
 The launcher must not import peft/trl (validate-config answers in a blink), so PEFT's `LoraConfig` fields,
 TRL's `ModelConfig` fields (name, kind, default) and PEFT's table of the MoE models whose experts it adapts
 through parameter targeting are kept as data, like the SFTConfig table (scripts/gen_training_fields.py).
-`--check` exits 1 when the installed libraries drift from the tables (tests/dist/test_worker_pieces.py runs it).
+`--check` exits 1 when the installed libraries drift from the tables (tests/lib/test_worker_pieces.py runs it).
 """
 
 from __future__ import annotations

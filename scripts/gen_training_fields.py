@@ -1,7 +1,7 @@
 """Regenerate fsdp_tune/config/training_fields.json from the installed TRL.
 
 The launcher must not import trl/transformers (validate-config answers in a blink), so the names,
-kinds and defaults of every SFTConfig field are kept as data. tests/dist/test_training_fields.py
+kinds and defaults of every SFTConfig field are kept as data. tests/lib/test_worker_pieces.py
 fails when the installed TRL drifts from this table; run this script then.
 """
 

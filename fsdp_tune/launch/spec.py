@@ -87,7 +87,7 @@ def loading_from_dict(data: dict[str, Any]) -> Loading:
 class DataSpec:
     """The data every rank trains on: the sources (their format detected from the files on the launcher, or
     on rank 0 for a Hub dataset), how they mix, and what is in the loss. Rank 0 converts and tokenizes once
-    (worker/prepare.py); the others read its result."""
+    (worker/data/prepare.py); the others read its result."""
 
     dataset_name: str
     splits: tuple[str, ...]
@@ -136,9 +136,9 @@ class RankSpec:
     method: str = "sft"  # the training method (worker/training/methods.py): SFTTrainer
     spec_version: int = SPEC_VERSION
     notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
-    # what rank 0 shows people (worker/logs.py, progress.py): "live" (a terminal: one progress line redrawn in place),
-    # "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also everything the libraries
-    # print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
+    # what rank 0 shows people (worker/logs.py, worker/training/progress.py): "live" (a terminal: one progress
+    # line redrawn in place), "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also
+    # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
     console: str = "lines"
 
     @property

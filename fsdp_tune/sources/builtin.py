@@ -1,5 +1,5 @@
 """Models fsdp-tune builds locally (`--model_name_or_path builtin:NAME`): shapes here, building in
-worker/tiny_model.py, cached once per machine so every run and every rank loads the same weights."""
+models/tiny.py, cached once per machine so every run and every rank loads the same weights."""
 
 from __future__ import annotations
 

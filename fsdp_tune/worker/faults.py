@@ -92,7 +92,7 @@ class FaultInjectionCallback(TrainerCallback):
 
     @staticmethod
     def _where(value: str) -> tuple[int, int]:
-        """"RANK:STEP" -> (rank, step); (-1, -1) when not set."""
+        """RANK:STEP -> (rank, step); (-1, -1) when not set."""
         at_rank, step = value.split(":") if value else (-1, -1)
         return int(at_rank), int(step)
 

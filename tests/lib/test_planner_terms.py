@@ -1,6 +1,6 @@
 """The planner's per-layer and loss terms against what the same model code allocates on this machine (CPU,
 one process, tiny Llama shapes): what autograd saves for backward (saved-tensor hooks), and a step's peak
-of live tensors (tests/dist/live_bytes.py). Nothing here is fitted: a term that disagrees is a wrong
+of live tensors (tests/lib/live_bytes.py). Nothing here is fitted: a term that disagrees is a wrong
 reading of the code, and the fix goes into fsdp_tune/planner/terms.py with its reason. The terms scale
 by shape (h, q, kv, i, r, tokens), which is what lets them plan a 70B model from these small ones."""
 
