@@ -14,8 +14,6 @@ import yaml
 from tests.dist.conftest import BASE
 from tests.dist.test_data_prepare import hub_cache, jsonl
 
-pytestmark = pytest.mark.dist
-
 
 def _qa(i: int) -> tuple[str, str]:
     return f"What is {i} plus 1?", f"{i} plus 1 is {i + 1}."

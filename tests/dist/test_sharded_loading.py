@@ -13,12 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import FIXTURES, REPO
 from tests.dist.conftest import TIMEOUT
-
-pytestmark = pytest.mark.dist
 
 QLORA = ("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32")
 CASES = {

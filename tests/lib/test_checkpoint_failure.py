@@ -12,11 +12,7 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from fsdp_tune.launch.failure import Outcome, failure_report
-
-pytestmark = pytest.mark.dist
 
 RANK = """
 import os, sys

@@ -47,7 +47,7 @@ def spans(tok, ids, mask) -> list[str]:
 def test_chatml_trains_every_answer_and_matches_generation_markers(tok) -> None:
     import copy
 
-    from benchmarks.plain_sft import CHATML_ANSWERS_MARKED
+    from fsdp_tune.config.templates import CHATML_ANSWERS_MARKED
 
     (enc,) = encode_messages(tok, MULTI)
     assert spans(tok, enc.input_ids, enc.mask) == ["4.<|im_end|>", "6.<|im_end|>"]

@@ -17,7 +17,6 @@ from fsdp_tune.planner.terms import Adapters, checkpoint_kept, layer_saved
 from tests.lib.live_bytes import LiveBytes
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.dist
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SHAPES = {  # hidden, intermediate, heads, kv heads

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]  # tests/seeds.py
 
 
 def seed_flags(script: str) -> tuple[str, list[str]]:
