@@ -147,3 +147,31 @@ def test_seed_launches_on_their_gpus(script: str) -> None:
         assert spec.model.quantization["bnb_4bit_quant_storage"] == "bfloat16" and spec.model.dtype == "bfloat16"
     else:
         assert spec.backend == "nccl" and spec.precision == "bf16" and spec.world.world_size == 8
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ((), {"seed": 42, "data.seed": 42, "evaluation": False, "full_state_dict": False, "method": "sft"}),
+        (
+            (
+                "--seed",
+                "7",
+                "--data_seed",
+                "11",
+                "--eval_strategy",
+                "steps",
+                "--fsdp_state_dict_type",
+                "FULL_STATE_DICT",
+            ),
+            {"seed": 7, "data.seed": 11, "evaluation": True, "full_state_dict": True, "method": "sft"},
+        ),
+        (("--seed", "7"), {"seed": 7, "data.seed": 7}),
+    ],
+    ids=["TRL's defaults", "all set", "data seed follows the seed"],
+)
+def test_what_the_rank_once_decided_itself_comes_in_the_spec(flags, expected) -> None:
+    """The seed (TRL's 42 when not given: the launcher's default, not the rank's), the data's seed, whether the
+    Trainer evaluates, and whether checkpoints are FULL_STATE_DICT (fsdp-tune's gather saves them)."""
+    spec = spec_for(*LORA, *flags, machine=H100x8).as_dict()
+    assert {path: get(spec, path) for path in expected} == expected
