@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 from fsdp_tune.launch.checkpoints import write_marker
 from fsdp_tune.runfiles import METRICS_NAME, STOP_FILE
 from fsdp_tune.worker.loading.report import peak_rss_mib
+from fsdp_tune.worker.rank import is_main
 from fsdp_tune.worker.training import signals
 from fsdp_tune.worker.wrappers import describe_units
 
@@ -40,7 +41,7 @@ class MetricsCallback(TrainerCallback):
             self.first_step_at = time.time()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
+        if not is_main() or not logs:
             return
         record = {
             "step": state.global_step,

@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 from fsdp_tune.worker import phases
 from fsdp_tune.worker.loading.report import peak_rss_mib
 from fsdp_tune.worker.logs import console
+from fsdp_tune.worker.rank import is_main
 from fsdp_tune.worker.wrappers import describe_units
 
 REDRAW_S = 0.5
@@ -51,7 +52,7 @@ class ProgressCallback(TrainerCallback):
         self._tokens_seen: tuple[float, float] | None = None  # (time, tokens) at the previous log
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if not state.is_world_process_zero:
+        if not is_main():
             return
         self.began = time.time()
         self.step, self.total = state.global_step, state.max_steps
@@ -63,7 +64,7 @@ class ProgressCallback(TrainerCallback):
         phases.line("sharding", self.began - since if since else None, detail)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
+        if not is_main():
             return
         now = time.time()
         self.step, self.total = state.global_step, state.max_steps
@@ -76,7 +77,7 @@ class ProgressCallback(TrainerCallback):
             console().status(self.text(now))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "loss" not in logs:
+        if not is_main() or not logs or "loss" not in logs:
             return
         now = time.time()
         self.loss, self.lr = _float(logs.get("loss")), _float(logs.get("learning_rate"))
@@ -96,13 +97,13 @@ class ProgressCallback(TrainerCallback):
             self._print(text, now, state.global_step)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        if not state.is_world_process_zero or not metrics:
+        if not is_main() or not metrics:
             return
         shown = [f"{m.label} {metrics[m.key]:{m.fmt}}" for m in self.metrics if m.key in metrics]
         phases.line(f"eval (step {state.global_step})", _float(metrics.get("eval_runtime")), ", ".join(shown))
 
     def on_train_end(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
+        if not is_main():
             return
         now = time.time()
         if self.live:
