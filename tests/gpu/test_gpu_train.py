@@ -30,5 +30,5 @@ def test_fsdp2_trains_on_the_gpus(extra, tmp_path, model_cache) -> None:
     assert "GPU, nccl" in proc.stdout  # the plan: the ranks compute on CUDA
     summary = json.loads((out / "fsdp_tune_summary.json").read_text())
     assert summary["adapter_check"]["ok"] and summary["loss_last"] < summary["loss_first"], summary["losses"]
-    assert summary["loading"]["path"] == "sharded"
+    assert summary["extra"]["loading"]["path"] == "sharded"  # each rank read only its shards
     assert all(r["peak_gpu_allocated_mib"] for r in summary["per_rank"])
