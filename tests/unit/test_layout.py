@@ -119,3 +119,14 @@ def test_files_named_in_the_code_exist() -> None:
             if not ((PACKAGE / ref).exists() or (REPO / ref).exists()):
                 stale.append(f"{path.relative_to(REPO)}:{text[: m.start()].count(chr(10)) + 1} names {m.group(1)}")
     assert not stale, "files named that do not exist:\n" + "\n".join(stale)
+
+
+def test_every_test_lives_in_a_layer() -> None:
+    """A test's folder is its layer and gives it its marker (tests/conftest.py): unit, lib, dist or gpu."""
+    from tests.conftest import LAYERS
+
+    tests = REPO / "tests"
+    found = tests.rglob("test_*.py")
+    outside = [str(p.relative_to(REPO)) for p in found if p.relative_to(tests).parts[0] not in LAYERS]
+    assert not outside, f"tests outside the layer folders {LAYERS}: {outside}"
+    assert all((tests / layer / "__init__.py").exists() for layer in LAYERS)
