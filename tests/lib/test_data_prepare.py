@@ -11,6 +11,7 @@ import pytest
 
 from fsdp_tune.worker.data.masking import InconsistentTemplate, encode_messages
 from tests.conftest import FIXTURES
+from tests.datafiles import hub_cache, jsonl
 
 BASE = str(FIXTURES / "tiny_lora.yaml")
 MULTI = [
@@ -124,12 +125,6 @@ def answers(tok, dataset) -> list[list[str]]:
     return [spans(tok, r["input_ids"], r["assistant_masks"]) for r in dataset]
 
 
-def jsonl(path: Path, rows: list) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 FORMATS = {
     "messages": ({"messages": MULTI}, ["4.<|im_end|>", "6.<|im_end|>"]),
     "sharegpt": (
@@ -162,24 +157,6 @@ def test_every_format_is_prepared_with_its_answers_in_the_loss(tmp_path, tok, na
 
 
 ALPACA = [{"instruction": f"Add {i} and 1.", "input": "", "output": f"It is {i + 1}."} for i in range(20)]
-
-
-def hub_cache(root: Path, repo: str, config: str, files: dict[str, Path]) -> None:
-    """A Hub dataset as `datasets` leaves it in its cache after one online load (what offline runs read)."""
-    import datasets
-
-    builder = datasets.load_dataset_builder(
-        "json", data_files={k: str(v) for k, v in files.items()}, cache_dir=str(root / "build")
-    )
-    builder.download_and_prepare()
-    namespace, name = repo.split("/")
-    dest = root / f"{namespace}___{name}" / config / "0.0.0" / "0123abcd"
-    dest.parent.mkdir(parents=True)
-    Path(builder.cache_dir).rename(dest)
-    for f in dest.glob("json-*.arrow"):
-        f.rename(dest / f.name.replace("json-", f"{name}-"))
-    info = json.loads((dest / "dataset_info.json").read_text())
-    (dest / "dataset_info.json").write_text(json.dumps({**info, "config_name": config}))
 
 
 def _source(tmp_path: Path, kind: str) -> list[str]:
