@@ -43,7 +43,10 @@ def test_demo_console_logs_chat_and_merge(train, tmp_path) -> None:
     for chatter in CHATTER:
         assert chatter not in out, f"{chatter!r} on the console:\n{out}"
     lines = out.splitlines()
-    assert lines[0].startswith("plan: 2 ranks") and len(lines) < 35, out
+    # the plan, the phases, the evaluations and the summary: a screenful, however long the run took (progress
+    # lines come one per LINES_EVERY_S, so their number follows the machine's speed and is not counted here)
+    others = [line for line in lines if not line.startswith("step ")]
+    assert lines[0].startswith("plan: 2 ranks") and len(others) < 32, out
     said = {line.split("  ")[0].rstrip(): line for line in lines if not line.startswith(" ")}
     assert "LlamaForCausalLM" in said["loading model"] and " s  " in said["loading model"]
     assert "640 train rows" in said["preparing data"] and "tokens; 64 eval rows" in said["preparing data"]
