@@ -4,7 +4,7 @@ datasets or bitsandbytes needed): what the GPU check can still run on a machine 
 Run by benchmarks/gpu_check.py on a GPU machine, one rank per GPU (torchrun). Each check is one decision of
 launch/decide.py, exercised the way the ranks execute it:
 - the process group "cuda:nccl,cpu:gloo" with cpu_offload: gradient clipping all-reduces CPU tensors;
-- fsdp-tune's adapter gather (worker/save.py) from CPU-offloaded FSDP2 shards on an NCCL mesh;
+- fsdp-tune's adapter gather (worker/saving/save.py) from CPU-offloaded FSDP2 shards on an NCCL mesh;
 - a CPU mesh on a CUDA build (a CPU run on a GPU machine shards on the CPU, not on the GPUs);
 - QLoRA's FSDP2 policy in the storage dtype keeps the packed 4-bit bytes intact (when bitsandbytes is there);
 - sharded loading's 4-bit quantization (worker/sharded_4bit.py): each rank quantizes only the blocks under its
@@ -78,7 +78,7 @@ def check_offload_clip_and_gather(rank: int) -> str:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from fsdp_tune.worker.save import gather_trainable
+    from fsdp_tune.worker.saving.save import gather_trainable
 
     model = _tiny_lora(DEVICE)
     _shard(model, init_device_mesh(DEVICE, (torch.distributed.get_world_size(),)), offload=DEVICE == "cuda")
@@ -140,7 +140,7 @@ def check_sharded_4bit() -> str:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
 
-    from fsdp_tune.worker.sharded_4bit import Packed, quant_state, quantize_shard, shard_ranges
+    from fsdp_tune.worker.loading.four_bit import Packed, quant_state, quantize_shard, shard_ranges
 
     device = torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
     torch.manual_seed(0)

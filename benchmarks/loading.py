@@ -2,7 +2,7 @@
 (builtin:llama-443m, 1.7 GiB of fp32 safetensors) on 2 CPU ranks, LoRA and 4-bit QLoRA, through `fsdp-tune train`
 (--loading transformers | sharded), each also with glibc's MALLOC_MMAP_THRESHOLD_=65536.
 
-Per rank, from the run summary (worker/load_report.py): RSS before the model (the runtime, tokenizer and data: the
+Per rank, from the run summary (worker/loading/report.py): RSS before the model (the runtime, tokenizer and data: the
 baseline), the peak when the first step begins (loading, sharding and the Trainer's preparation done: the loading
 phase), the whole run's peak, and the seconds from the model's build to the first step's start. Peaks are given
 above the baseline and as a multiple of the checkpoint's size; the targets are <= 0.75x (LoRA) and <= 0.35x (QLoRA).

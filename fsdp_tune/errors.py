@@ -1,4 +1,4 @@
-"""One error family for the whole tool; only `cli.py` turns these into output and exit codes."""
+"""One error family for the whole tool; only `cli/common.py` turns these into output and exit codes."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ LOG_DIR = "logs"  # logs/rank-K.log for every rank, logs/torchrun/ for torchrun'
 LOCK_NAME = "fsdp_tune.lock"  # held by the run that owns the folder (launch/ownership.py); empty when free
 RUN_ID_ENV = "FSDP_TUNE_RUN_ID"  # the ranks' environment: the run id they write into markers and metrics
 PREVIOUS_RUN_INFIX = ".previous-"  # --overwrite_output_dir moves a run to OUTPUT_DIR.previous-RUNID beside it
-DATA_DIR = "fsdp_tune_data"  # the data as rank 0 prepared it (worker/prepare.py): the other ranks read it
+DATA_DIR = "fsdp_tune_data"  # the data as rank 0 prepared it (worker/data/prepare.py): the other ranks read it
 
 
 def resolved_name(node_rank: int, nnodes: int) -> str:

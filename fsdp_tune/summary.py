@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.runfiles import RUN_ID_ENV, SUMMARY_NAME, write_atomic
+from fsdp_tune.runfiles import SUMMARY_NAME, write_atomic
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class RunSummary:
     vocab_grew: dict[str, int] | None = None  # {"from", "tokenizer", "rows"}
     adapter_check: dict[str, Any] | None = None  # verify_adapter's result
     mesh: dict[str, int] | None = None  # the device mesh read from the trained parameters: dim name -> size
-    data: dict[str, Any] | None = None  # worker/prepare.py's report: formats, rows skipped and why, loss share
+    data: dict[str, Any] | None = None  # worker/data/prepare.py's report: formats, rows skipped and why, loss share
     trackers: dict[str, str] | None = None  # --report_to: tracker -> where its files or its run went
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -64,10 +64,11 @@ class Interrupted:
 ATTEMPT_ENV = "FSDP_TUNE_ATTEMPT"
 
 
-def write(output_dir: str | Path, summary: RunSummary | Interrupted) -> Path:
-    """Over the previous attempt's summary, if any (it stays until this one exists: a failed attempt leaves
-    the finished run's summary as it was)."""
-    data = {"kind": summary.kind, "run_id": os.environ.get(RUN_ID_ENV), "attempt": os.environ.get(ATTEMPT_ENV)}
+def write(output_dir: str | Path, summary: RunSummary | Interrupted, run_id: str | None = None) -> Path:
+    """Over the previous attempt's summary, if any (it stays until this one exists: a failed attempt leaves the
+    finished run's summary as it was). `run_id`: the run the ranks were started for (the launcher writes it beside
+    the rank spec); the attempt comes in the ranks' environment from torchrun (launch/torchrun.py)."""
+    data = {"kind": summary.kind, "run_id": run_id, "attempt": os.environ.get(ATTEMPT_ENV)}
     data.update(asdict(summary))
     return write_atomic(Path(output_dir) / SUMMARY_NAME, json.dumps(data, indent=2))
 

@@ -4,7 +4,7 @@ The launcher must not import peft/trl (validate-config answers in a blink), so P
 TRL's `ModelConfig` fields (name, kind, default), PEFT's table of the MoE models whose experts it adapts
 through parameter targeting and its default LoRA targets per model type are kept as data, like the SFTConfig
 table (scripts/gen_training_fields.py).
-`--check` exits 1 when the installed libraries drift from the tables (tests/dist/test_worker_pieces.py runs it).
+`--check` exits 1 when the installed libraries drift from the tables (tests/lib/test_worker_pieces.py runs it).
 """
 
 from __future__ import annotations

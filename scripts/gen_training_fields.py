@@ -4,7 +4,7 @@ The launcher must not import trl/transformers (validate-config answers in a blin
 kinds and defaults of every SFTConfig field are kept as data, and so are the values a choice-valued field
 takes, read from the libraries' own enums and `choices` metadata (schedulers, optimizers, strategies,
 `report_to`'s integrations, `debug`, the attention implementations transformers registers).
-tests/dist/test_worker_pieces.py fails when the installed libraries drift from this table; run this script then.
+tests/lib/test_worker_pieces.py fails when the installed libraries drift from this table; run this script then.
 """
 
 from __future__ import annotations

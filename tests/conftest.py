@@ -1,4 +1,12 @@
-"""Shared test helpers. Tests run offline: nothing may reach a model or dataset hub."""
+"""Shared test helpers. Tests run offline: nothing may reach a model or dataset hub.
+
+The tests come in layers, a folder and a marker each (`make test-unit`, `test-lib`, `test-dist`, `test-gpu`;
+`make test` runs them all):
+  tests/unit   unit:  no torch, no processes (tests/unit/conftest.py asserts it): the launcher side
+  tests/lib    lib:   one process with the libraries (torch, transformers, PEFT, TRL, datasets)
+  tests/dist   dist:  real multi-process runs through torchrun on CPU (gloo), with bounded timeouts
+  tests/gpu    gpu:   needs CUDA; skipped without it
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.seeds import seed_flags  # noqa: F401 - re-exported for the tests
+from tests.seeds import seed_flags  # noqa: F401 - re-exported for the tests
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -20,6 +28,52 @@ FIXTURES = REPO / "tests" / "fixtures"
 PEER_CONFIGS = FIXTURES / "peer-configs"
 
 
+LAYERS = ("unit", "lib", "dist", "gpu")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Each test carries its layer's marker (its folder's name), so `-m` selects layers across a run."""
+    for item in items:
+        layer = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").parts[0]
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> Path:
+    """One builtin model per test session, shared by every run (as on a user's machine)."""
+    cache = os.environ.get("FSDP_TUNE_TEST_CACHE")
+    return Path(cache) if cache else tmp_path_factory.mktemp("fsdp-tune-cache")
+
+
+def offline_env(model_cache: Path) -> dict[str, str]:
+    """The environment every `fsdp-tune` command of the tests runs in: offline, the session's model cache."""
+    return dict(
+        os.environ,
+        FSDP_TUNE_CACHE=str(model_cache),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(model_cache / "datasets"),
+    )
+
+
+def checked_spec(*flags: str, machine=None, config: str | None = None):
+    """(the rank spec `train` decides for a config and flags on `machine`, the check it came from); this
+    machine's CPU when no machine is given. A launch with errors is refused, as `train` refuses it."""
+    from fsdp_tune.launch.decide import decide
+    from fsdp_tune.launch.machine import Machine
+    from fsdp_tune.validate import check
+
+    checked = check(config, list(flags))
+    assert not checked.errors, checked.findings
+    return decide(checked.config, machine or Machine.cpu_only()), checked
+
+
+def spec_for(*flags: str, machine=None, config: str | None = None):
+    """The rank spec `train` decides (checked_spec, without the check)."""
+    return checked_spec(*flags, machine=machine, config=config)[0]

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, guard, split_config, style  # noqa: F401
+from fsdp_tune.cli.common import DebugOpt, guard, style
 
 
 def merge_cmd(

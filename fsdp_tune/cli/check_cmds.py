@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, guard, split_config, style  # noqa: F401
-from fsdp_tune.errors import ExitCode  # noqa: F401
+from fsdp_tune.cli.common import ConfigOpt, DebugOpt, guard, split_config, style
+from fsdp_tune.errors import ExitCode
 
 
 def validate_config(

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from fsdp_tune.cli.common import PASSTHROUGH, ConfigOpt, DebugOpt, echo_out, guard, split_config, style  # noqa: F401
+from fsdp_tune.cli.common import ConfigOpt, DebugOpt, echo_out, guard, split_config, style
 
 
 def train(
@@ -31,41 +31,78 @@ def train(
     3 internal error, 130/143 interrupted.
     """
     config, args = split_config(config, list(ctx.args))
+    guard(lambda: _train(config, args, dry_run=dry_run, as_json=as_json, verbose=verbose), debug)
 
-    def run() -> None:
-        import sys
 
-        from fsdp_tune.launch import torchrun
-        from fsdp_tune.launch.decide import console_mode
-        from fsdp_tune.launch.train import execute, plan_run
-        from fsdp_tune.output.findings import format_findings
-        from fsdp_tune.output.run import describe_launch, format_summary
+def _train(config: str | None, args: list[str], dry_run: bool, as_json: bool, verbose: bool) -> None:
+    """Plan the run (validate, pre-flight, the rank spec), show it, then launch it unless this is a dry run."""
+    import sys
 
-        console = console_mode(verbose, sys.stdout.isatty())
-        planned = plan_run(config, args, lambda m: typer.echo(m, err=True), console=console)
-        if as_json and dry_run:
-            data = {"spec": planned.spec.as_dict(), "torchrun": torchrun.command(planned.spec)}
-            data["preflight"] = [f.as_dict() for f in planned.machine_findings]
-            data["run_id"] = planned.run_id
-            typer.echo(json.dumps(data, indent=2))
-            return
-        if planned.checked.findings:
-            typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
-        echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
-        echo_out(f"  run id: {planned.run_id}")
-        if dry_run:
-            _dry_run_memory(planned.config, planned.spec.model.loading)
-            _preflight_report(planned.machine_findings, dry_run=True)
-            typer.echo("dry run: nothing was started")
-            return
-        _preflight_report(planned.machine_findings, dry_run=False)  # its errors: execute() refuses to start
-        summary = execute(planned, lambda m: typer.echo(m, err=True))
-        if summary:
-            echo_out(format_summary(summary))
-        if planned.spec.world.node_rank == 0:
-            _plot(planned.spec.output_dir)
+    from fsdp_tune.launch.decide import console_mode
+    from fsdp_tune.launch.train import execute, plan_run
+    from fsdp_tune.output.run import format_summary
 
-    guard(run, debug)
+    console = console_mode(verbose, sys.stdout.isatty())
+    planned = plan_run(config, args, lambda m: typer.echo(m, err=True), console=console)
+    if as_json and dry_run:
+        typer.echo(json.dumps(_plan_json(planned), indent=2))
+        return
+    _show_plan(config, planned)
+    if dry_run:
+        _dry_run(planned)
+        return
+    _preflight_report(planned.machine_findings, dry_run=False)  # its errors: execute() refuses to start
+    summary = execute(planned, lambda m: typer.echo(m, err=True))
+    if summary:
+        echo_out(format_summary(summary))
+    if planned.spec.world.node_rank == 0:
+        _plot(planned.spec.output_dir)
+
+
+def _plan_json(planned) -> dict:
+    """`--dry_run --json`: the rank spec, torchrun's command, what pre-flight found on this machine, the run id."""
+    from fsdp_tune.launch import torchrun
+
+    return {
+        "spec": planned.spec.as_dict(),
+        "torchrun": torchrun.command(planned.spec),
+        "preflight": [f.as_dict() for f in planned.machine_findings],
+        "run_id": planned.run_id,
+    }
+
+
+def _show_plan(config: str | None, planned) -> None:
+    """The config's findings (warnings, notes), then the plan every rank will execute."""
+    from fsdp_tune.launch import torchrun
+    from fsdp_tune.output.findings import format_findings
+    from fsdp_tune.output.run import describe_launch
+
+    if planned.checked.findings:
+        typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
+    echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+    echo_out(f"  run id: {planned.run_id}")
+
+
+def _dry_run(planned) -> None:
+    """The memory plan, and what would stop this machine from starting the run; nothing is started."""
+    _dry_run_memory(planned.config, planned.spec.loading.path)
+    _preflight_report(planned.machine_findings, dry_run=True)
+    typer.echo("dry run: nothing was started")
+
+
+def _preflight_report(findings: list, dry_run: bool) -> None:
+    """The pre-flight's warnings and notes (PF017 skipped rows, PF018, ...), for a real run as for a dry run
+    (#26: `train` printed none); its errors too on a dry run (a real run stops on them with the full report)."""
+    from fsdp_tune.errors import Severity
+    from fsdp_tune.output.findings import format_findings
+
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    advisories = [f for f in findings if f.severity is not Severity.ERROR]
+    if dry_run and errors:
+        typer.echo("this machine could not start it as it stands:", err=True)
+        typer.echo(format_findings("this launch", errors, style).split("\n", 1)[-1], err=True)
+    if advisories:
+        typer.echo(format_findings("this launch", advisories, style), err=True)
 
 
 def plan_cmd(
@@ -92,21 +129,6 @@ def plan_cmd(
         typer.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
 
     guard(run, debug)
-
-
-def _preflight_report(findings: list, dry_run: bool) -> None:
-    """The pre-flight's warnings and notes (PF017 skipped rows, PF018, ...), for a real run as for a dry run
-    (#26: `train` printed none); its errors too on a dry run (a real run stops on them with the full report)."""
-    from fsdp_tune.errors import Severity
-    from fsdp_tune.output.findings import format_findings
-
-    errors = [f for f in findings if f.severity is Severity.ERROR]
-    advisories = [f for f in findings if f.severity is not Severity.ERROR]
-    if dry_run and errors:
-        typer.echo("this machine could not start it as it stands:", err=True)
-        typer.echo(format_findings("this launch", errors, style).split("\n", 1)[-1], err=True)
-    if advisories:
-        typer.echo(format_findings("this launch", advisories, style), err=True)
 
 
 def _plot(output_dir: str) -> None:

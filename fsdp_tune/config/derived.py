@@ -1,12 +1,14 @@
 """Settings derived from the typed config that the rules, the rank spec and the planner all need.
 
 Pure functions of the RunConfig (no torch, no machine): each decision is made here once. Decisions that
-depend on the machine (the backend, whether offload can act) are the rank spec's (launch/decide.py).
+depend on the machine (the backend, whether offload can act) are the rank spec's (launch/decide.py), which
+reads them from one `Derived`, computed once per launch by `derive`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 
@@ -29,20 +31,22 @@ def compute_precision(cfg: RunConfig) -> str:
     return cfg.launch.mixed_precision
 
 
-def model_dtype(cfg: RunConfig) -> str:
-    """The dtype the base model is loaded in."""
+def model_dtype(cfg: RunConfig, precision: str | None = None) -> str:
+    """The dtype the base model is loaded in (`precision`: compute_precision's answer, when known already)."""
     if cfg.model.dtype and cfg.model.dtype != "auto":
         return cfg.model.dtype
     q = cfg.quantization
     if q.use_4bit_quantization and q.bnb_4bit_quant_storage_dtype in FLOATS:
         return q.bnb_4bit_quant_storage_dtype
     # fp16 keeps fp32 weights: AMP's grad scaler refuses fp16 parameters
-    return {"bf16": "bfloat16", "fp16": "float32", "fp8": "bfloat16"}.get(compute_precision(cfg), "float32")
+    precision = precision or compute_precision(cfg)
+    return {"bf16": "bfloat16", "fp16": "float32", "fp8": "bfloat16"}.get(precision, "float32")
 
 
-def quant_storage(cfg: RunConfig) -> str:
-    """The dtype bitsandbytes packs 4-bit values into: FSDP shards it like any floating parameter."""
-    return cfg.quantization.bnb_4bit_quant_storage_dtype or model_dtype(cfg)
+def quant_storage(cfg: RunConfig, dtype: str | None = None) -> str:
+    """The dtype bitsandbytes packs 4-bit values into: FSDP shards it like any floating parameter (`dtype`:
+    model_dtype's answer, when known already)."""
+    return cfg.quantization.bnb_4bit_quant_storage_dtype or dtype or model_dtype(cfg)
 
 
 def gradient_checkpointing(cfg: RunConfig) -> bool:
@@ -102,3 +106,45 @@ def train_on_prompt(cfg: RunConfig) -> bool:
         if cfg.training.is_set(name) and cfg.training.get(name) is not None:
             return not cfg.training.get(name)
     return False
+
+
+def evaluation(cfg: RunConfig) -> bool:
+    """The Trainer evaluates: --eval_strategy other than no (TrainingArguments' default)."""
+    return cfg.training.get("eval_strategy") not in (None, "no")
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Every derived value the rank spec's decisions read, computed once per launch (launch/decide.py passes
+    it to each decision instead of each asking the functions above again)."""
+
+    on_cpu: bool  # the ranks compute on CPU (--use_cpu, or no GPU on this machine)
+    precision: str  # compute_precision
+    model_dtype: str
+    quant_storage: str  # meaningful under 4-bit quantization
+    gradient_checkpointing: bool  # the Trainer's own (not FSDP's activation checkpointing)
+    offload: bool  # cpu_offload that acts (GPU runs only)
+    fsdp1_unsharded: bool
+    train_on_prompt: bool
+    evaluation: bool
+    seed: int  # --seed (TRL's default when not given)
+    data_seed: int  # --data_seed, else the seed (as the data step has always read them)
+
+
+def derive(cfg: RunConfig, on_cpu: bool) -> Derived:
+    precision = compute_precision(cfg)
+    dtype = model_dtype(cfg, precision)
+    seed = int(cfg.training.get("seed"))
+    return Derived(
+        on_cpu=on_cpu,
+        precision=precision,
+        model_dtype=dtype,
+        quant_storage=quant_storage(cfg, dtype),
+        gradient_checkpointing=gradient_checkpointing(cfg),
+        offload=offload_active(cfg, on_cpu),
+        fsdp1_unsharded=fsdp1_unsharded(cfg),
+        train_on_prompt=train_on_prompt(cfg),
+        evaluation=evaluation(cfg),
+        seed=seed,
+        data_seed=int(cfg.training.get("data_seed") or seed),
+    )

@@ -32,3 +32,15 @@ ZEPHYR = {
 }
 
 TEMPLATES = {"chatml": CHATML, "zephyr": ZEPHYR}
+
+# ChatML with TRL's {% generation %} markers around each answer: what TRL's assistant_only_loss needs from a
+# template. Not a --chat_template_format choice (fsdp-tune finds the answers without markers): the plain
+# torchrun + SFTTrainer baseline (benchmarks/plain_sft.py) trains with it, and the tests check fsdp-tune's
+# answer masks against the masks it gives.
+CHATML_ANSWERS_MARKED = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)

@@ -8,23 +8,12 @@ SFTConfig arguments Transformers receives, and the ranks' environment. Pure: no 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any
 
-from fsdp_tune.config.derived import (
-    TRL_LOSS_FLAGS,
-    compute_precision,
-    fsdp1_unsharded,
-    gradient_checkpointing,
-    mesh_active,
-    mesh_sizes,
-    model_dtype,
-    offload_active,
-    quant_storage,
-)
+from fsdp_tune.config.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.decide_data import data_spec
-from fsdp_tune.launch.loading import decide_loading
+from fsdp_tune.launch.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.launch.lora import lora_kwargs
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
 from fsdp_tune.launch.spec import ModelSpec, RankSpec, SaveSpec, World
@@ -42,38 +31,38 @@ def console_mode(verbose: bool, tty: bool) -> str:
 
 def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
     on_cpu = cfg.launch.use_cpu or not machine.cuda
-    device = "cpu" if on_cpu else "cuda"
+    d = derive(cfg, on_cpu)  # config/derived.py, once: every decision below reads it
     output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
-    args = trainer_args(cfg, on_cpu, output_dir)
-    qlora_policy = fsdp2_qlora_policy(cfg)
-    loading, why, sharded = decide_loading(cfg, on_cpu, args, qlora_policy)  # launch/loading.py
-    checkpointing = (
-        "fsdp" if cfg.fsdp.activation_checkpointing else "gradient" if args["activation_checkpointing"] else "off"
-    )
+    qlora_policy = fsdp2_qlora_policy(cfg, d)
+    units = fsdp_config(cfg, d)  # the transformers path's fsdp_config
+    loading = decide_loading(cfg, d, units, qlora_policy)  # launch/loading.py
+    args = trainer_args(cfg, d, output_dir, trainer_fsdp_config_for(loading, units))
     return RankSpec(
         world=world(cfg),
-        device=device,
-        backend=backend(cfg, on_cpu),
+        device="cpu" if on_cpu else "cuda",
+        backend=backend(d),
         timeout_s=int(cfg.training.get("ddp_timeout") or DEFAULT_TIMEOUT_S),
         env=rank_env(cfg, machine, on_cpu),
         cpu_fsdp_shim=on_cpu,
         fsdp_version=cfg.fsdp.version,
-        precision=compute_precision(cfg),
-        checkpointing=checkpointing,
-        use_reentrant=cfg.run.use_reentrant,
+        precision=d.precision,
+        checkpointing=checkpointing(cfg, d),
         trainer_args=args,
         parallelism=mesh(cfg, on_cpu),
         fsdp_mixed_precision=qlora_policy,
-        model=replace(model_spec(cfg), loading=loading, loading_note=why),
+        model=model_spec(cfg, d),
         lora=lora_kwargs(cfg),
-        data=data_spec(cfg),
+        data=data_spec(cfg, d),
         output_dir=output_dir,
         resume_from_checkpoint=resume,
         checkpoint_on_stop=cfg.training.get("save_strategy") != "no" and cfg.run.save_on_interrupt,
-        check_grad_norm=not args["fp16"],
-        notes=_notes(cfg, on_cpu),
+        check_grad_norm=d.precision != "fp16",  # fp16's scaler skips steps with inf gradients by design
+        loading=loading,
+        evaluation=d.evaluation,
+        seed=d.seed,
+        full_state_dict=cfg.fsdp.state_dict_type == "FULL_STATE_DICT",
+        notes=_notes(cfg, d),
         console=console,
-        sharded=sharded,
         save=save_spec(cfg),
     )
 
@@ -81,10 +70,14 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
 def save_spec(cfg: RunConfig) -> SaveSpec:
     """FSDP2 gathers the adapter alone and reloads each rank's rows in place; FSDP1's flat parameters go unit by
     unit (torch's full state dict would gather the whole model, and clone it on the GPU for an unsharded unit)."""
-    full = cfg.fsdp.state_dict_type == "FULL_STATE_DICT"
     if cfg.fsdp.version == 1:
-        return SaveSpec(final="fsdp1_units", resume="fsdp1_units", full_checkpoints=full)
-    return SaveSpec(final="gather_trainable", resume="local_rows", full_checkpoints=full)
+        return SaveSpec(final="fsdp1_units", resume="fsdp1_units")
+    return SaveSpec(final="gather_trainable", resume="local_rows")
+
+
+def checkpointing(cfg: RunConfig, d: Derived) -> str:
+    """What recomputes activations, for the plan: FSDP's activation checkpointing, the Trainer's, or nothing."""
+    return "fsdp" if cfg.fsdp.activation_checkpointing else "gradient" if d.gradient_checkpointing else "off"
 
 
 def world(cfg: RunConfig) -> World:
@@ -125,7 +118,7 @@ def mesh(cfg: RunConfig, on_cpu: bool = False) -> dict[str, Any] | None:
     return out
 
 
-def fsdp2_qlora_policy(cfg: RunConfig) -> dict[str, str] | None:
+def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> dict[str, str] | None:
     """FSDP2's MixedPrecisionPolicy for QLoRA: every dtype the 4-bit storage dtype.
 
     FSDP2 casts every floating parameter to the policy's param_dtype when it all-gathers, packed 4-bit weights
@@ -135,24 +128,24 @@ def fsdp2_qlora_policy(cfg: RunConfig) -> dict[str, str] | None:
     optimizer is created late, which FSDP2 forbids): fsdp-tune decides it here for FSDP2."""
     if cfg.fsdp.version != 2 or not cfg.quantization.use_4bit_quantization:
         return None
-    storage = quant_storage(cfg)
+    storage = d.quant_storage
     return {"param_dtype": storage, "reduce_dtype": storage, "output_dtype": storage}
 
 
-def backend(cfg: RunConfig, on_cpu: bool) -> str:
+def backend(d: Derived) -> str:
     """gloo on CPU; NCCL on GPUs, with gloo beside it for the CPU tensors cpu_offload leaves (gradient
     clipping all-reduces the offloaded gradients' norms on the CPU), as accelerate does (state.py)."""
-    if on_cpu:
+    if d.on_cpu:
         return "gloo"
-    return "cuda:nccl,cpu:gloo" if offload_active(cfg, on_cpu) else "nccl"
+    return "cuda:nccl,cpu:gloo" if d.offload else "nccl"
 
 
-def fsdp_config(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
+def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:
     """Transformers' `fsdp_config` dict, in the spelling TrainingArguments reads."""
     f = cfg.fsdp
     out: dict[str, Any] = {
         "version": f.version,
-        "cpu_offload": offload_active(cfg, on_cpu),
+        "cpu_offload": d.offload,
         "auto_wrap_policy": f.auto_wrap_policy,
         "state_dict_type": f.state_dict_type,
         "cpu_ram_efficient_loading": f.cpu_ram_efficient_loading,
@@ -165,7 +158,7 @@ def fsdp_config(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         for key in ("backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states"):
             if getattr(f, key) is not None:
                 out[key] = getattr(f, key)
-        if fsdp1_unsharded(cfg):
+        if d.fsdp1_unsharded:
             # transformers' FSDP1 default is use_orig_params=true, which loses the frozen parameters from the
             # state dict of a NO_SHARD unit after backward (FT033 warns when it was asked for); false saves fine
             out["use_orig_params"] = False
@@ -178,22 +171,22 @@ def fsdp_config(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
     return out
 
 
-def trainer_args(cfg: RunConfig, on_cpu: bool, output_dir: str) -> dict[str, Any]:
-    """SFTConfig's arguments: the user's training settings, and what fsdp-tune decides for them."""
+def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, Any]) -> dict[str, Any]:
+    """SFTConfig's arguments: the user's training settings, and what fsdp-tune decides for them (`fsdp`: the
+    fsdp_config the Trainer gets on the run's loading path)."""
     args: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.training.args.items()}
-    precision = compute_precision(cfg)
     args.update(
         output_dir=output_dir,
         fsdp=True,
-        fsdp_config=fsdp_config(cfg, on_cpu),
-        bf16=precision in ("bf16", "fp8"),
-        fp16=precision == "fp16",
-        use_cpu=on_cpu,
+        fsdp_config=fsdp,
+        bf16=d.precision in ("bf16", "fp8"),
+        fp16=d.precision == "fp16",
+        use_cpu=d.on_cpu,
         max_length=cfg.data.max_seq_len,
         packing=cfg.data.packing,
         dataset_text_field=cfg.data.dataset_text_field,
         # transformers 5 renamed the Trainer's gradient_checkpointing to activation_checkpointing
-        activation_checkpointing=gradient_checkpointing(cfg),
+        activation_checkpointing=d.gradient_checkpointing,
     )
     args.pop("gradient_checkpointing", None)
     kwargs = args.pop("gradient_checkpointing_kwargs", None) or {}
@@ -203,7 +196,7 @@ def trainer_args(cfg: RunConfig, on_cpu: bool, output_dir: str) -> dict[str, Any
         args.pop(name, None)
     if args["activation_checkpointing"]:
         args["activation_checkpointing_kwargs"] = {"use_reentrant": cfg.run.use_reentrant, **kwargs}
-    if on_cpu:
+    if d.on_cpu:
         args["ddp_backend"] = "gloo"
     if not args["fp16"]:
         args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
@@ -218,7 +211,7 @@ def attention(cfg: RunConfig) -> str | None:
     return chosen_attention(m.model_name_or_path, m.attn_implementation, m.use_flash_attn)
 
 
-def model_spec(cfg: RunConfig) -> ModelSpec:
+def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
     q = cfg.quantization
     quantization = None
     if q.use_4bit_quantization:
@@ -227,7 +220,7 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
             "bnb_4bit_quant_type": q.bnb_4bit_quant_type,
             "bnb_4bit_compute_dtype": q.bnb_4bit_compute_dtype,
             "bnb_4bit_use_double_quant": q.use_nested_quant,
-            "bnb_4bit_quant_storage": quant_storage(cfg),
+            "bnb_4bit_quant_storage": d.quant_storage,
         }
     name = cfg.model.model_name_or_path or ""
     template = cfg.data.chat_template_format
@@ -235,7 +228,7 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
         name_or_path=name,
         requested=name,
         revision=cfg.model.model_revision,
-        dtype=model_dtype(cfg),
+        dtype=d.model_dtype,
         attn_implementation=attention(cfg),
         trust_remote_code=cfg.model.trust_remote_code,
         quantization=quantization,
@@ -282,11 +275,11 @@ def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:
     return env
 
 
-def _notes(cfg: RunConfig, on_cpu: bool) -> tuple[str, ...]:
+def _notes(cfg: RunConfig, d: Derived) -> tuple[str, ...]:
     notes = []
-    if cfg.fsdp.cpu_offload and not offload_active(cfg, on_cpu):
+    if cfg.fsdp.cpu_offload and not d.offload:
         notes.append("cpu_offload has no effect on a CPU run: off")
-    if cfg.fsdp.activation_checkpointing_offload and on_cpu:
+    if cfg.fsdp.activation_checkpointing_offload and d.on_cpu:
         notes.append("activation_checkpointing_offload has no effect on a CPU run: off")
     if cfg.fsdp.version == 1 and cfg.lora.use_peft_lora:
         # by reading torch 2.13: FSDP1's flat parameters leave no way to gather the adapter alone that could be

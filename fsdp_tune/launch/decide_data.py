@@ -5,22 +5,22 @@ added on the launcher by sources/datacheck.py before the spec is written.
 
 from __future__ import annotations
 
-from fsdp_tune.config.derived import train_on_prompt
+from fsdp_tune.config.derived import Derived
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.spec import DataSpec
 from fsdp_tune.sources.mixture import Source, from_entry, mixture_problems
 
 
-def data_spec(cfg: RunConfig) -> DataSpec:
+def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
     d = cfg.data
     return DataSpec(
         dataset_name=d.dataset_name or "",
         splits=tuple(d.splits or ("train",)),
         text_field=d.dataset_text_field,
-        chat_template_format=d.chat_template_format,
         max_seq_len=d.max_seq_len,
         packing=d.packing,
-        sources=sources(cfg),
+        seed=derived.data_seed,
+        sources=sources(cfg, derived.train_on_prompt),
         test_split_size=d.test_split_size,
         mask_fallback=d.mask_fallback,
         peft_text_field=peft_text_field(cfg),
@@ -47,9 +47,9 @@ def split_names(cfg: RunConfig) -> tuple[str, str | None]:
     return train, cfg.data.dataset_test_split or (splits[1] if len(splits) > 1 else None)
 
 
-def sources(cfg: RunConfig) -> tuple[Source, ...]:
+def sources(cfg: RunConfig, everything: bool) -> tuple[Source, ...]:
+    """The Sources of the run; `everything`: --train_on_prompt as config/derived.py reads it."""
     d = cfg.data
-    everything = train_on_prompt(cfg)
     if d.datasets:
         if mixture_problems(list(d.datasets)):
             return ()  # refused by FT100

@@ -1,6 +1,6 @@
 """How the weights reach the ranks, decided once on the launcher: "sharded" or "transformers".
 
-sharded (worker/sharded_load.py): the model is built on the meta device, LoRA applied, the FSDP2 units made, and
+sharded (worker/loading/sharded.py): the model is built on the meta device, LoRA applied, the FSDP2 units made, and
 every rank reads only its own shard of each parameter from the safetensors files (quantizing only what it keeps
 under QLoRA). transformers: from_pretrained on every rank (the whole model in each rank's memory, the whole 4-bit
 model on each GPU), then accelerate's fully_shard.
@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.config.derived import DTYPE_OF_PRECISION, compute_precision, mesh_sizes, offload_active
+from fsdp_tune.config.derived import DTYPE_OF_PRECISION, Derived, mesh_sizes
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.launch.spec import Loading, ShardedPlan
 from fsdp_tune.sources import model as model_source
 from fsdp_tune.sources.moe import has_experts
 
@@ -28,7 +29,7 @@ WEIGHT_FILES = (SINGLE_FILE, INDEX_FILE)
 
 def remote_code_reason(trust_remote_code: bool, auto_map: Any) -> str | None:
     """Remote code the model's config points at: the launcher asks it of a config on this machine, a rank of
-    one it reads first (worker/sharded_files.py)."""
+    one it reads first (worker/loading/files.py)."""
     if trust_remote_code and auto_map:
         return "remote code (auto_map): its modules may make weights that no checkpoint key names"
     return None
@@ -95,29 +96,27 @@ def _model_reason(cfg: RunConfig) -> str | None:
     return None
 
 
-def sharded_plan(cfg: RunConfig, on_cpu: bool, fsdp_config: dict[str, Any], qlora_policy: dict | None) -> dict:
+def sharded_plan(cfg: RunConfig, d: Derived, qlora_policy: dict[str, str] | None) -> ShardedPlan:
     """What the sharded model builder applies that accelerate applies on the transformers path, decided as
     accelerate 1.15 decides it: the units (TRANSFORMER_BASED_WRAP's layer classes, the model's _no_split_modules
     when none is named), FSDP activation checkpointing (fsdp2_apply_ac), the MixedPrecisionPolicy (the plugin's:
     the QLoRA storage policy, else every dtype the run's precision, else the default), the offload policy and the
     fp32 upcast of trainable parameters under mixed precision without 4-bit weights (fsdp2_prepare_model)."""
     f = cfg.fsdp
-    precision = compute_precision(cfg)
     policy = qlora_policy
-    if policy is None and precision != "no":
-        dtype = DTYPE_OF_PRECISION[precision]
+    if policy is None and d.precision != "no":
+        dtype = DTYPE_OF_PRECISION[d.precision]
         policy = {"param_dtype": dtype, "reduce_dtype": dtype, "output_dtype": dtype}
-    return {
-        "layer_cls": list(f.transformer_layer_cls_to_wrap),
-        "reshard_after_forward": f.reshard_after_forward,
-        "activation_checkpointing": f.activation_checkpointing,
-        "activation_checkpointing_offload": f.activation_checkpointing_offload and not on_cpu,
-        "cpu_offload": offload_active(cfg, on_cpu),
-        "mp_policy": policy,
-        "upcast_trainable": precision != "no" and not cfg.quantization.use_4bit_quantization,
-        "fallback": cfg.model.loading == "auto",
-        "transformers_fsdp_config": fsdp_config,
-    }
+    return ShardedPlan(
+        layer_cls=tuple(f.transformer_layer_cls_to_wrap),
+        reshard_after_forward=f.reshard_after_forward,
+        activation_checkpointing=f.activation_checkpointing,
+        activation_checkpointing_offload=f.activation_checkpointing_offload and not d.on_cpu,
+        cpu_offload=d.offload,
+        mp_policy=policy,
+        upcast_trainable=d.precision != "no" and not cfg.quantization.use_4bit_quantization,
+        may_fall_back=cfg.model.loading == "auto",
+    )
 
 
 def trainer_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
@@ -128,21 +127,23 @@ def trainer_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
     return {**out, "auto_wrap_policy": "NO_WRAP", "activation_checkpointing": False}
 
 
-def decide_loading(
-    cfg: RunConfig, on_cpu: bool, trainer_args: dict[str, Any], qlora_policy: dict | None
-) -> tuple[str, str | None, dict | None]:
-    """(path, why not sharded, the rank spec's `sharded`); on the sharded path the Trainer's fsdp_config in
-    trainer_args becomes trainer_fsdp_config's."""
+def decide_loading(cfg: RunConfig, d: Derived, fsdp_config: dict[str, Any], qlora_policy: dict | None) -> Loading:
+    """The path, why not sharded, and on the sharded path the builder's plan and the transformers path's
+    fsdp_config (`fsdp_config`; the Trainer then gets trainer_fsdp_config's)."""
     path, why = loading_path(cfg)
     if path != "sharded":
-        return path, why, None
-    plan = sharded_plan(cfg, on_cpu, trainer_args["fsdp_config"], qlora_policy)
-    trainer_args["fsdp_config"] = trainer_fsdp_config(trainer_args["fsdp_config"])
-    return path, why, plan
+        return Loading(path, why)
+    return Loading(path, why, sharded_plan(cfg, d, qlora_policy), transformers_fsdp_config=fsdp_config)
 
 
-def describe(path: str, note: str | None) -> str:
+def trainer_fsdp_config_for(loading: Loading, fsdp_config: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer's fsdp_config on the run's loading path."""
+    return trainer_fsdp_config(fsdp_config) if loading.sharded is not None else fsdp_config
+
+
+def describe(loading: Loading) -> str:
     """One line for the launch plan."""
+    path, note = loading.path, loading.why
     if path == "sharded":
         return (
             "sharded: each rank reads only its own shards from the safetensors files "

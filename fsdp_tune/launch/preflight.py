@@ -109,7 +109,7 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
     from fsdp_tune.sources.datacheck import settle
 
     d = spec.data
-    eval_wanted = spec.trainer_args.get("eval_strategy", "no") not in ("no", None) and not d.test_split_size
+    eval_wanted = spec.evaluation and not d.test_split_size
     sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted)
     return replace(spec, data=replace(d, sources=sources)), findings
 

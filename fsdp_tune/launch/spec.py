@@ -1,9 +1,11 @@
 """The rank spec: every decision a rank executes, made once on the launcher side (see decide.py).
 
-Plain, frozen data. It is written to OUTPUT_DIR/fsdp_tune_resolved.json, printed by `train --dry_run`
+Plain, frozen, typed data. It is written to OUTPUT_DIR/fsdp_tune_resolved.json, printed by `train --dry_run`
 (`--dry_run --json` prints it whole), and the worker reads nothing else: no rank re-decides the backend,
-a dtype, checkpointing or the `fsdp_config` that Transformers receives. Because GPU decisions are data
-here, they are tested as tables without a GPU (tests/unit/test_rank_spec.py).
+a dtype, checkpointing, the seed, whether it evaluates, how the model loads or the `fsdp_config` that
+Transformers receives. Because GPU decisions are data here, they are tested as tables without a GPU
+(tests/unit/test_rank_spec.py); every field is read by the worker or shown by the plan
+(tests/unit/test_spec_walk.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
 from fsdp_tune.sources.mixture import Source, source_from_dict
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -44,22 +46,55 @@ class ModelSpec:
     quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
     chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
     revision: str | None = None  # the model's branch, tag or commit (--model_revision)
-    loading: str = "transformers"  # "sharded": each rank reads only its shards (worker/sharded_load.py)
-    loading_note: str | None = None  # why the run takes the transformers path, when sharded loading does not apply
+
+
+@dataclass(frozen=True)
+class ShardedPlan:
+    """What the sharded model builder (worker/loading/sharded.py) applies that accelerate applies on the
+    transformers path, decided as accelerate 1.15 decides it (launch/loading.py sharded_plan)."""
+
+    layer_cls: tuple[str, ...]  # the classes made FSDP units; empty: the model's _no_split_modules
+    reshard_after_forward: bool
+    activation_checkpointing: bool  # FSDP activation checkpointing (fsdp2_apply_ac)
+    activation_checkpointing_offload: bool
+    cpu_offload: bool
+    mp_policy: dict[str, str] | None  # MixedPrecisionPolicy dtypes by name; None: FSDP2's default
+    upcast_trainable: bool  # trainable parameters in fp32 under mixed precision (not with 4-bit weights)
+    may_fall_back: bool  # --loading auto: a rank that finds the model needs from_pretrained falls back; else stops
+
+
+@dataclass(frozen=True)
+class Loading:
+    """How the weights reach the ranks (launch/loading.py): "sharded" (each rank reads only its shards,
+    worker/loading/sharded.py) or "transformers" (from_pretrained on every rank)."""
+
+    path: str = "transformers"
+    why: str | None = None  # why the run takes the transformers path, when sharded loading does not apply
+    sharded: ShardedPlan | None = None  # on the sharded path: what the builder applies
+    # on the sharded path, the transformers path's fsdp_config: the units the builder makes follow it, and a rank
+    # that falls back gives it to the Trainer (the Trainer is otherwise told NO_WRAP); None on the transformers path
+    transformers_fsdp_config: dict[str, Any] | None = None
+
+
+def loading_from_dict(data: dict[str, Any]) -> Loading:
+    sharded = data.get("sharded")
+    if sharded is not None:
+        sharded = ShardedPlan(**{**sharded, "layer_cls": tuple(sharded["layer_cls"])})
+    return Loading(**{**data, "sharded": sharded})
 
 
 @dataclass(frozen=True)
 class DataSpec:
     """The data every rank trains on: the sources (their format detected from the files on the launcher, or
     on rank 0 for a Hub dataset), how they mix, and what is in the loss. Rank 0 converts and tokenizes once
-    (worker/prepare.py); the others read its result."""
+    (worker/data/prepare.py); the others read its result."""
 
     dataset_name: str
     splits: tuple[str, ...]
     text_field: str
-    chat_template_format: str  # "none": the tokenizer's own template renders chats
     max_seq_len: int
     packing: bool
+    seed: int  # mixing sources and carving held-out rows: --data_seed, else --seed
     sources: tuple[Source, ...] = ()
     test_split_size: float | None = None  # held-out share carved from the mixed training rows
     mask_fallback: str = "split"  # chat templates that re-render earlier turns: split | locate | error
@@ -69,16 +104,15 @@ class DataSpec:
 @dataclass(frozen=True)
 class SaveSpec:
     """How the adapter leaves the sharded model at the end (and at FULL checkpoints) and comes back on resume
-    (worker/save.py): it depends on the FSDP version, so it is decided here and tested as a table."""
+    (worker/saving/save.py): it depends on the FSDP version, so it is decided here and tested as a table. Whether
+    checkpoints hold the whole adapter is RankSpec.full_state_dict."""
 
     # "gather_trainable": FSDP2, every rank all-gathers the trainable tensors only, rank 0 writes them;
-    # "fsdp1_units": FSDP1, one unit unsharded at a time, its adapter tensors copied off (worker/fsdp1_units.py)
+    # "fsdp1_units": FSDP1, one unit unsharded at a time, its adapter tensors copied off (worker/saving/fsdp1_units.py)
     final: str = "gather_trainable"
     # "local_rows": FSDP2, each rank copies its rows of the saved adapter into its shards where they live (GPU, or
     # pinned host memory under cpu_offload); "fsdp1_units": FSDP1, unit by unit, written back to each shard
     resume: str = "local_rows"
-    # FULL_STATE_DICT checkpoints are written through the final save's path (Trainer's own fails under FSDP2)
-    full_checkpoints: bool = False
 
 
 def data_spec_from_dict(data: dict[str, Any]) -> DataSpec:
@@ -94,10 +128,11 @@ class RankSpec:
     timeout_s: int  # collectives time out after this long (--ddp_timeout)
     env: dict[str, str]  # exported to torchrun and every rank, as `accelerate launch` would
     cpu_fsdp_shim: bool  # accelerate's FSDP path on CPU (worker/cpu_fsdp.py)
-    fsdp_version: int
-    precision: str  # mixed precision: no | bf16 | fp16 | fp8
-    checkpointing: str  # "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"
-    use_reentrant: bool
+    fsdp_version: int  # shown by the plan; the ranks get it in trainer_args' fsdp_config
+    precision: str  # mixed precision, shown by the plan: no | bf16 | fp16 | fp8 (the ranks: trainer_args' bf16/fp16)
+    # shown by the plan: "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"; the ranks get
+    # it as fsdp_config's activation_checkpointing, trainer_args' activation_checkpointing and loading.sharded's
+    checkpointing: str
     trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
     parallelism: dict[str, Any] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
     fsdp_mixed_precision: dict[str, str] | None  # FSDP2 MixedPrecisionPolicy dtypes (QLoRA), None: accelerate's
@@ -108,17 +143,18 @@ class RankSpec:
     resume_from_checkpoint: str | None
     checkpoint_on_stop: bool  # a stop request (signal, stop file) ends with a checkpoint
     check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
+    loading: Loading  # how the model loads (launch/loading.py)
+    evaluation: bool  # the Trainer evaluates (--eval_strategy other than no): the ranks get the held-out rows
+    seed: int  # set_seed before data and model (LoRA's initial values): --seed, TRL's default when not given
+    full_state_dict: bool  # checkpoints hold the whole adapter (FULL_STATE_DICT): fsdp-tune's gather saves them
+    method: str = "sft"  # the training method (worker/training/methods.py): SFTTrainer
     spec_version: int = SPEC_VERSION
     notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
-    # what rank 0 shows people (worker/logs.py, progress.py): "live" (a terminal: one progress line redrawn in place),
-    # "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also everything the libraries
-    # print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
+    # what rank 0 shows people (worker/logs.py, worker/training/progress.py): "live" (a terminal: one progress
+    # line redrawn in place), "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also
+    # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
     console: str = "lines"
-    # sharded loading: what the model builder applies that accelerate applies on the transformers path (units,
-    # FSDP activation checkpointing, policies, the fp32 upcast), and that path's fsdp_config for a rank that falls
-    # back (launch/loading.py). None on the transformers path.
-    sharded: dict[str, Any] | None = None
-    save: SaveSpec = field(default_factory=SaveSpec)
+    save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
@@ -128,7 +164,14 @@ class RankSpec:
     def unit_fsdp_config(self) -> dict[str, Any]:
         """The fsdp_config the FSDP units follow: under sharded loading the builder makes them (the Trainer is
         told NO_WRAP), as the transformers path's config says."""
-        return self.sharded["transformers_fsdp_config"] if self.sharded else self.fsdp_config
+        return self.loading.transformers_fsdp_config or self.fsdp_config
+
+    def trainer_args_on(self, path: str) -> dict[str, Any]:
+        """The SFTConfig arguments for the model loaded on `path`: a rank that fell back from sharded loading
+        trains with the transformers path's fsdp_config (decided here, on the launcher)."""
+        if path == "transformers" and self.loading.transformers_fsdp_config is not None:
+            return {**self.trainer_args, "fsdp_config": self.loading.transformers_fsdp_config}
+        return self.trainer_args
 
     @property
     def resolved_path(self) -> str:
@@ -152,6 +195,7 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
     kwargs["world"] = World(**data["world"])
     kwargs["model"] = ModelSpec(**data["model"])
     kwargs["data"] = data_spec_from_dict(data["data"])
+    kwargs["loading"] = loading_from_dict(data["loading"])
     kwargs["notes"] = tuple(data.get("notes", ()))
     kwargs["save"] = SaveSpec(**data.get("save", {}))
     return RankSpec(**kwargs)

@@ -1,4 +1,4 @@
-"""Text for people about the data (output.py's lines for it, kept here to keep output.py small): what the
+"""Text for people about the data (run.py's lines for it, kept here to keep run.py small): what the
 plan says each source is and trains on, and what the summary says was skipped and how much was in the loss."""
 
 from __future__ import annotations

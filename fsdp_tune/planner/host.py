@@ -22,7 +22,7 @@ LOAD_RSS_FACTORS = {"transformers": 1.2, "sharded": 1.15}
 # RSS. A whole CPU run's peak above the runtime was 1.2-1.6 x the planned allocated step memory on the 125M
 # Llama (micro-batch 4 x 128) and 1.9-2.4 x on the 443M one (1 x 64), alike on both loading paths; the planner
 # takes 1.5 for the step's transient part (the static shards, trainable state are not freed). Measured here,
-# named, checked by tests/dist/test_plan.py; MALLOC_MMAP_THRESHOLD_=65536 returns those pages (BENCHMARKS.md 8).
+# named, checked by tests/lib/test_plan.py; MALLOC_MMAP_THRESHOLD_=65536 returns those pages (BENCHMARKS.md 8).
 CPU_HEAP_RETENTION = 1.5
 LOADING, TRAINING = "loading:", "training:"
 FIRST_STEP = f"{TRAINING} first step:"  # training-phase memory that is freed during the first step

@@ -2,7 +2,7 @@
 the model's shape and the code path (planner/stack.py). Pure (no torch).
 
 No constant here is fitted to a published measurement. Per-token and per-logit terms come from reading
-the code the ranks run (planner/terms.py, checked on CPU by tests/dist/test_planner_terms.py); static
+the code the ranks run (planner/terms.py, checked on CPU by tests/lib/test_planner_terms.py); static
 terms from the dtypes and FSDP's sharding. What the formula predicts is peak *allocated* memory (what
 torch.cuda.max_memory_allocated reports): the sum of live tensors, at the phase of the step where it is
 largest. The caching allocator's reserve and the CUDA context are added separately in planner/plan.py,

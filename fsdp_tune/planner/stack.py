@@ -16,7 +16,7 @@ from fsdp_tune.sources.classes import chosen_attention
 
 # Bytes per logit (T x V) at the end of the forward and at the start of the backward, for the loss paths
 # that materialise full logits; c is the compute dtype's size. Derivations (read, and the installed ones
-# measured on CPU in tests/dist/test_planner_terms.py):
+# measured on CPU in tests/lib/test_planner_terms.py):
 # hf_trainer: transformers >= 4.45 `ForCausalLMLoss` under Trainer: logits (c, kept by the output), fp32
 #   upcast (4, not when c = 4), log_softmax output (4, saved); Trainer drops the output before backward, which
 #   then holds the saved output, nll_loss's dense grad and log_softmax's grad: 12.
@@ -39,7 +39,6 @@ FULL_LOGIT_PATHS = {
     "fp32_logits_kept": (lambda c: 8.0, lambda c: 16.0),
     "chunked_ce": (lambda c: 6.5, lambda c: 7.5),
 }
-LOSS_PATHS = ("trl_fused", *FULL_LOGIT_PATHS)
 ATTENTION = ("flash", "sdpa", "eager")
 CHECKPOINTING = ("full", "selective", "none")
 

@@ -1,7 +1,7 @@
 """What one decoder layer, the loss and the 4-bit matmuls allocate, per token or per step: the terms the
 memory plan adds up. Each is derived op by op from the code the ranks run (transformers' Llama-family
 layer, PEFT's LoRA Linear, TRL's fused LM head, bitsandbytes' MatMul4Bit) and checked on CPU against what
-autograd actually saves and what a step's peak actually is (tests/dist/test_planner_terms.py).
+autograd actually saves and what a step's peak actually is (tests/lib/test_planner_terms.py).
 
 Notation: h hidden, q = heads x head_dim, kv = kv heads x head_dim, i the MLP width a token uses (top_k
 experts' under MoE), c the compute dtype's bytes, r the LoRA rank.

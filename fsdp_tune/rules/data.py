@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import TRL_LOSS_FLAGS, train_on_prompt
+from fsdp_tune.config.derived import TRL_LOSS_FLAGS, evaluation, train_on_prompt
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
@@ -147,7 +147,7 @@ def column_and_role_maps(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT106", "data", "evaluation without held-out data")
 def eval_needs_data(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.training.get("eval_strategy") in (None, "no") or not cfg.data.datasets or cfg.data.test_split_size:
+    if not evaluation(cfg) or not cfg.data.datasets or cfg.data.test_split_size:
         return
     yield error(
         cfg,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import mesh_sizes
+from fsdp_tune.config.derived import evaluation, mesh_sizes
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
@@ -181,7 +181,7 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
             "predictions/compute_metrics are not available under context parallelism (logits stay sharded)",
             "remove it; evaluation reports eval_loss only",
         )
-    if t.get("eval_strategy") not in (None, "no"):
+    if evaluation(cfg):
         yield finding(
             cfg,
             "FT048",

@@ -1,5 +1,5 @@
 """Models fsdp-tune builds locally (`--model_name_or_path builtin:NAME`): shapes here, building in
-worker/tiny_model.py, cached once per machine so every run and every rank loads the same weights."""
+models/tiny.py, cached once per machine so every run and every rank loads the same weights."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def materialize(name: str) -> Path:
     if not target.is_dir():
         target.parent.mkdir(parents=True, exist_ok=True)
         built = subprocess.run(
-            [sys.executable, "-m", "fsdp_tune.worker.tiny_model", name, str(target)],
+            [sys.executable, "-m", "fsdp_tune.models.tiny", name, str(target)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,  # transformers' "Writing model shards" bar: not for the console
             text=True,

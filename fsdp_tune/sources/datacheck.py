@@ -2,7 +2,7 @@
 detected and written into the rank spec; files that cannot be read, folders that mix kinds of files, columns
 that match no format and rows of another format are refused; rows that will be skipped or whose turns are out
 of order are reported with file and row. A Hub dataset is only checked for being reachable: rank 0 detects
-its format (worker/prepare.py), with the same functions.
+its format (worker/data/prepare.py), with the same functions.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
         if spec.model.attn_implementation != "flash_attention_2" or device.startswith("cuda"):
             kwargs["attn_implementation"] = spec.model.attn_implementation
         if spec.model.quantization:
-            from fsdp_tune.worker.model import quantization_config
+            from fsdp_tune.worker.loading.pretrained import quantization_config
 
             kwargs.update(quantization_config=quantization_config(spec), device_map={"": device})
             how = f"4-bit {spec.model.quantization['bnb_4bit_quant_type']}, as trained"

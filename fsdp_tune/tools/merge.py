@@ -200,7 +200,7 @@ def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from fsdp_tune.worker.model import quantization_config
+    from fsdp_tune.worker.loading.pretrained import quantization_config
 
     spec = read_from(adapter_dir)
     q = spec.model.quantization

@@ -7,11 +7,11 @@ import time
 
 STARTED = time.time()  # before torch is imported: time-to-first-step includes the imports
 
-from fsdp_tune.worker import phases, signals  # noqa: E402
+from fsdp_tune.worker.errors import describe  # noqa: E402
 from fsdp_tune.worker.logs import console, setup_from_spec  # noqa: E402
+from fsdp_tune.worker.training import signals  # noqa: E402
 
 signals.current()  # a stop request during start-up (imports, loading) is kept for the first step end
-phases.mark("rank", STARTED)
 if len(sys.argv) > 1:
     setup_from_spec(sys.argv[1])  # before torch: what the imports print goes to the rank log too
 
@@ -20,8 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 
 @record
 def main() -> None:
-    from fsdp_tune.worker.errors import describe
-    from fsdp_tune.worker.recipe import run
+    from fsdp_tune.worker.recipe import run  # torch, transformers, TRL: after the rank log is set up
 
     try:
         try:

@@ -10,11 +10,20 @@ Nothing here acts unless one of these is set.
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
+import shutil
 import signal
 import time
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
 
+import transformers.trainer as trainer_module
 from transformers import TrainerCallback
+
+from fsdp_tune.worker.rank import rank, restart_count
 
 KILL, HANG, POISON = "FSDP_TUNE_TEST_KILL", "FSDP_TUNE_TEST_HANG", "FSDP_TUNE_TEST_POISON_STEP"
 FAKE_HUB = "FSDP_TUNE_TEST_FAKE_HUB"
@@ -24,8 +33,6 @@ def install_fake_hub() -> None:
     """Point transformers' Hub client (transformers.trainer.hf_api) at a folder, when the test asks."""
     folder = os.environ.get(FAKE_HUB)
     if folder:
-        import transformers.trainer as trainer_module
-
         trainer_module.hf_api = lambda: FakeHub(folder)
 
 
@@ -33,30 +40,19 @@ class FakeHub:
     """The two HfApi calls the Trainer makes, against a folder (the same arguments, recorded)."""
 
     def __init__(self, folder: str):
-        from pathlib import Path
-
         self.root = Path(folder)
 
     def _record(self, call: str, **kwargs) -> None:
-        import json
-
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / "calls.jsonl", "a") as f:
             f.write(json.dumps({"call": call, **{k: v for k, v in kwargs.items() if k != "token"}}, default=str) + "\n")
 
     def create_repo(self, repo_id: str, token=None, private=None, exist_ok=False, **kwargs):
-        from types import SimpleNamespace
-
         full = repo_id if "/" in repo_id else f"fake-user/{repo_id}"
         self._record("create_repo", repo_id=full, private=private, exist_ok=exist_ok)
         return SimpleNamespace(repo_id=full)
 
     def upload_folder(self, repo_id, folder_path, path_in_repo=None, ignore_patterns=(), run_as_future=False, **kw):
-        import fnmatch
-        import shutil
-        from concurrent.futures import Future
-        from pathlib import Path
-
         source = Path(folder_path)
         target = self.root / repo_id / (path_in_repo or "")
         files = []
@@ -91,18 +87,18 @@ def poison_loss(loss, next_step: int):
 
 class FaultInjectionCallback(TrainerCallback):
     def __init__(self):
-        self.kill = self._spec(KILL)
-        self.hang = self._spec(HANG)
+        self.kill = self._where(os.environ.get(KILL, ""))
+        self.hang = self._where(os.environ.get(HANG, ""))
 
     @staticmethod
-    def _spec(name: str) -> tuple[int, int]:
-        spec = os.environ.get(name, "")
-        rank, step = spec.split(":") if spec else (-1, -1)
-        return int(rank), int(step)
+    def _where(value: str) -> tuple[int, int]:
+        """RANK:STEP -> (rank, step); (-1, -1) when not set."""
+        at_rank, step = value.split(":") if value else (-1, -1)
+        return int(at_rank), int(step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        here = (int(os.environ.get("RANK", 0)), state.global_step)
-        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        here = (rank(), state.global_step)
+        if restart_count():
             return
         if here == self.kill:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fsdp_tune.runfiles import open_nofollow, rank_log
+from fsdp_tune.worker import rank as ranks
 
 
 class _Tee:
@@ -158,6 +159,6 @@ def setup_from_spec(resolved_path: str) -> None:
     is left to the recipe, which reports it."""
     try:
         spec = json.loads(Path(resolved_path).read_text())["spec"]
-        setup_rank_log(spec["output_dir"], int(os.environ.get("RANK", "0")), spec.get("console", "lines"))
+        setup_rank_log(spec["output_dir"], ranks.rank(), spec.get("console", "lines"))
     except (OSError, ValueError, KeyError, TypeError):
         return

@@ -1,30 +1,37 @@
-"""Rank 0's phase lines: the recipe's named steps timed (`@timed`), and those people wait on shown with what
-they produced: loading model, preparing data (rows and tokens), saving. Sharding and the first step are
-seen from inside Trainer.train(), by worker/progress.py. Every rank writes its steps' times to its log.
+"""Rank 0's phase lines: the recipe's named steps timed (`Phases.timed`), and those people wait on shown with
+what they produced: loading model, preparing data (rows and tokens), saving. Sharding and the first step are
+seen from inside Trainer.train(), by worker/training/progress.py. Every rank writes its steps' times to its log.
+
+The recipe owns one Phases (no module state); each `show_*` line takes the step's typed result. No torch.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from fsdp_tune.worker.data.lengths import row_lengths
 from fsdp_tune.worker.logs import console
-
-_started: dict[str, float] = {}
-_took: dict[str, float] = {}
-_rows: dict[str, int] = {}
+from fsdp_tune.worker.wrappers import base
 
 
-def started(step: str) -> float | None:
-    return _started.get(step)
+class Phases:
+    """When each step of this rank started and how long it took."""
 
+    def __init__(self, rank_started: float):
+        self.started: dict[str, float] = {"rank": rank_started}  # the entry point's, before torch was imported
+        self.took: dict[str, float] = {}
 
-def mark(step: str, at: float) -> None:
-    """A start time seen elsewhere ("rank": the entry point's, before torch was imported)."""
-    _started[step] = at
+    @contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        self.started[step] = t0 = time.time()
+        yield
+        self.took[step] = time.time() - t0
+        log = console().log
+        if log is not None:
+            log.write(f"fsdp-tune: {step} took {self.took[step]:.2f} s\n")
 
 
 def line(name: str, seconds: float | None, detail: str = "") -> None:
@@ -32,40 +39,10 @@ def line(name: str, seconds: float | None, detail: str = "") -> None:
     console().line(f"{name:<17}{took}  {detail}".rstrip())
 
 
-def timed(step: str, show: Callable[..., None] | None = None):
-    """Time a recipe step; on rank 0, `show(seconds, result, *args)` then prints its line."""
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def run(*args, **kwargs):
-            _started[step] = t0 = time.time()
-            result = fn(*args, **kwargs)
-            _took[step] = time.time() - t0
-            log = console().log
-            if log is not None:
-                log.write(f"fsdp-tune: {step} took {_took[step]:.2f} s\n")
-            if show is not None and os.environ.get("RANK", "0") == "0":
-                show(_took[step], result, *args)
-            return result
-
-        return run
-
-    return wrap
-
-
-def data_read(seconds: float, splits: Any, *_) -> None:
-    """build_data: rows per split, kept for the line after tokenizing (TRL tokenizes in the trainer)."""
-    if isinstance(splits, tuple):
-        for name, ds in zip(("train", "eval"), splits, strict=False):  # the data step may return more
-            if ds is not None and hasattr(ds, "__len__"):
-                _rows[name] = len(ds)
-
-
-def model_loaded(seconds: float, built: Any, spec: Any, *_) -> None:
-    """build_model returns (model, the SFTConfig that trains it)."""
-    model = built[0] if isinstance(built, tuple) else built
-    quant = spec.model.quantization
-    how = f"4-bit {quant['bnb_4bit_quant_type']}" if quant else spec.model.dtype
+def show_model(seconds: float, model: Any, model_spec: Any) -> None:
+    """The loading line: the architecture, its parameters and their dtype (or 4-bit type)."""
+    quant = model_spec.quantization
+    how = f"4-bit {quant['bnb_4bit_quant_type']}" if quant else model_spec.dtype
     try:
         count = f"{_millions(_base_parameters(model))} parameters in {how}"
     except (AttributeError, TypeError):
@@ -73,11 +50,31 @@ def model_loaded(seconds: float, built: Any, spec: Any, *_) -> None:
     line("loading model", seconds, f"{_base_class(model)}, {count}")
 
 
+def show_data(seconds: float, trainer: Any, rows: dict[str, int | None]) -> None:
+    """Reading the data and TRL's tokenizing (in the trainer's constructor), as one phase: `rows` per split as
+    read (None: streamed), the tokens TRL kept."""
+    parts = []
+    for name, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
+        if ds is None:
+            continue
+        count = rows.get(name)
+        tokens = _tokens(ds)
+        text = f"{count:,} {name} rows" if count is not None else f"{name} (streamed)"
+        if tokens is not None:
+            text += f", {tokens:,} tokens"
+        parts.append(text)
+    line("preparing data", seconds, "; ".join(parts))
+
+
+def show_saved(seconds: float, adapter_check: dict | None) -> None:
+    detail = f"{adapter_check['lora_tensors']} LoRA tensors, checked whole and trained" if adapter_check else ""
+    line("saving", seconds, detail)
+
+
 def _base_class(model: Any) -> str:
     """The architecture's name on either loading path: sharded loading hands over a PeftModel around an FSDP
     module (fully_shard renames the class FSDP<Name>)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    name = type(base).__name__
+    name = type(base(model)).__name__
     return name.removeprefix("FSDP") if name.startswith("FSDP") and len(name) > 4 else name
 
 
@@ -98,32 +95,8 @@ def _base_parameters(model: Any) -> int:
     return total
 
 
-def data_prepared(seconds: float, built: Any, *_) -> None:
-    """build_trainer: reading the data and TRL's tokenizing (in the trainer's constructor), as one phase."""
-    trainer = built[0]
-    parts = []
-    for name, ds in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
-        if ds is None:
-            continue
-        rows = _rows.get(name)
-        tokens = _tokens(ds)
-        text = f"{rows:,} {name} rows" if rows is not None else f"{name} (streamed)"
-        if tokens is not None:
-            text += f", {tokens:,} tokens"
-        parts.append(text)
-    line("preparing data", seconds + _took.get("build_data", 0.0), "; ".join(parts))
-
-
-def saved(seconds: float, result: Any, *_) -> None:
-    check = (result or {}).get("adapter_check") if isinstance(result, dict) else None
-    detail = f"{check['lora_tensors']} LoRA tensors, checked whole and trained" if check else ""
-    line("saving", seconds, detail)
-
-
 def _tokens(dataset: Any) -> int | None:
     """Tokens in a tokenized dataset, from the Arrow list offsets of input_ids (rows TRL kept only)."""
-    from fsdp_tune.worker.data import row_lengths
-
     try:
         return int(row_lengths(dataset).sum())
     except (AttributeError, KeyError, TypeError, ValueError):  # an iterable (streamed) dataset: not counted

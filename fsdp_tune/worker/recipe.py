@@ -1,265 +1,242 @@
 """One rank's run, as a recipe of named steps (torchtune's recipe shape): setup, tokenizer, data, model,
-trainer, train, save, summary. Every decision was made by the launcher and comes in the rank spec; the
-steps only execute it.
+trainer, train, save, summary. Every decision was made by the launcher and comes in the rank spec; the steps
+execute it, for whichever training method the spec names (training/methods.py), and each returns a typed
+result the later steps read. The recipe keeps the run's state (its Phases); no module does.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from transformers import set_seed
 
 from fsdp_tune import summary as run_summary
+from fsdp_tune.launch.checkpoints import latest_complete
 from fsdp_tune.launch.spec import RankSpec, from_dict
-from fsdp_tune.worker import phases
+from fsdp_tune.worker import faults, phases, process
+from fsdp_tune.worker.data.lengths import truncated_rows
+from fsdp_tune.worker.data.prepare import Prepared
+from fsdp_tune.worker.loading.adapter import lora_config
+from fsdp_tune.worker.loading.build import Loaded, load
+from fsdp_tune.worker.loading.report import FirstStepMemory
+from fsdp_tune.worker.loading.tokenizer import load_tokenizer
 from fsdp_tune.worker.logs import console
+from fsdp_tune.worker.rank import is_main, restart_count
+from fsdp_tune.worker.saving.hub import push_final
+from fsdp_tune.worker.saving.save import save_adapter
+from fsdp_tune.worker.saving.verify import expected_adapter, verify_adapter
+from fsdp_tune.worker.summary import collect, vocab_growth
+from fsdp_tune.worker.training.callbacks import (
+    MetricsCallback,
+    NanGuardCallback,
+    ShardingCheckCallback,
+    StopOnSignalCallback,
+)
+from fsdp_tune.worker.training.config import trainer_config
+from fsdp_tune.worker.training.methods import method_of
+from fsdp_tune.worker.training.progress import ProgressCallback
+from fsdp_tune.worker.training.trainer import Saving, fsdp_trainer
+from fsdp_tune.worker.wrappers import inner
 
 
 class TrainingDiverged(RuntimeError):
     pass
 
 
-@dataclass
-class Watchers:
-    """The callbacks whose state the recipe reads after training."""
+@dataclass(frozen=True)
+class Handoff:
+    """What the launcher wrote for the ranks (OUTPUT_DIR/fsdp_tune_resolved.json): the spec, and the run id
+    the ranks write into checkpoint markers, metrics and the summary."""
 
-    metrics: object
-    nan_guard: object
-    stopper: object
+    spec: RankSpec
+    run_id: str | None
+
+
+@dataclass
+class Built:
+    """The trainer, and the callbacks whose state the recipe reads after training."""
+
+    trainer: Any
+    metrics: MetricsCallback
+    nan_guard: NanGuardCallback
+    stopper: StopOnSignalCallback
+
+
+def read_handoff(resolved_path: str) -> Handoff:
+    data = json.loads(Path(resolved_path).read_text())
+    return Handoff(from_dict(data["spec"]), data.get("run_id"))
 
 
 def run(resolved_path: str, started: float | None = None) -> None:
-    started = started or time.time()
-    spec = read_spec(resolved_path)
-    setup(spec)
-    tokenizer = build_tokenizer(spec)
-    args = training_args(spec)
-    with args.main_process_first(desc="dataset preparation"):
-        train_ds, eval_ds, data_report = build_data(spec, tokenizer)
-    model, args = build_model(spec, tokenizer, args)
-    trainer, watch = build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)
-    truncation = report_truncation(trainer, spec)
-    result = train(trainer, spec)
-    if watch.stopper.stopped_at is not None:
-        finish_interrupted(trainer, spec, watch.stopper)
-        return
-    check_finite(watch.nan_guard)
-    summary = save_and_verify(trainer, spec, tokenizer)
-    push(trainer, spec)
-    write_summary(trainer, spec, result, watch, started, truncation, summary, data_report)
+    Recipe(read_handoff(resolved_path), started or time.time()).run()
 
 
-def read_spec(resolved_path: str) -> RankSpec:
-    return from_dict(json.loads(Path(resolved_path).read_text())["spec"])
+class Recipe:
+    def __init__(self, handoff: Handoff, started: float):
+        self.spec, self.run_id = handoff.spec, handoff.run_id
+        self.method = method_of(self.spec)
+        self.phases = phases.Phases(started)
 
+    def run(self) -> None:
+        process.start(self.spec)
+        tokenizer = load_tokenizer(self.spec.model)
+        args = self.seeded_config()
+        with args.main_process_first(desc="dataset preparation"):
+            data = self.prepare_data(tokenizer)
+        loaded = self.load_model(tokenizer, args)
+        built = self.build_trainer(loaded, tokenizer, data)
+        truncation = self.report_truncation(built.trainer)
+        result = self.train(built.trainer)
+        if built.stopper.stopped_at is not None:
+            self.finish_interrupted(built)
+            return
+        check_finite(built.nan_guard)
+        saved = self.save(built.trainer, loaded, tokenizer)
+        self.push(built.trainer)
+        self.write_summary(built, result, truncation, saved, data, loaded)
 
-def setup(spec: RankSpec) -> int:
-    """Rank log, environment, the CPU shim (when the spec asks), test hooks, the Hub client, process group."""
-    from fsdp_tune.worker import faults, hub
-    from fsdp_tune.worker.logs import setup_rank_log
+    def seeded_config(self):
+        """The method's config, and every RNG seeded with the spec's seed before data and model (LoRA's initial
+        values), as the Trainer's own set_seed would."""
+        args = self.trainer_config()
+        set_seed(self.spec.seed)
+        return args
 
-    os.environ.update(spec.env)  # inherited from the launcher already; a spec run by hand gets it too
-    rank = int(os.environ.get("RANK", "0"))
-    setup_rank_log(spec.output_dir, rank, spec.console)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    print(f"fsdp-tune: rank {rank}/{world} starting on {socket.gethostname()} (pid {os.getpid()})", flush=True)
-    if spec.cpu_fsdp_shim:
-        from fsdp_tune.worker import cpu_fsdp
+    def trainer_config(self, path: str | None = None):
+        """The method's config from the spec's trainer_args, or from those for a model loaded on `path` (a rank
+        that fell back from sharded loading: RankSpec.trainer_args_on)."""
+        args = self.spec.trainer_args if path is None else self.spec.trainer_args_on(path)
+        return trainer_config(self.spec, self.method.config_class, args)
 
-        cpu_fsdp.install()
-    faults.install_fake_hub()  # test-only; nothing unless FSDP_TUNE_TEST_FAKE_HUB is set
-    hub.exclude_bookkeeping()
-    init_process_group(spec)
-    return rank
+    def prepare_data(self, tokenizer) -> Prepared:
+        with self.phases.timed("build_data"):
+            return self.method.prepare(self.spec, tokenizer)
 
+    def load_model(self, tokenizer, args) -> Loaded:
+        """The model on the spec's loading path (worker/loading/build.py), and the config that trains it (the
+        transformers path's, when a rank finds that sharded loading cannot take this model and falls back)."""
+        with self.phases.timed("build_model"):
+            loaded = load(self.spec, tokenizer, args, lambda: self.trainer_config("transformers"))
+        if is_main():
+            phases.show_model(self.phases.took["build_model"], loaded.model, self.spec.model)
+        return loaded
 
-def init_process_group(spec: RankSpec) -> None:
-    """Join the process group under a key prefix of its own per torchrun attempt.
+    def build_trainer(self, loaded: Loaded, tokenizer, data: Prepared) -> Built:
+        spec = self.spec
+        with self.phases.timed("build_trainer"):
+            metrics = MetricsCallback(spec.output_dir, self.run_id)
+            nan_guard = NanGuardCallback(check_grad_norm=spec.check_grad_norm)
+            stopper = StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device)
+            sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
+            progress = ProgressCallback(
+                spec.device, spec.world.world_size, self.phases, spec.console == "live", self.method.metrics
+            )
+            trainer = fsdp_trainer(self.method.trainer_class)(
+                model=loaded.model,
+                args=loaded.args,
+                train_dataset=data.train,
+                eval_dataset=data.eval if spec.evaluation else None,
+                processing_class=tokenizer,
+                peft_config=None if loaded.prebuilt else lora_config(spec),  # sharded loading applied LoRA already
+                callbacks=[metrics, nan_guard, stopper, sharding, progress, FirstStepMemory(loaded.report)]
+                + faults.callbacks(),
+                saving=Saving(
+                    spec.full_state_dict,
+                    spec.save.final,
+                    spec.save.resume,
+                    loaded.vocab_grew_from is not None,
+                    self.run_id,
+                ),
+            )
+        if is_main():  # reading the data and TRL's tokenizing (in the trainer's constructor), as one phase
+            seconds = self.phases.took["build_data"] + self.phases.took["build_trainer"]
+            phases.show_data(seconds, trainer, data.rows())
+        return Built(trainer, metrics, nan_guard, stopper)
 
-    With torchrun's agent-hosted store, an elastic restart finds the previous attempt's gloo/NCCL
-    addresses still in the store, and the new ranks try to connect to dead peers ("Gloo connectFullMesh
-    failed ... Connection refused"). accelerate/Trainer then find the group initialised and use it.
-    """
-    from datetime import timedelta
+    def report_truncation(self, trainer) -> dict | None:
+        """Say how much of the data TRL cuts at max_seq_len, which it does without a word."""
+        max_len = self.spec.data.max_seq_len
+        try:
+            cut, total = truncated_rows(trainer.train_dataset, max_len, self.spec.data.packing)
+        except (TypeError, KeyError, AttributeError):  # an iterable (streamed) dataset: not counted
+            return None
+        if cut and is_main():
+            console().line(
+                f"warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
+                f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)"
+            )
+        return {"cut": cut, "total": total, "max_seq_len": max_len}
 
-    import torch
-    import torch.distributed as dist
+    def train(self, trainer):
+        with self.phases.timed("train"):
+            return trainer.train(resume_from_checkpoint=self.resume_point())
 
-    if dist.is_initialized():
-        return
-    store, rank, world = next(dist.rendezvous("env://"))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if spec.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(
-        spec.backend,
-        store=dist.PrefixStore(f"fsdp_tune/attempt{attempt}", store),
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=spec.timeout_s),
-    )
+    def resume_point(self) -> str | None:
+        """The launcher's choice; after an elastic restart (torchrun --max_restarts), the newest complete
+        checkpoint of this run, so a restarted attempt continues instead of starting over."""
+        if restart_count():
+            best, _ = latest_complete(self.spec.output_dir)
+            if best is not None:
+                console().line(f"restart {restart_count()}: resuming from {best.path}")
+                return str(best.path)
+        return self.spec.resume_from_checkpoint
 
+    def finish_interrupted(self, built: Built) -> None:
+        """Interrupted: the checkpoint (if any) is the deliverable; the final adapter is for finished runs."""
+        stopper = built.stopper
+        if is_main():
+            stopped = run_summary.Interrupted(stopper.stopped_at, stopper.save, stopper.signal)
+            run_summary.write(self.spec.output_dir, stopped, self.run_id)
+        built.trainer.accelerator.wait_for_everyone()
 
-def build_tokenizer(spec: RankSpec):
-    from fsdp_tune.worker.model import load_tokenizer
+    def save(self, trainer, loaded: Loaded, tokenizer) -> dict:
+        """The final adapter (all ranks gather, rank 0 writes), the tokenizer and trainer state; rank 0 re-opens
+        the adapter and proves it whole and trained. Returns what the summary records about it."""
+        spec = self.spec
+        with self.phases.timed("save_and_verify"):
+            expected = expected_adapter(trainer) if spec.lora is not None else (None, None)
+            save_adapter(trainer, spec.output_dir, spec.save.final)
+            out = {"vocab_grew": vocab_growth(inner(trainer), loaded.vocab_grew_from, tokenizer), "adapter_check": None}
+            if is_main():
+                tokenizer.save_pretrained(spec.output_dir)
+                trainer.state.save_to_json(str(Path(spec.output_dir) / "trainer_state.json"))
+                if spec.lora is not None:
+                    out["adapter_check"] = verify_adapter(spec.output_dir, *expected)
+        if is_main():
+            phases.show_saved(self.phases.took["save_and_verify"], out["adapter_check"])
+        return out
 
-    return load_tokenizer(spec)
+    def push(self, trainer) -> None:
+        """--push_to_hub: the adapter just saved and verified, from rank 0 (see worker/saving/hub.py)."""
+        if trainer.args.push_to_hub:
+            push_final(trainer, self.spec.output_dir)
+        trainer.accelerator.wait_for_everyone()
 
-
-def training_args(spec: RankSpec):
-    from transformers import set_seed
-
-    from fsdp_tune.worker.trainer import sft_config
-
-    args = sft_config(spec)
-    set_seed(args.seed)
-    return args
-
-
-@phases.timed("build_data", show=phases.data_read)
-def build_data(spec: RankSpec, tokenizer):
-    from fsdp_tune.worker.data import load_splits
-
-    return load_splits(spec, tokenizer)
-
-
-@phases.timed("build_model", show=phases.model_loaded)
-def build_model(spec: RankSpec, tokenizer, args):
-    """The model on the spec's loading path (worker/sharded_load.py), and the SFTConfig that trains it (its own
-    when a rank finds that sharded loading cannot take this model and falls back)."""
-    from fsdp_tune.worker.sharded_load import build
-
-    return build(spec, tokenizer, args)
-
-
-@phases.timed("build_trainer", show=phases.data_prepared)
-def build_trainer(spec: RankSpec, args, model, tokenizer, train_ds, eval_ds):
-    from fsdp_tune.worker import faults
-    from fsdp_tune.worker.callbacks import (
-        MetricsCallback,
-        NanGuardCallback,
-        ShardingCheckCallback,
-        StopOnSignalCallback,
-    )
-    from fsdp_tune.worker.load_report import first_step_memory
-    from fsdp_tune.worker.model import lora_config
-    from fsdp_tune.worker.progress import ProgressCallback
-    from fsdp_tune.worker.sharded_load import prebuilt
-    from fsdp_tune.worker.trainer import trainer_class
-
-    watch = Watchers(
-        metrics=MetricsCallback(spec.output_dir),
-        nan_guard=NanGuardCallback(check_grad_norm=spec.check_grad_norm),
-        stopper=StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device),
-    )
-    sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
-    progress = ProgressCallback(spec.device, spec.world.world_size, phases.started("rank"), spec.console == "live")
-    trainer = trainer_class(spec.save)(
-        model=model,
-        args=args,
-        train_dataset=train_ds,
-        eval_dataset=eval_ds if args.eval_strategy != "no" else None,
-        processing_class=tokenizer,
-        peft_config=None if prebuilt(model) else lora_config(spec),  # sharded loading applied LoRA already
-        callbacks=[
-            *(watch.metrics, watch.nan_guard, watch.stopper, sharding, progress, first_step_memory()),
-            *faults.callbacks(),
-        ],
-    )
-    return trainer, watch
-
-
-def report_truncation(trainer, spec: RankSpec) -> dict | None:
-    """Say how much of the data TRL cuts at max_seq_len, which it does without a word."""
-    from fsdp_tune.worker.data import truncated_rows
-
-    max_len = spec.data.max_seq_len
-    try:
-        cut, total = truncated_rows(trainer.train_dataset, max_len, spec.data.packing)
-    except (TypeError, KeyError, AttributeError):  # an iterable (streamed) dataset: not counted
-        return None
-    if cut and trainer.is_world_process_zero():
-        console().line(
-            f"warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
-            f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)"
+    def write_summary(self, built: Built, result, truncation, saved: dict, data: Prepared, loaded: Loaded) -> None:
+        loading = loaded.report.summary()  # a collective, as collect is
+        summary = collect(
+            built.trainer,
+            self.spec,
+            result,
+            built.metrics,
+            self.phases.started["rank"],
+            truncated_sequences=truncation,
+            data=data.report,
+            extra={"loading": loading},
+            **saved,
         )
-    return {"cut": cut, "total": total, "max_seq_len": max_len}
+        if is_main():
+            run_summary.write(self.spec.output_dir, summary, self.run_id)
+        built.trainer.accelerator.wait_for_everyone()
 
 
-@phases.timed("train")
-def train(trainer, spec: RankSpec):
-    return trainer.train(resume_from_checkpoint=resume_point(spec))
-
-
-def resume_point(spec: RankSpec) -> str | None:
-    """The launcher's choice; after an elastic restart (torchrun --max_restarts), the newest complete
-    checkpoint of this run, so a restarted attempt continues instead of starting over."""
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        from fsdp_tune.launch.checkpoints import latest_complete
-
-        best, _ = latest_complete(spec.output_dir)
-        if best is not None:
-            console().line(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']}: resuming from {best.path}")
-            return str(best.path)
-    return spec.resume_from_checkpoint
-
-
-def finish_interrupted(trainer, spec: RankSpec, stopper) -> None:
-    """Interrupted: the checkpoint (if any) is the deliverable; the final adapter is for finished runs."""
-    if trainer.is_world_process_zero():
-        run_summary.write(spec.output_dir, run_summary.Interrupted(stopper.stopped_at, stopper.save, stopper.signal))
-    trainer.accelerator.wait_for_everyone()
-
-
-def check_finite(nan_guard) -> None:
+def check_finite(nan_guard: NanGuardCallback) -> None:
     if nan_guard.bad_step is not None:
         raise TrainingDiverged(
             f"loss became NaN/inf at step {nan_guard.bad_step}; training stopped and no adapter was written "
             "over the last good checkpoint (lower --learning_rate, or check the data)"
         )
-
-
-@phases.timed("save_and_verify", show=phases.saved)
-def save_and_verify(trainer, spec: RankSpec, tokenizer) -> dict:
-    """The final adapter (all ranks gather, rank 0 writes), the tokenizer and trainer state; rank 0 re-opens
-    the adapter and proves it whole and trained. Returns what the summary records about it."""
-    from fsdp_tune.worker.save import save_adapter
-    from fsdp_tune.worker.summary import vocab_growth
-    from fsdp_tune.worker.verify import expected_adapter, verify_adapter
-
-    expected = expected_adapter(trainer) if spec.lora is not None else (None, None)
-    save_adapter(trainer, spec.output_dir, spec.save.final)
-    out = {"vocab_grew": vocab_growth(trainer, tokenizer), "adapter_check": None}
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(spec.output_dir)
-        trainer.state.save_to_json(str(Path(spec.output_dir) / "trainer_state.json"))
-        if spec.lora is not None:
-            out["adapter_check"] = verify_adapter(spec.output_dir, *expected)
-    return out
-
-
-def push(trainer, spec: RankSpec) -> None:
-    """--push_to_hub: the adapter just saved and verified, from rank 0 (see worker/hub.py)."""
-    if trainer.args.push_to_hub:
-        from fsdp_tune.worker.hub import push_final
-
-        push_final(trainer, spec.output_dir)
-    trainer.accelerator.wait_for_everyone()
-
-
-def write_summary(
-    trainer, spec: RankSpec, result, watch: Watchers, started: float, truncation, saved: dict, data: dict
-) -> None:
-    from fsdp_tune.worker.load_report import loading_summary
-    from fsdp_tune.worker.summary import collect
-
-    extra = {"loading": loading_summary()}  # a collective, as collect is
-    summary = collect(
-        trainer, spec, result, watch.metrics, started, truncated_sequences=truncation, data=data, extra=extra, **saved
-    )
-    if trainer.is_world_process_zero():
-        run_summary.write(spec.output_dir, summary)
-    trainer.accelerator.wait_for_everyone()

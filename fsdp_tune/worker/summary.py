@@ -5,18 +5,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.summary import RankMemory, RunSummary
+from fsdp_tune.worker.loading.report import peak_gpu_mib, peak_rss_mib
+from fsdp_tune.worker.wrappers import base, describe_units, outer
 
 
 def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -> RunSummary:
     """A collective (every rank's peak memory is gathered): all ranks call it."""
-    import torch
-    import torch.distributed as dist
-
-    from fsdp_tune.worker.load_report import peak_gpu_mib, peak_rss_mib
-    from fsdp_tune.worker.units import describe_units
-
     mine = RankMemory(peak_rss_mib=peak_rss_mib())
     if torch.cuda.is_available():
         mine = RankMemory(
@@ -32,7 +32,7 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
     losses = [h["loss"] for h in history if "loss" in h]
     tokens = max((h.get("num_tokens", 0) for h in history), default=0)
     runtime = result.metrics.get("train_runtime") or (time.time() - started)
-    model = trainer.model_wrapped or trainer.model
+    model = outer(trainer)
     return RunSummary(
         steps=trainer.state.global_step,
         loss_first=losses[0] if losses else None,
@@ -76,22 +76,19 @@ def tracker_locations(trainer) -> dict[str, str]:
     return found
 
 
-def vocab_growth(trainer, tokenizer) -> dict | None:
-    """Tokens the chat template added: the adapter then carries the embedding layers (see save.py), and
-    the base must be resized the same way before the adapter loads onto it."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    grew_from = getattr(base, "fsdp_tune_vocab_grew_from", None)
+def vocab_growth(model, grew_from: int | None, tokenizer) -> dict | None:
+    """Tokens the chat template added (`grew_from`: the model step's Loaded.vocab_grew_from): the adapter then
+    carries the embedding layers (saving/save.py), and the base must be resized the same way before the adapter
+    loads onto it."""
     if grew_from is None:
         return None
-    return {"from": grew_from, "tokenizer": len(tokenizer), "rows": base.get_input_embeddings().weight.shape[0]}
+    rows = base(model).get_input_embeddings().weight.shape[0]
+    return {"from": grew_from, "tokenizer": len(tokenizer), "rows": rows}
 
 
 def mesh_of(model) -> dict[str, int] | None:
     """The device mesh the trained parameters live on, read off the model itself (dim name -> size), so a
     mesh setting that was dropped on the way cannot hide: None when no parameter is a DTensor (FSDP1)."""
-    from torch.distributed.tensor import DTensor
-
     for param in model.parameters():
         if isinstance(param, DTensor):
             m = param.device_mesh

@@ -2,8 +2,8 @@
 group, by executing fsdp-tune's worker recipe for each rank spec the test decided (tests/dist/test_architectures.py).
 
 Run as `torchrun --nproc_per_node 2 tests/dist/arch_driver.py PLAN.json`. For each run: tokenizer, data,
-model (the spec's attention, dtype, 4-bit), LoraConfig, FsdpTuneTrainer, the steps, the final gather, save and
-verify, exactly as worker/recipe.py does them; then accelerate's global state is reset for the next family.
+model (the spec's attention, dtype, 4-bit), LoraConfig, the method's trainer, the steps, the final gather, save
+and verify, through worker/recipe.py's own steps; then accelerate's global state is reset for the next family.
 Rank 0 writes OUTPUT_DIR/arch_result.json per run. A failing run ends the job (torchrun stops the other rank),
 with its traceback in the result file, so no rank waits in a collective.
 """
@@ -20,50 +20,51 @@ from pathlib import Path
 
 
 def setup(spec, log_dir: str) -> int:
-    from fsdp_tune.worker import cpu_fsdp, hub, recipe
+    from fsdp_tune.worker import cpu_fsdp, process
     from fsdp_tune.worker.logs import setup_rank_log
+    from fsdp_tune.worker.rank import rank
+    from fsdp_tune.worker.saving import hub
 
     os.environ.update(spec.env)
-    rank = int(os.environ.get("RANK", "0"))
-    setup_rank_log(log_dir, rank)
+    setup_rank_log(log_dir, rank())
     cpu_fsdp.install()
     hub.exclude_bookkeeping()
-    recipe.init_process_group(spec)
-    return rank
+    process.init_process_group(spec)
+    return rank()
 
 
 def train_one(spec, entry: dict) -> dict:
     """The recipe's steps for one rank spec; what the test checks afterwards."""
-    from fsdp_tune.worker import recipe
-    from fsdp_tune.worker.sharded_load import prebuilt
-    from fsdp_tune.worker.units import describe_units
+    from fsdp_tune.worker.loading.tokenizer import load_tokenizer
+    from fsdp_tune.worker.recipe import Handoff, Recipe
+    from fsdp_tune.worker.wrappers import describe_units, outer
 
     os.environ.update(spec.env)
     started = time.time()
-    tokenizer = recipe.build_tokenizer(spec)
-    args = recipe.training_args(spec)
+    recipe = Recipe(Handoff(spec, None), started)
+    tokenizer = load_tokenizer(spec.model)
+    args = recipe.seeded_config()
     with args.main_process_first(desc="dataset preparation"):
-        train_ds, eval_ds, _ = recipe.build_data(spec, tokenizer)
-    model, args = recipe.build_model(spec, tokenizer, args)
-    attention = model.config._attn_implementation
-    loading = "sharded" if prebuilt(model) else "transformers"
-    trainer, _ = recipe.build_trainer(spec, args, model, tokenizer, train_ds, eval_ds)
-    recipe.train(trainer, spec)
-    saved = recipe.save_and_verify(trainer, spec, tokenizer)
+        data = recipe.prepare_data(tokenizer)
+    loaded = recipe.load_model(tokenizer, args)
+    attention = loaded.model.config._attn_implementation
+    trainer = recipe.build_trainer(loaded, tokenizer, data).trainer
+    recipe.train(trainer)
+    saved = recipe.save(trainer, loaded, tokenizer)
     result = {
         "name": entry["name"],
         "attention": attention,
-        "loading": loading,
+        "loading": loaded.path,
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
         "adapter_check": saved["adapter_check"],
-        "units": describe_units(trainer.model_wrapped or trainer.model),
+        "units": describe_units(outer(trainer)),
         "trainable": _trainable(trainer),
         "seconds": round(time.time() - started, 1),
     }
     if entry.get("reload_into_fsdp"):  # before any forward outside training leaves the root unit unsharded
         result["reloaded_into_fsdp"] = reload_into_fsdp(trainer, spec)
     result["logits"] = sharded_logits(trainer)
-    del trainer, model
+    del trainer, loaded
     return result
 
 
@@ -75,7 +76,9 @@ def sharded_logits(trainer) -> list:
     outside FSDP must give the same."""
     import torch
 
-    model = trainer.model_wrapped or trainer.model
+    from fsdp_tune.worker.wrappers import outer
+
+    model = outer(trainer)
     model.eval()
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([PROMPT])).logits
@@ -84,7 +87,9 @@ def sharded_logits(trainer) -> list:
 
 
 def _trainable(trainer) -> int:
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    from fsdp_tune.worker.wrappers import inner
+
+    model = inner(trainer)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
@@ -94,19 +99,19 @@ def reload_into_fsdp(trainer, spec) -> bool:
     import torch
     from safetensors.torch import load_file
 
-    from fsdp_tune.worker.save import gather_trainable, peft_keys
+    from fsdp_tune.runfiles import ADAPTER_WEIGHTS
+    from fsdp_tune.worker.saving.save import gather_trainable, load_adapter_into_fsdp, peft_keys
+    from fsdp_tune.worker.wrappers import inner, outer
 
-    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    peft_model = inner(trainer)
     keys = peft_keys(peft_model)
     with torch.no_grad():
         for p in peft_model.parameters():
             if p.requires_grad:
                 p.zero_()
-    from fsdp_tune.worker.save import load_adapter_into_fsdp
-
     assert load_adapter_into_fsdp(trainer, spec.output_dir, spec.save.resume)
-    back = gather_trainable(trainer.model_wrapped or trainer.model, also=frozenset(keys))
-    saved = load_file(str(Path(spec.output_dir) / "adapter_model.safetensors"))
+    back = gather_trainable(outer(trainer), also=frozenset(keys))
+    saved = load_file(str(Path(spec.output_dir) / ADAPTER_WEIGHTS))
     return all(torch.equal(back[name], saved[key]) for name, key in keys.items())
 
 
@@ -119,12 +124,12 @@ def reset() -> None:
 
 
 def main(plan_path: str) -> None:
-    from fsdp_tune.worker.recipe import read_spec
+    from fsdp_tune.worker.recipe import read_handoff
 
     plan = json.loads(Path(plan_path).read_text())
     rank = None
     for entry in plan["runs"]:
-        spec = read_spec(entry["resolved"])
+        spec = read_handoff(entry["resolved"]).spec
         if rank is None:
             rank = setup(spec, plan["log_dir"])
         out = Path(spec.output_dir) / "arch_result.json"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, offline_env
 
 BASE = FIXTURES / "tiny_lora.yaml"
 TIMEOUT = int(os.environ.get("FSDP_TUNE_TEST_TIMEOUT", "300"))
@@ -39,42 +39,42 @@ class Run:
         return "\n".join(parts)
 
 
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory) -> Path:
-    """One builtin model per test session, shared by every run (as on a user's machine)."""
-    cache = os.environ.get("FSDP_TUNE_TEST_CACHE")
-    return Path(cache) if cache else tmp_path_factory.mktemp("fsdp-tune-cache")
-
-
-def offline_env(model_cache: Path) -> dict[str, str]:
-    """The environment every `fsdp-tune` command of the tests runs in: offline, the session's model cache."""
-    return dict(
-        os.environ,
-        FSDP_TUNE_CACHE=str(model_cache),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(model_cache / "datasets"),
-    )
+def run_train(
+    out: Path,
+    model_cache: Path,
+    *flags: str,
+    config: Path = BASE,
+    check: bool = True,
+    env: dict | None = None,
+    timeout: int = TIMEOUT,
+) -> Run:
+    """`fsdp-tune train --config CONFIG --output_dir OUT FLAGS...` as a user runs it, offline."""
+    cmd = [sys.executable, "-m", "fsdp_tune", "train", "--config", str(config), "--output_dir", str(out), *flags]
+    full_env = offline_env(model_cache)
+    full_env.update(env or {})  # a test may override any of these
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    run = Run(proc, out)
+    if check:
+        assert proc.returncode == 0, run.logs()
+    return run
 
 
 @pytest.fixture
 def train(tmp_path, model_cache):
-    def _train(
-        *flags: str,
-        output_dir: Path | None = None,
-        config: Path = BASE,
-        check: bool = True,
-        env: dict | None = None,
-        timeout: int = TIMEOUT,
-    ) -> Run:
-        out = output_dir or tmp_path / "run"
-        cmd = [sys.executable, "-m", "fsdp_tune", "train", "--config", str(config), "--output_dir", str(out), *flags]
-        full_env = offline_env(model_cache)
-        full_env.update(env or {})  # a test may override any of these
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
-        run = Run(proc, out)
-        if check:
-            assert proc.returncode == 0, run.logs()
-        return run
+    """A run of the test's own (into tmp_path/run unless output_dir says otherwise)."""
+
+    def _train(*flags: str, output_dir: Path | None = None, **kw) -> Run:
+        return run_train(output_dir or tmp_path / "run", model_cache, *flags, **kw)
 
     return _train
+
+
+# The reference run: the base config (LoRA, FSDP2, 2 CPU ranks), 6 steps, a SHARDED_STATE_DICT checkpoint every 2.
+# Tests that only read a finished run's outputs (its adapter, summary, logs, checkpoints) share this one launch.
+REFERENCE = ("--save_strategy", "steps", "--save_steps", "2", "--max_steps", "6")
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, model_cache) -> Run:
+    """Read only: a test that changes what it finds copies it first."""
+    return run_train(tmp_path_factory.mktemp("reference") / "run", model_cache, *REFERENCE)

@@ -47,7 +47,7 @@ def build_all(root: Path) -> dict[str, Path]:
         import transformers
         from transformers import AutoModelForCausalLM
 
-        from fsdp_tune.worker.tiny_model import build_tokenizer
+        from fsdp_tune.models.tiny import build_tokenizer
 
         tokenizer = build_tokenizer(VOCAB)
         for family in missing:

@@ -22,8 +22,6 @@ from tests.conftest import REPO
 from tests.dist.conftest import BASE
 from tests.dist.families import build_all
 
-pytestmark = pytest.mark.dist
-
 QLORA = ["--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "float32"]  # fp32 storage follows the dtype
 
 

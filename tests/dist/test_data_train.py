@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.datafiles import hub_cache, jsonl
 from tests.dist.conftest import BASE
-from tests.dist.test_data_prepare import hub_cache, jsonl
-
-pytestmark = pytest.mark.dist
 
 
 def _qa(i: int) -> tuple[str, str]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
+from tests.dist.conftest import REFERENCE
 
-pytestmark = pytest.mark.dist
-SAVE_EVERY_2 = ("--save_strategy", "steps", "--save_steps", "2", "--max_steps", "6")
+SAVE_EVERY_2 = REFERENCE  # the reference run's flags: a checkpoint every 2 steps, 6 steps
 
 
 def test_killed_rank_is_reported_quickly(train) -> None:
@@ -22,11 +21,11 @@ def test_killed_rank_is_reported_quickly(train) -> None:
     assert "rank-1.log" in err
 
 
-def test_elastic_restart_resumes_and_matches_uninterrupted_run(train, tmp_path) -> None:
+def test_elastic_restart_resumes_and_matches_uninterrupted_run(train, reference_run, tmp_path) -> None:
     import torch
     from safetensors.torch import load_file
 
-    straight = train(*SAVE_EVERY_2, output_dir=tmp_path / "straight")
+    straight = reference_run  # the same flags, uninterrupted
     restarted = train(
         *SAVE_EVERY_2, "--max_restarts", "1", output_dir=tmp_path / "restarted", env={"FSDP_TUNE_TEST_KILL": "1:3"}
     )

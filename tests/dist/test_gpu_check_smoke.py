@@ -6,11 +6,7 @@ import json
 import os
 import subprocess
 
-import pytest
-
 from tests.conftest import REPO
-
-pytestmark = pytest.mark.dist
 
 
 def test_gpu_check_cpu_smoke(model_cache) -> None:

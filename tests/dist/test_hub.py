@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from safetensors.torch import load_file
-
-pytestmark = pytest.mark.dist
 
 
 def test_push_to_hub(train, tmp_path) -> None:

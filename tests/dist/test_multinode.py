@@ -11,8 +11,6 @@ import pytest
 
 from tests.dist.conftest import BASE, TIMEOUT, offline_env
 
-pytestmark = pytest.mark.dist
-
 
 def _free_port() -> int:
     with socket.socket() as s:

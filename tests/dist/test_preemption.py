@@ -20,13 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from fsdp_tune.launch.stopping import children
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME, METRICS_NAME
 from tests.dist.conftest import BASE, TIMEOUT, offline_env
 
-pytestmark = pytest.mark.dist
 LONG = ("--max_steps", "400", "--save_strategy", "steps", "--save_steps", "1000")
 
 

@@ -13,12 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import FIXTURES, REPO
 from tests.dist.conftest import TIMEOUT
-
-pytestmark = pytest.mark.dist
 
 QLORA = ("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32")
 CASES = {
@@ -41,7 +37,7 @@ def _resolved(tmp_path: Path, case: str, path: str, flags: tuple[str, ...]) -> s
     loading = "auto" if path == "sharded" else path  # the default decides sharded loading
     flags = ("--max_steps", "3", *flags, "--loading", loading, "--output_dir", str(out))
     planned = plan_run(str(FIXTURES / "tiny_lora.yaml"), list(flags), lambda m: None)
-    assert planned.spec.model.loading == path
+    assert planned.spec.loading.path == path
     return torchrun.prepare(planned.config, planned.spec, planned.run_id).resolved_path
 
 

@@ -4,11 +4,7 @@ The full sweep (`python -m benchmarks sweep`, a few minutes a row) and its last 
 
 from __future__ import annotations
 
-import pytest
-
 from benchmarks import sweep
-
-pytestmark = pytest.mark.dist
 
 
 def test_bounded_sweep(model_cache, monkeypatch) -> None:

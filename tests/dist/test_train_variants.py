@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.dist
+from tests.dist.conftest import REFERENCE
 
 
-def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, tmp_path) -> None:
-    """FSDP2 on 2 ranks, HSDP (a 2 x 2 dp_replicate x dp_shard mesh) on 4, and 1 process: one global batch of 8,
-    the same losses. The HSDP run's summary records the mesh read off its trained parameters."""
-    two = train("--max_steps", "4", output_dir=tmp_path / "two")
+def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, reference_run, tmp_path) -> None:
+    """FSDP2 on 2 ranks (the reference run), HSDP (a 2 x 2 dp_replicate x dp_shard mesh) on 4, and 1 process: one
+    global batch of 8, the same losses. The HSDP run's summary records the mesh read off its trained parameters."""
+    two = reference_run  # 6 steps, batch 4 per rank; its checkpoints draw nothing from the RNGs
     one = train(
-        "--max_steps", "4", "--num_processes", "1", "--per_device_train_batch_size", "8", output_dir=tmp_path / "one"
+        "--max_steps", "6", "--num_processes", "1", "--per_device_train_batch_size", "8", output_dir=tmp_path / "one"
     )
     hsdp = train(
-        *("--max_steps", "4", "--num_processes", "4", "--per_device_train_batch_size", "2"),
+        *("--max_steps", "6", "--num_processes", "4", "--per_device_train_batch_size", "2"),
         *("--use_parallelism_config", "--parallelism_config_dp_replicate_size", "2"),
         *("--parallelism_config_dp_shard_size", "2"),
         output_dir=tmp_path / "hsdp",
     )
     a, b, c = two.summary["losses"], one.summary["losses"], hsdp.summary["losses"]
-    assert len(a) == len(b) == len(c) == 4
+    assert len(a) == len(b) == len(c) == 6
     for x, y, z in zip(a, b, c, strict=True):
         assert x == pytest.approx(y, rel=2e-4, abs=2e-4), (a, b)
         assert z == pytest.approx(y, rel=2e-4, abs=2e-4), (c, b)
@@ -66,8 +66,9 @@ def _adapter(path):
 
 
 @pytest.mark.parametrize("state_dict_type", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
-def test_checkpoint_resume_matches_uninterrupted_run(train, tmp_path, state_dict_type) -> None:
-    """Save every 2 steps; resume a copy of step 4 with `latest`: the final adapter equals the straight run's.
+def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, tmp_path, state_dict_type) -> None:
+    """Save every 2 steps; resume a copy of step 4 with `latest`: the final adapter equals the straight run's
+    (for SHARDED_STATE_DICT, the base config's own, the reference run).
 
     FULL_STATE_DICT is the path where Trainer.save_model of a PEFT model under FSDP2 on CPU fails, and where
     accelerate's FULL load stalls: both go through fsdp-tune's own gather/load.
@@ -76,17 +77,11 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, tmp_path, state_dict
 
     import torch
 
-    flags = (
-        "--fsdp_state_dict_type",
-        state_dict_type,
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "2",
-        "--max_steps",
-        "6",
-    )
-    straight = train(*flags, output_dir=tmp_path / "straight")
+    flags = ("--fsdp_state_dict_type", state_dict_type, *REFERENCE)
+    if state_dict_type == "SHARDED_STATE_DICT":
+        straight = reference_run
+    else:
+        straight = train(*flags, output_dir=tmp_path / "straight")
     assert all((straight.output_dir / f"checkpoint-{n}" / "fsdp_tune_complete").exists() for n in (2, 4, 6))
     from fsdp_tune.launch.pickles import check_checkpoint
 

@@ -1,10 +1,14 @@
-"""The unit layer never imports torch or the HF stack: that is the launcher side's promise."""
+"""The unit layer never imports torch or the HF stack: that is the launcher side's promise. And the stand-in
+for torchrun and the ranks that drives `train` through its launcher path (tests/unit/fake_ranks.py)."""
 
 from __future__ import annotations
 
 import sys
 
 import pytest
+
+from fsdp_tune.launch import torchrun
+from tests.unit.fake_ranks import FakeRanks
 
 HEAVY = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
 
@@ -15,3 +19,14 @@ def _no_heavy_imports():
     yield
     heavy = [m for m in HEAVY if m in sys.modules and m not in before]
     assert not heavy, f"a unit test imported {heavy}; move it to tests/dist or keep the import lazy"
+
+
+@pytest.fixture
+def fake_ranks(monkeypatch) -> FakeRanks:
+    """torchrun and the ranks, stood in for: `train` runs its whole launcher path, the "ranks" write what
+    real ones would (queue what each launch does with fake_ranks.next(...))."""
+    fake = FakeRanks()
+    monkeypatch.setattr(torchrun, "run", fake)
+    monkeypatch.setattr(torchrun, "materialize_model", lambda spec: spec)
+    monkeypatch.setattr("fsdp_tune.cli.run_cmds._plot", lambda output_dir: None)  # matplotlib: not here
+    return fake

@@ -2,6 +2,7 @@
 
 It writes into the output folder what real ranks write (checkpoints with Trainer's files and fsdp-tune's
 completion marker, the summary), so `train` can be driven through its whole launcher path in milliseconds.
+Tests take it as the `fake_ranks` fixture (tests/unit/conftest.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from fsdp_tune import summary as run_summary
-from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome
 from fsdp_tune.runfiles import MANIFEST_NAME
 from tests.conftest import FIXTURES, REPO
@@ -77,10 +75,10 @@ class FakeRanks:
         try:
             if launch.stop_at is not None:
                 write_checkpoint(out, launch.stop_at, rid)
-                run_summary.write(out, run_summary.Interrupted(launch.stop_at, True, signal.SIGTERM))
+                run_summary.write(out, run_summary.Interrupted(launch.stop_at, True, signal.SIGTERM), rid)
             elif launch.returncode == 0 or launch.signal_seen_by_launcher:
                 steps = max(launch.checkpoints, default=1)
-                run_summary.write(out, finished(steps, str(out)))
+                run_summary.write(out, finished(steps, str(out)), rid)
         finally:
             os.environ.pop(run_summary.ATTEMPT_ENV)
             if before is not None:
@@ -104,15 +102,6 @@ def finished(steps: int, adapter_dir: str) -> run_summary.RunSummary:
         adapter_dir=adapter_dir,
         use_peft_lora=False,
     )
-
-
-@pytest.fixture
-def fake_ranks(monkeypatch) -> FakeRanks:
-    fake = FakeRanks()
-    monkeypatch.setattr(torchrun, "run", fake)
-    monkeypatch.setattr(torchrun, "materialize_model", lambda spec: spec)
-    monkeypatch.setattr("fsdp_tune.cli.run_cmds._plot", lambda output_dir: None)  # matplotlib: not here
-    return fake
 
 
 def stub_launcher(out: Path, *flags: str, torchrun_code: str = WAITS_FOR_STOP_FILE) -> subprocess.Popen:

@@ -22,7 +22,7 @@ from fsdp_tune.launch.pickles import check_checkpoint
 from fsdp_tune.runfiles import COMPLETE_MARKER
 from tests.conftest import FIXTURES
 from tests.unit.fake_checkpoint import RunsCommand, archive, write_dcp
-from tests.unit.fake_ranks import fake_ranks, write_checkpoint  # noqa: F401 - the fixture
+from tests.unit.fake_ranks import write_checkpoint
 
 BASE = str(FIXTURES / "tiny_lora.yaml")
 runner = CliRunner()
@@ -40,7 +40,7 @@ def resume_latest(out) -> tuple[str, str | None]:
     return "\n".join(said), planned.spec.resume_from_checkpoint
 
 
-def test_a_checkpoint_that_lost_a_file_is_not_resumed(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_a_checkpoint_that_lost_a_file_is_not_resumed(tmp_path, fake_ranks) -> None:
     out = tmp_path / "o"
     fake_ranks.next(checkpoints=[2], stop_at=4, signal_seen_by_launcher=signal.SIGTERM)
     assert train(out, "--save_strategy", "steps", "--save_steps", "2").exit_code == 143

@@ -26,8 +26,12 @@ def test_valid_prints_resolved_settings() -> None:
 
 
 def test_positional_config_and_hyphen_flags() -> None:
-    r = invoke("validate-config", f"{CFG}/tf_fsdp2.json", "--use-peft-lora", "--lora-r", "16")
+    r = invoke("validate-config", f"{CFG}/tf_fsdp2.json", "--use-peft-lora", "--lora-r", "16", "--json")
     assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)  # the positional file was read, and the hyphenated flags reached their settings
+    assert data["valid"] is True and data["format"] == "transformers"
+    assert data["config"]["lora"]["use_peft_lora"] is True and data["config"]["lora"]["lora_r"] == 16
+    assert data["config"]["fsdp"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]  # from the file
 
 
 def test_invalid_exits_2_with_key_source_and_hint() -> None:
@@ -39,8 +43,11 @@ def test_invalid_exits_2_with_key_source_and_hint() -> None:
 
 def test_strict_turns_warnings_into_errors() -> None:
     path = f"{CFG}/accel_fsdp1_hybrid.yaml"
-    assert invoke("validate-config", path, "--fsdp_version", "1").exit_code == 0  # FT022: FSDP1 is deprecated
-    assert invoke("validate-config", path, "--fsdp_version", "1", "--strict").exit_code == 2
+    relaxed = invoke("validate-config", path, "--fsdp_version", "1")  # FT022: FSDP1 is deprecated
+    assert relaxed.exit_code == 0 and "FT022" in relaxed.output and "ok:" in relaxed.output
+    strict = invoke("validate-config", path, "--fsdp_version", "1", "--strict")
+    assert strict.exit_code == 2 and "FT022" in strict.output
+    assert "error: warnings are errors with --strict" in strict.output and "ok:" not in strict.output
 
 
 def test_json_output() -> None:
@@ -74,10 +81,13 @@ def test_unrecognisable_file(tmp_path) -> None:
 
 
 def test_rules_lists_catalog() -> None:
+    from fsdp_tune.rules.catalog import catalog
+
     r = invoke("rules")
     assert r.exit_code == 0
-    for rule_id in ("FT001", "FT030", "FT044", "FT052", "FT090"):
-        assert rule_id in r.output
+    listed = [line.split(None, 2) for line in r.output.splitlines() if line.strip()]
+    assert [tuple(row) for row in listed] == catalog()  # every rule, with its family and title, in order
+    assert {"FT001", "FT030", "FT044", "FT052", "FT090"} <= {row[0] for row in listed}
 
 
 def test_validate_config_does_not_import_torch() -> None:

@@ -7,17 +7,14 @@ import pytest
 import yaml
 
 from fsdp_tune.config.writers import render
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.machine import Machine
 from fsdp_tune.validate import check
+from tests.conftest import checked_spec
 
 BASE = ["--output_dir", "/tmp/x", "--dataset_name", "data/train.jsonl"]
 
 
 def _spec(*flags: str, config: str | None = None):
-    checked = check(config, [*BASE, *flags])
-    assert not checked.errors, checked.findings
-    return decide(checked.config, Machine.cpu_only()), checked
+    return checked_spec(*BASE, *flags, config=config)
 
 
 def test_single_dataset_flags_reach_the_source() -> None:

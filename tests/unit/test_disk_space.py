@@ -10,7 +10,6 @@ from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
 from tests.conftest import FIXTURES
-from tests.unit.fake_ranks import fake_ranks  # noqa: F401 - the fixture
 
 BASE = str(FIXTURES / "tiny_lora.yaml")
 runner = CliRunner()
@@ -36,7 +35,7 @@ def test_free_disk_space_is_checked_against_the_checkpoints(tmp_path, monkeypatc
     assert findings(3 * 2**19, "--save_total_limit", "1") == []
 
 
-def test_a_full_disk_does_not_replace_the_failure_report(tmp_path, fake_ranks, monkeypatch) -> None:  # noqa: F811
+def test_a_full_disk_does_not_replace_the_failure_report(tmp_path, fake_ranks, monkeypatch) -> None:
     """The manifest's own OSError at the end used to replace the report of the failed run."""
     from fsdp_tune.launch import manifest
 

@@ -31,7 +31,7 @@ ELSEWHERE = {
     "parallelism.enabled": "switches the parallelism_config_* settings on; each of them is walked with it on",
     "training.resume_from_checkpoint": "resolved by launch/train.resolve_resume into RankSpec.resume_from_checkpoint",
     "training.overwrite_output_dir": "pre-flight, as run.overwrite_output_dir",
-    "run.skip_memory_check": "pre-flight on GPU machines: PF050 is not checked (tests/dist/test_memory_preflight.py)",
+    "run.skip_memory_check": "pre-flight on GPU machines: PF050 is not checked (tests/lib/test_memory_preflight.py)",
     "data.add_special_tokens": "FT076 note: TRL 1.x decides it (a note, not a warning)",
     "data.append_concat_token": "FT076 note: TRL 1.x decides it (a note, not a warning)",
 }

@@ -26,9 +26,18 @@ def test_case(case: dict) -> None:
         assert f.hint or f.rule in ("FT072",), f"{f.rule} has no fix: {f}"
 
 
-def test_every_format_is_covered() -> None:
-    names = {c["file"].split("_")[0] for c in CASES}
-    assert names == {"accel", "tf", "recipe"}
+FORMATS = {"accel": "accelerate", "tf": "transformers", "recipe": "recipe"}  # a fixture's name says its format
+ELSEWHERE = {"accel_launch_env.yaml": "tests/unit/test_train_command.py (the ranks' environment)"}
+
+
+def test_every_format_is_covered_and_read_as_named() -> None:
+    """Each of the three formats has rows, every fixture file is in the table (or checked elsewhere, named
+    here), and each is read by the reader its name says (a misdetected file would pass its rows by luck)."""
+    files = sorted(p.name for p in (FIXTURES / "configs").iterdir())
+    assert {c["file"] for c in CASES} | set(ELSEWHERE) == set(files)
+    assert {FORMATS[c["file"].split("_")[0]] for c in CASES} == set(FORMATS.values())
+    read_as = {name: check(str(FIXTURES / "configs" / name), []).format for name in files}
+    assert read_as == {name: FORMATS[name.split("_")[0]] for name in files}
 
 
 def test_a_section_that_is_not_a_mapping(tmp_path) -> None:

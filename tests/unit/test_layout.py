@@ -4,6 +4,7 @@ functions. A newcomer reads the tree as the data path; these keep it so."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -98,3 +99,34 @@ def test_package_inits_import_nothing_of_ours() -> None:
     modules = _modules()
     offenders = [str(p.relative_to(REPO)) for p in PACKAGE.rglob("__init__.py") if _imports(p, modules)]
     assert not offenders, offenders
+
+
+# A path to one of our own files, as docstrings and comments name them: package folders, tests, scripts.
+OWN_PATH = re.compile(
+    r"(?<![\w./-])((?:fsdp_tune/)?(?:worker|launch|config|rules|planner|sources|output|tools|cli|models)/[\w/]+\.py"
+    r"|tests/[\w/]+\.py|scripts/[\w]+\.(?:py|sh))\b"
+)
+
+
+def test_files_named_in_the_code_exist() -> None:
+    """Docstrings and comments that point a reader at one of our files point at one that exists (a move or a
+    split updates them): package paths are read from fsdp_tune/, the others from the repository."""
+    stale = []
+    for path in [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py")]:
+        text = path.read_text()
+        for m in OWN_PATH.finditer(text):
+            ref = m.group(1).removeprefix("fsdp_tune/")
+            if not ((PACKAGE / ref).exists() or (REPO / ref).exists()):
+                stale.append(f"{path.relative_to(REPO)}:{text[: m.start()].count(chr(10)) + 1} names {m.group(1)}")
+    assert not stale, "files named that do not exist:\n" + "\n".join(stale)
+
+
+def test_every_test_lives_in_a_layer() -> None:
+    """A test's folder is its layer and gives it its marker (tests/conftest.py): unit, lib, dist or gpu."""
+    from tests.conftest import LAYERS
+
+    tests = REPO / "tests"
+    found = tests.rglob("test_*.py")
+    outside = [str(p.relative_to(REPO)) for p in found if p.relative_to(tests).parts[0] not in LAYERS]
+    assert not outside, f"tests outside the layer folders {LAYERS}: {outside}"
+    assert all((tests / layer / "__init__.py").exists() for layer in LAYERS)

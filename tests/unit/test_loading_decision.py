@@ -9,19 +9,15 @@ import pytest
 
 from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.machine import Machine
+from fsdp_tune.launch.spec import ShardedPlan
 from fsdp_tune.output.run import describe_launch
 from fsdp_tune.validate import check
+from tests.conftest import spec_for
 
 GPUS = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8)
 CPU = Machine.cpu_only()
 LORA = ["--use_peft_lora", "True", "--output_dir", "/tmp/loading", "--num_processes", "2"]
 QLORA = [*LORA, "--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "bfloat16"]
-
-
-def spec_for(*flags: str, machine: Machine = GPUS):
-    checked = check(None, list(flags))
-    assert not checked.errors, checked.findings
-    return decide(checked.config, machine)
 
 
 def _local_model(tmp_path, name: str, config: dict, weights: str = "model.safetensors") -> str:
@@ -52,15 +48,15 @@ FALLBACKS = [
 
 @pytest.mark.parametrize("name,flags,reason", FALLBACKS, ids=[f[0] for f in FALLBACKS])
 def test_runs_sharded_loading_cannot_take_load_through_transformers_and_say_why(name, flags, reason) -> None:
-    spec = spec_for(*LORA, *flags)
-    assert spec.model.loading == "transformers" and reason in spec.model.loading_note
-    assert spec.sharded is None
+    spec = spec_for(*LORA, *flags, machine=GPUS)
+    assert spec.loading.path == "transformers" and reason in spec.loading.why
+    assert spec.loading.sharded is None and spec.loading.transformers_fsdp_config is None
     assert spec.fsdp_config["auto_wrap_policy"] != "NO_WRAP" or name == "NO_WRAP"  # accelerate wraps, as today
 
 
 def test_model_files_on_this_machine_decide_too(tmp_path) -> None:
     def note(folder: str, *flags: str) -> str | None:
-        return spec_for(*LORA, "--model_name_or_path", folder, *flags).model.loading_note
+        return spec_for(*LORA, "--model_name_or_path", folder, *flags, machine=GPUS).loading.why
 
     assert "no safetensors" in note(_local_model(tmp_path, "bins", {}, weights="pytorch_model.bin"))
     assert "quantized already" in note(
@@ -73,34 +69,47 @@ def test_model_files_on_this_machine_decide_too(tmp_path) -> None:
 
 
 def test_lora_on_gpus_loads_sharded_and_the_builder_does_what_accelerate_would() -> None:
-    spec = spec_for(*LORA, "--bf16", "True", "--fsdp_activation_checkpointing", "true")
-    assert spec.model.loading == "sharded" and spec.model.loading_note is None
+    spec = spec_for(*LORA, "--bf16", "True", "--fsdp_activation_checkpointing", "true", machine=GPUS)
+    assert spec.loading.path == "sharded" and spec.loading.why is None
     # the Trainer gets a model that is sharded already: accelerate must neither wrap it nor checkpoint it
     f = spec.fsdp_config
     assert f["auto_wrap_policy"] == "NO_WRAP" and f["activation_checkpointing"] is False
     assert "transformer_layer_cls_to_wrap" not in f
-    plan = spec.sharded
-    assert plan["transformers_fsdp_config"]["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
-    assert plan["transformers_fsdp_config"]["activation_checkpointing"] is True  # for a rank that falls back
-    assert plan["activation_checkpointing"] and spec.checkpointing == "fsdp"
+    units = spec.loading.transformers_fsdp_config
+    assert units["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert units["activation_checkpointing"] is True  # for a rank that falls back
+    fallen_back = spec.trainer_args_on("transformers")  # that rank's SFTConfig, decided here
+    assert fallen_back["fsdp_config"] == units and spec.trainer_args_on("sharded") == spec.trainer_args
+    assert {k: v for k, v in fallen_back.items() if k != "fsdp_config"} == {
+        k: v for k, v in spec.trainer_args.items() if k != "fsdp_config"
+    }
     # accelerate: the plugin's policy is the run's precision for every dtype; trainable weights upcast to fp32
     bf16 = {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "output_dtype": "bfloat16"}
-    assert plan["mp_policy"] == bf16 and plan["upcast_trainable"] is True
-    assert plan["fallback"] is True and plan["layer_cls"] == [] and plan["cpu_offload"] is False
+    assert spec.loading.sharded == ShardedPlan(
+        layer_cls=(),
+        reshard_after_forward=True,
+        activation_checkpointing=True,
+        activation_checkpointing_offload=False,
+        cpu_offload=False,
+        mp_policy=bf16,
+        upcast_trainable=True,
+        may_fall_back=True,
+    )
+    assert spec.checkpointing == "fsdp"
     assert spec.unit_fsdp_config["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
 
 
 def test_qlora_takes_the_storage_policy_fsdp2_gets_today_and_no_upcast() -> None:
-    spec = spec_for(*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True")
-    assert spec.model.loading == "sharded"
-    assert spec.sharded["mp_policy"] == spec.fsdp_mixed_precision  # launch/decide.py fsdp2_qlora_policy
-    assert spec.sharded["upcast_trainable"] is False
+    spec = spec_for(*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True", machine=GPUS)
+    assert spec.loading.path == "sharded"
+    assert spec.loading.sharded.mp_policy == spec.fsdp_mixed_precision  # launch/decide.py fsdp2_qlora_policy
+    assert spec.loading.sharded.upcast_trainable is False
 
 
 def test_cpu_run_without_mixed_precision_keeps_the_default_policy_and_its_mesh() -> None:
     spec = spec_for(*LORA, machine=CPU)
-    assert spec.model.loading == "sharded" and spec.sharded["mp_policy"] is None
-    assert spec.sharded["upcast_trainable"] is False
+    assert spec.loading.path == "sharded" and spec.loading.sharded.mp_policy is None
+    assert spec.loading.sharded.upcast_trainable is False
     assert spec.parallelism["dp_shard_size"] == 2  # the builder shards over the mesh the Trainer's Accelerator uses
 
 
@@ -109,15 +118,16 @@ def test_offload_layer_classes_and_hsdp_reach_the_builder() -> None:
         *LORA,
         *("--num_processes", "4", "--fsdp_offload_params", "true", "--fsdp_transformer_layer_cls_to_wrap"),
         *("LlamaDecoderLayer", "--use_parallelism_config", "--parallelism_config_dp_replicate_size", "2"),
+        machine=GPUS,
     )
-    assert spec.model.loading == "sharded"
-    assert spec.sharded["cpu_offload"] is True and spec.sharded["layer_cls"] == ["LlamaDecoderLayer"]
+    assert spec.loading.path == "sharded"
+    assert spec.loading.sharded.cpu_offload is True and spec.loading.sharded.layer_cls == ("LlamaDecoderLayer",)
     assert spec.parallelism["dp_replicate_size"] == 2
 
 
 def test_asked_for_sharded_loading_is_honoured_or_refused() -> None:
-    spec = spec_for(*LORA, "--loading", "sharded")
-    assert spec.model.loading == "sharded" and spec.sharded["fallback"] is False  # a rank stops rather than fall back
+    spec = spec_for(*LORA, "--loading", "sharded", machine=GPUS)
+    assert spec.loading.path == "sharded" and spec.loading.sharded.may_fall_back is False  # a rank stops instead
     refused = check(None, [*LORA, "--loading", "sharded", "--fsdp_version", "1"])
     [finding] = [f for f in refused.findings if f.rule == "FT036"]
     assert finding.severity.name == "ERROR" and "FSDP1" in finding.message and finding.key == "--loading"

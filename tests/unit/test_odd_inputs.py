@@ -16,7 +16,7 @@ from fsdp_tune.config.readers import read_file
 from fsdp_tune.launch.checkpoints import write_marker
 from fsdp_tune.runfiles import MANIFEST_NAME
 from tests.conftest import FIXTURES
-from tests.unit.fake_ranks import fake_ranks, write_checkpoint  # noqa: F401 - the fixture
+from tests.unit.fake_ranks import write_checkpoint
 
 BASE = FIXTURES / "tiny_lora.yaml"
 runner = CliRunner()
@@ -31,7 +31,7 @@ def chat(*turns: tuple[str, str]) -> str:
     return '{"messages": [' + ", ".join(TURN.format(r, c) for r, c in turns) + "]}"
 
 
-def test_train_prints_the_preflight_warnings(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_train_prints_the_preflight_warnings(tmp_path, fake_ranks) -> None:
     data = tmp_path / "train.jsonl"
     rows = [chat(("user", f"q{i}"), ("assistant", f"a{i}")) for i in range(8)]
     rows += [chat(("user", "q"), ("assistant", "")), chat(("user", "a"), ("user", "b"), ("assistant", "c"))]
@@ -104,7 +104,7 @@ def test_a_resume_on_fewer_ranks_is_warned_with_the_numbers(tmp_path, fake_ranks
     assert r.exit_code == 0 and "PF063" not in r.output, r.output
 
 
-def test_fewer_rows_than_one_step_is_warned(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_fewer_rows_than_one_step_is_warned(tmp_path, fake_ranks) -> None:
     data = tmp_path / "one.jsonl"
     data.write_text(chat(("user", "q"), ("assistant", "a")) + "\n")
     r = train(tmp_path / "o", "--dataset_name", str(data))

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_tune.launch.decide import decide
 from fsdp_tune.launch.machine import Machine
 from fsdp_tune.launch.torchrun import torchrun_args
-from fsdp_tune.validate import check
-from tests.conftest import REPO, seed_flags
+from tests.conftest import REPO, seed_flags, spec_for
 
 H100x8 = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8, driver_version="560.35.03")
 H100x1 = Machine(cuda=True, gpus=1, gpu_names=("NVIDIA H100 80GB HBM3",), driver_version="560.35.03")
@@ -21,12 +19,6 @@ RTX4090x2_NEW = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA GeForce RTX 4090",
 CPU_ONLY = Machine.cpu_only()
 LORA = ["--use_peft_lora", "--output_dir", "/tmp/spec"]
 QLORA = [*LORA, "--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "bfloat16"]
-
-
-def spec_for(machine: Machine, *flags: str, config: str | None = None):
-    checked = check(config, list(flags))
-    assert not checked.errors, checked.findings
-    return decide(checked.config, machine)
 
 
 def get(spec, path: str):
@@ -89,7 +81,7 @@ SCENARIOS = [
         H100x8,
         [*LORA, "--fsdp_version", "1", "--num_processes", "8", "--fsdp_sharding_strategy", "NO_SHARD"]
         + ["--fsdp_offload_params", "true", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
-        {"save.final": "fsdp1_units", "save.resume": "fsdp1_units", "save.full_checkpoints": True},
+        {"save.final": "fsdp1_units", "save.resume": "fsdp1_units", "full_state_dict": True},
     ),
     (
         "FSDP2 + cpu_offload: the adapter gathered alone; resume copies each rank's rows into its host shards "
@@ -99,8 +91,8 @@ SCENARIOS = [
         {
             "save.final": "gather_trainable",
             "save.resume": "local_rows",
-            "save.full_checkpoints": True,
-            "sharded.cpu_offload": True,
+            "full_state_dict": True,
+            "loading.sharded.cpu_offload": True,
         },
     ),
     (
@@ -153,19 +145,19 @@ SCENARIOS = [
 
 @pytest.mark.parametrize("name,machine,flags,expected", SCENARIOS, ids=[s[0] for s in SCENARIOS])
 def test_gpu_scenario(name: str, machine: Machine, flags: list[str], expected: dict) -> None:
-    spec = spec_for(machine, *flags)
+    spec = spec_for(*flags, machine=machine)
     got = {path: get(spec.as_dict(), path) for path in expected}
     assert got == expected
 
 
 def test_rtx_40_with_a_new_driver_keeps_nccl_p2p() -> None:
-    env = spec_for(RTX4090x2_NEW, *LORA, "--num_processes", "2").env
+    env = spec_for(*LORA, "--num_processes", "2", machine=RTX4090x2_NEW).env
     assert "NCCL_P2P_DISABLE" not in env and "NCCL_IB_DISABLE" not in env
 
 
 def test_gpu_plan_and_cpu_plan_of_one_config_differ_only_where_the_machine_decides() -> None:
-    gpu = spec_for(H100x8, *LORA, "--num_processes", "2", "--bf16", "True").as_dict()
-    cpu = spec_for(CPU_ONLY, *LORA, "--num_processes", "2", "--bf16", "True").as_dict()
+    gpu = spec_for(*LORA, "--num_processes", "2", "--bf16", "True", machine=H100x8).as_dict()
+    cpu = spec_for(*LORA, "--num_processes", "2", "--bf16", "True", machine=CPU_ONLY).as_dict()
     differing = {k for k in gpu if gpu[k] != cpu[k]}
     assert differing == {"device", "backend", "cpu_fsdp_shim", "trainer_args", "parallelism"}
 
@@ -175,7 +167,7 @@ def test_seed_launches_on_their_gpus(script: str) -> None:
     """The PEFT guide's launches on the machines they were written for: 8 and 2 GPUs. Their YAML has no
     fsdp_version: FSDP2 (config/fsdp2.py), FULL_SHARD as reshard_after_forward, loaded sharded."""
     config, flags = seed_flags(script)
-    spec = spec_for(H100x8, *flags, config=str(REPO / config))
+    spec = spec_for(*flags, machine=H100x8, config=str(REPO / config))
     f = spec.fsdp_config
     assert (spec.device, spec.fsdp_version, f["reshard_after_forward"], f["state_dict_type"]) == (
         "cuda",
@@ -183,10 +175,10 @@ def test_seed_launches_on_their_gpus(script: str) -> None:
         True,
         "SHARDED_STATE_DICT",
     )
-    assert "use_orig_params" not in f and spec.model.loading == "sharded"
+    assert "use_orig_params" not in f and spec.loading.path == "sharded"
     assert "--nproc_per_node=" + str(spec.world.nproc_per_node) in torchrun_args(spec)
     if script == "run_peft_qlora_fsdp.sh":  # offload on: gloo beside NCCL; FSDP2 gathers in the storage dtype
-        assert spec.backend == "cuda:nccl,cpu:gloo" and spec.sharded["cpu_offload"] is True
+        assert spec.backend == "cuda:nccl,cpu:gloo" and spec.loading.sharded.cpu_offload is True
         assert spec.fsdp_mixed_precision == dict.fromkeys(("param_dtype", "reduce_dtype", "output_dtype"), "bfloat16")
         assert spec.model.quantization["bnb_4bit_quant_storage"] == "bfloat16" and spec.model.dtype == "bfloat16"
     else:
@@ -198,7 +190,35 @@ def test_seed_launches_keep_fsdp1_when_asked(script: str) -> None:
     """`--fsdp_version 1` (or `fsdp_version: 1` in the file) keeps what `accelerate launch` runs: FSDP1, its
     strategy and use_orig_params as written, loaded with from_pretrained."""
     config, flags = seed_flags(script)
-    spec = spec_for(H100x8, *flags, "--fsdp_version", "1", config=str(REPO / config))
+    spec = spec_for(*flags, "--fsdp_version", "1", machine=H100x8, config=str(REPO / config))
     f = spec.fsdp_config
     assert (spec.fsdp_version, f["reshard_after_forward"], f["use_orig_params"]) == (1, "FULL_SHARD", False)
-    assert spec.model.loading == "transformers" and spec.fsdp_mixed_precision is None
+    assert spec.loading.path == "transformers" and spec.fsdp_mixed_precision is None
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ((), {"seed": 42, "data.seed": 42, "evaluation": False, "full_state_dict": False, "method": "sft"}),
+        (
+            (
+                "--seed",
+                "7",
+                "--data_seed",
+                "11",
+                "--eval_strategy",
+                "steps",
+                "--fsdp_state_dict_type",
+                "FULL_STATE_DICT",
+            ),
+            {"seed": 7, "data.seed": 11, "evaluation": True, "full_state_dict": True, "method": "sft"},
+        ),
+        (("--seed", "7"), {"seed": 7, "data.seed": 7}),
+    ],
+    ids=["TRL's defaults", "all set", "data seed follows the seed"],
+)
+def test_what_the_rank_once_decided_itself_comes_in_the_spec(flags, expected) -> None:
+    """The seed (TRL's 42 when not given: the launcher's default, not the rank's), the data's seed, whether the
+    Trainer evaluates, and whether checkpoints are FULL_STATE_DICT (fsdp-tune's gather saves them)."""
+    spec = spec_for(*LORA, *flags, machine=H100x8).as_dict()
+    assert {path: get(spec, path) for path in expected} == expected

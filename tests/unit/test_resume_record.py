@@ -14,7 +14,7 @@ from fsdp_tune.cli.app import app
 from fsdp_tune.runfiles import ADAPTER_CONFIG, MANIFEST_NAME, SUMMARY_NAME
 from fsdp_tune.tools.report import summary_rows
 from tests.conftest import FIXTURES
-from tests.unit.fake_ranks import fake_ranks, write_checkpoint  # noqa: F401 - the fixture
+from tests.unit.fake_ranks import write_checkpoint
 
 BASE = str(FIXTURES / "tiny_lora.yaml")  # LoRA r 8, alpha 16, all-linear
 runner = CliRunner()
@@ -60,13 +60,13 @@ def test_a_resume_whose_adapter_differs_is_refused_before_launch(finished_run, f
     assert json.loads((finished_run / SUMMARY_NAME).read_text())["kind"] == "finished"
 
 
-def test_the_same_adapter_resumes(finished_run, fake_ranks) -> None:  # noqa: F811
+def test_the_same_adapter_resumes(finished_run, fake_ranks) -> None:
     fake_ranks.next(checkpoints=[6])
     r = train(finished_run, *SAVE, *LATEST, "--lora_r", "16", "--lora_alpha", "32", "--max_steps", "6")
     assert r.exit_code == 0, r.output
 
 
-def test_the_checkpoints_own_adapter_config_says_what_it_was(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_the_checkpoints_own_adapter_config_says_what_it_was(tmp_path, fake_ranks) -> None:
     """A checkpoint named by path, from another folder: its adapter_config.json (the ranks write PEFT's into
     every checkpoint) is what it was trained with."""
     other = write_checkpoint(tmp_path / "elsewhere", 6, "another-run")
@@ -76,7 +76,7 @@ def test_the_checkpoints_own_adapter_config_says_what_it_was(tmp_path, fake_rank
     assert "--lora_r 32 --lora_alpha 64" in r.output
 
 
-def test_a_failed_attempt_keeps_the_finished_runs_record(finished_run, fake_ranks) -> None:  # noqa: F811
+def test_a_failed_attempt_keeps_the_finished_runs_record(finished_run, fake_ranks) -> None:
     before = json.loads((finished_run / MANIFEST_NAME).read_text())
     summary = (finished_run / SUMMARY_NAME).read_text()
     fake_ranks.next(returncode=1)  # the resume crashes after launch
@@ -99,7 +99,7 @@ def test_a_failed_attempt_keeps_the_finished_runs_record(finished_run, fake_rank
     assert json.loads((finished_run / SUMMARY_NAME).read_text())["steps"] == 8
 
 
-def test_a_stale_summary_is_not_taken_for_this_attempts(finished_run, fake_ranks) -> None:  # noqa: F811
+def test_a_stale_summary_is_not_taken_for_this_attempts(finished_run, fake_ranks) -> None:
     """The launcher reads only the summary its own attempt's ranks wrote: a failed attempt with the finished
     run's summary beside it is reported as failed, not printed as finished."""
     fake_ranks.next(returncode=1)
@@ -107,7 +107,7 @@ def test_a_stale_summary_is_not_taken_for_this_attempts(finished_run, fake_ranks
     assert r.exit_code == 1 and "training failed" in r.output and "done:" not in r.output, r.output
 
 
-def test_what_peft_made_of_the_same_request_is_no_difference(finished_run, fake_ranks) -> None:  # noqa: F811
+def test_what_peft_made_of_the_same_request_is_no_difference(finished_run, fake_ranks) -> None:
     """PEFT resolves `all-linear` to module names and turns MoE experts into target_parameters in the
     adapter_config.json it saves: the same request resumes, and so do the resolved names spelled out."""
     names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -18,7 +18,6 @@ from fsdp_tune.cli.app import app
 from fsdp_tune.launch import outdir, ownership
 from fsdp_tune.runfiles import MANIFEST_NAME, open_nofollow
 from tests.conftest import FIXTURES
-from tests.unit.fake_ranks import fake_ranks  # noqa: F401 - the fixture
 
 BASE = str(FIXTURES / "tiny_lora.yaml")
 runner = CliRunner()
@@ -106,7 +105,7 @@ def test_overwrite_never_moves_what_is_not_a_run(tmp_path, fake_ranks, monkeypat
     assert not fake_ranks.specs
 
 
-def test_overwrite_still_moves_a_previous_run_whole(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_overwrite_still_moves_a_previous_run_whole(tmp_path, fake_ranks) -> None:
     out = tmp_path / "o"
     fake_ranks.next(checkpoints=[2])
     assert train(out, "--save_strategy", "steps", "--save_steps", "2").exit_code == 0

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from fsdp_tune.cli.app import app
 from fsdp_tune.runfiles import LOCK_NAME, MANIFEST_NAME
 from tests.conftest import FIXTURES
-from tests.unit.fake_ranks import fake_ranks, stub_launcher  # noqa: F401 - the fixture
+from tests.unit.fake_ranks import stub_launcher
 
 BASE = str(FIXTURES / "tiny_lora.yaml")
 SAVE = ("--save_strategy", "steps", "--save_steps", "2")
@@ -37,7 +37,7 @@ def plan(out: Path, *flags: str) -> tuple[str, object]:
     return "\n".join(said), planned
 
 
-def test_overwrite_moves_the_previous_run_aside_and_latest_resumes_only_this_run(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_overwrite_moves_the_previous_run_aside_and_latest_resumes_only_this_run(tmp_path, fake_ranks) -> None:
     """Defect 1: with --overwrite_output_dir (the demo config sets it) the previous run's complete
     checkpoints stayed, and `latest` after a preemption continued the *previous* run."""
     out = tmp_path / "o"
@@ -60,7 +60,7 @@ def test_overwrite_moves_the_previous_run_aside_and_latest_resumes_only_this_run
     assert planned.run_id == second_id  # a resumed run continues its id
 
 
-def test_latest_passes_over_a_checkpoint_of_another_run(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_latest_passes_over_a_checkpoint_of_another_run(tmp_path, fake_ranks) -> None:
     """A checkpoint copied in from elsewhere (or left by another run) is named and skipped, not resumed."""
     from tests.unit.fake_ranks import write_checkpoint
 
@@ -84,7 +84,7 @@ def test_checkpoints_copied_into_a_new_folder_continue_their_run(tmp_path) -> No
     assert "(step 4, run 20990101-000000-abcdef: no manifest here names another run, so that run continues)" in said
 
 
-def test_a_second_run_into_a_live_output_dir_is_refused(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_a_second_run_into_a_live_output_dir_is_refused(tmp_path, fake_ranks) -> None:
     """Defect 2: two runs into one folder both ran (one trained the other's config; checkpoints, metrics and
     the stop file were shared)."""
     from fsdp_tune.launch import ownership
@@ -105,7 +105,7 @@ def test_a_second_run_into_a_live_output_dir_is_refused(tmp_path, fake_ranks) ->
     assert ownership.holder_of(out) is None and (out / LOCK_NAME).read_text() == ""  # released, not deleted
 
 
-def test_the_lock_dies_with_its_holder(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_the_lock_dies_with_its_holder(tmp_path, fake_ranks) -> None:
     """A launcher killed outright (SIGKILL, OOM killer) leaves no lock behind: torchrun held it too, and
     dies with the launcher; the next run says whose lock it found."""
     from fsdp_tune.launch import ownership
@@ -153,7 +153,7 @@ def test_stale_record_without_flock_is_judged_by_pid(tmp_path, monkeypatch) -> N
         raise AssertionError("a live holder's record was ignored")
 
 
-def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_a_folder_that_is_not_a_run_is_refused_and_kept(tmp_path, fake_ranks) -> None:
     """Defect 4: an output dir with someone's files (README.md, loss.png) was accepted and written over.
     #26: --overwrite_output_dir moved them aside; it moves a previous run only."""
     out = tmp_path / "notes"
@@ -189,7 +189,7 @@ def test_other_machines_rank_specs_in_flight_are_not_foreign_files(tmp_path) -> 
     assert [p.name for p in aside.iterdir()] == ["README.md"]
 
 
-def test_a_manifest_replay_needs_a_new_output_dir(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_a_manifest_replay_needs_a_new_output_dir(tmp_path, fake_ranks) -> None:
     """Defect 4: `train --config RUN/fsdp_tune_run.json` wrote over RUN's adapter and manifest."""
     out = tmp_path / "o"
     fake_ranks.next(checkpoints=[])
@@ -205,7 +205,7 @@ def test_a_manifest_replay_needs_a_new_output_dir(tmp_path, fake_ranks) -> None:
     assert r.exit_code == 0, r.output
 
 
-def test_an_output_dir_that_cannot_be_created_is_a_preflight_finding(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_an_output_dir_that_cannot_be_created_is_a_preflight_finding(tmp_path, fake_ranks) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     r = train(blocker / "run")

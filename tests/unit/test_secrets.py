@@ -14,7 +14,6 @@ from fsdp_tune.launch import ownership
 from fsdp_tune.redact import is_secret_key, redact, redact_argv
 from fsdp_tune.runfiles import LOCK_NAME, MANIFEST_NAME
 from tests.conftest import FIXTURES
-from tests.unit.fake_ranks import fake_ranks  # noqa: F401 - the fixture
 
 BASE = FIXTURES / "tiny_lora.yaml"
 TOKEN = "hf_" + "aB3dE6gH9" * 4

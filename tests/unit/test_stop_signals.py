@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from fsdp_tune.cli.app import app
 from fsdp_tune.runfiles import STOP_FILE
 from tests.conftest import FIXTURES
-from tests.unit.fake_ranks import fake_ranks, stub_launcher  # noqa: F401 - the fixture
+from tests.unit.fake_ranks import stub_launcher
 
 runner = CliRunner()
 
@@ -30,7 +30,7 @@ class Clock:
 
 def test_a_rank_counts_one_delivery_once_and_a_later_signal_as_now() -> None:
     """scancel signals the rank and torchrun forwards the same signal milliseconds later: one request."""
-    from fsdp_tune.worker.signals import SAME_REQUEST_S, StopRequest
+    from fsdp_tune.worker.training.signals import SAME_REQUEST_S, StopRequest
 
     clock = Clock()
     request = StopRequest(clock)
@@ -114,7 +114,7 @@ def test_the_launcher_turns_every_stop_signal_into_a_stop_request(tmp_path, sig)
     assert f"stopped by {signal.Signals(sig).name}" in err
 
 
-def test_a_stop_the_ranks_alone_received_ends_interrupted(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_a_stop_the_ranks_alone_received_ends_interrupted(tmp_path, fake_ranks) -> None:
     """SIGTERM to the ranks only (the launcher saw nothing, torchrun exited 0) ended with exit 1 and
     KeyError: 'steps'; a scheduler needs 143 and a person the resume hint."""
     fake_ranks.next(stop_at=3)  # the Interrupted summary records SIGTERM
@@ -159,7 +159,7 @@ def test_a_rank_keeps_running_when_its_console_reader_leaves(tmp_path) -> None:
     assert "line 2" in log and "survived" in log
 
 
-def test_a_run_that_finished_before_the_stop_took_effect_is_finished(tmp_path, fake_ranks) -> None:  # noqa: F811
+def test_a_run_that_finished_before_the_stop_took_effect_is_finished(tmp_path, fake_ranks) -> None:
     """The last step was done when the signal came: torchrun ends on its SignalException (exit 1), the
     summary says finished, and so does fsdp-tune (exit 0), as nothing is left to resume."""
     fake_ranks.next(checkpoints=[6], returncode=1, signal_seen_by_launcher=signal.SIGTERM)

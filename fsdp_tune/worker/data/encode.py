@@ -1,0 +1,82 @@
+"""One converted row (TRL's representation, sources/convert.py) -> training sequences: token ids and the mask
+of the tokens in the loss. Messages (alpaca and ShareGPT arrive as messages) train their assistant turns,
+prompt-completion its completion, text every token; `train_all` (--train_on_prompt) every token everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from fsdp_tune.sources.convert import tool_calls_as_text
+from fsdp_tune.worker.data.masking import (
+    Encoded,
+    Renderer,
+    RowRejected,
+    encode_messages,
+    prompt_completion_mask,
+    truncate,
+)
+
+
+@dataclass
+class Encoder:
+    tokenizer: Any
+    max_len: int | None  # None: TRL's packing keeps every token (bfd_split, wrapped)
+    fallback: str = "split"  # --mask_fallback
+    eos_token: str | None = None  # SFTConfig's eos_token, else the tokenizer's
+    keep_end: bool = False  # --truncation_mode keep_end
+
+    def encode(self, row: dict[str, Any], train_all: bool) -> list[Encoded]:
+        """Sequences of one row, cut at max_len (rows whose answer is cut away are the caller's to skip)."""
+        if "messages" in row:
+            messages = row["messages"]
+            if any(m.get("tool_calls") for m in messages) and not self.renders_tool_calls:
+                messages = tool_calls_as_text(messages)  # else the answer would be an empty turn
+            out = encode_messages(
+                self.tokenizer, messages, tools=row.get("tools"), train_all=train_all, fallback=self.fallback
+            )
+        elif "prompt" in row:
+            out = [self.prompt_completion(row["prompt"], row["completion"], row.get("tools"), train_all)]
+        else:
+            out = [self.text(row["text"])]
+        return [truncate(e, self.max_len, self.keep_end) for e in out]
+
+    @cached_property
+    def renders_tool_calls(self) -> bool:
+        """Whether the chat template writes an assistant's `tool_calls` (plain ChatML and zephyr do not)."""
+        call = {"type": "function", "function": {"name": "fsdp_tune_probe", "arguments": {"x": 1}}}
+        probe = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        try:
+            return "fsdp_tune_probe" in Renderer(self.tokenizer).text(probe)
+        except Exception:  # noqa: BLE001 - a template that refuses tool calls renders none
+            return False
+
+    @property
+    def eos(self) -> str:
+        return self.eos_token or self.tokenizer.eos_token or ""
+
+    def prompt_completion(self, prompt, completion, tools, train_all: bool) -> Encoded:
+        """TRL's own tokenization of a prompt-completion row, done here so it is done once: message lists are
+        rendered with the generation prompt against the whole; strings tokenized, the EOS appended."""
+        if isinstance(prompt, list):
+            renderer = Renderer(self.tokenizer, tools)
+            try:
+                prompt_ids = renderer.ids(prompt, add_generation_prompt=True)
+                full = renderer.ids(prompt + completion)
+            except Exception as e:  # noqa: BLE001 - the template's own refusal
+                raise RowRejected(f"the chat template refuses this row: {type(e).__name__}: {e}") from e
+        else:
+            if self.eos and not completion.endswith(self.eos):
+                completion += self.eos
+            prompt_ids = list(self.tokenizer(text=prompt)["input_ids"])
+            full = list(self.tokenizer(text=prompt + completion)["input_ids"])
+        return Encoded(full, prompt_completion_mask(prompt_ids, full, train_all), ["prompt_completion"])
+
+    def text(self, text: str) -> Encoded:
+        """Plain text: every token, the EOS appended as TRL does (sft_trainer.py add_eos)."""
+        if self.eos and not text.endswith(self.eos):
+            text += self.eos
+        ids = list(self.tokenizer(text=text)["input_ids"])
+        return Encoded(ids, [1] * len(ids), ["text"])

@@ -1,0 +1,195 @@
+"""The data, converted and tokenized once: rank 0 of each machine does it and saves the result, every other
+rank reads that result (memory-mapped). The recipe runs this under `main_process_first`, so the others wait
+for it; a rank that finds no result does not prepare on its own: it stops and points at rank 0's log.
+
+Each source is loaded (splits.py), every row converted to TRL's representation, checked, and turned into
+`input_ids` + `assistant_masks` (encode.py, rows.py); rows that cannot be trained on are skipped and counted
+by reason, with their rows. The sources are then mixed (fraction / weight / samples), and SFTTrainer receives
+the pre-tokenized dataset: TRL builds the labels from `assistant_masks` and packs as asked.
+
+The result lives in OUTPUT_DIR/fsdp_tune_data/<key>/ (train/, eval/, report.json); the key covers the data
+settings, the files, the tokenizer and the template, so a resumed run reads it again and a changed one does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from datasets import concatenate_datasets, load_from_disk
+
+from fsdp_tune import __version__
+from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import DATA_DIR, write_atomic
+from fsdp_tune.sources.formats import TEXT, Format
+from fsdp_tune.sources.mixture import Source, plan_counts
+from fsdp_tune.worker.data.encode import Encoder
+from fsdp_tune.worker.data.rows import encode_split, loss_counts, report_source
+from fsdp_tune.worker.data.splits import format_of, load_split
+from fsdp_tune.worker.rank import local_rank
+
+REPORT = "report.json"
+
+
+@dataclass
+class Prepared:
+    train: Any  # datasets.Dataset: input_ids, assistant_masks
+    eval: Any  # the same, or None
+    report: dict[str, Any]
+
+    def rows(self) -> dict[str, int | None]:
+        """Rows per split as read, for the data's phase line (None: streamed, not counted)."""
+        return {
+            name: len(ds) if hasattr(ds, "__len__") else None
+            for name, ds in (("train", self.train), ("eval", self.eval))
+            if ds is not None
+        }
+
+
+def prepare(spec: RankSpec, tokenizer) -> Prepared:
+    """(train, eval or None, the data report): pre-tokenized `input_ids` + `assistant_masks`, from which TRL
+    builds the labels (only the tokens in the loss keep their id)."""
+    folder = Path(spec.output_dir) / DATA_DIR / cache_key(spec, tokenizer)
+    if not (folder / REPORT).exists():
+        if local_rank() != 0:
+            raise RuntimeError(f"rank 0 did not prepare the data in {folder}: see logs/rank-0.log")
+        build(spec, tokenizer, folder)
+    report = json.loads((folder / REPORT).read_text())
+    evaluation = load_from_disk(str(folder / "eval")) if (folder / "eval").exists() else None
+    return Prepared(load_from_disk(str(folder / "train")), evaluation, report)
+
+
+def encoder_of(spec: RankSpec, tokenizer) -> Encoder:
+    """Cut at max_seq_len as TRL would, here, so the rows whose answer is cut away are counted, not dropped
+    silently; TRL's packing strategies that keep every token (bfd_split, wrapped) get whole sequences."""
+    args = spec.trainer_args
+    packs_whole = spec.data.packing and args.get("packing_strategy", "bfd") != "bfd"
+    return Encoder(
+        tokenizer,
+        None if packs_whole else spec.data.max_seq_len,
+        fallback=spec.data.mask_fallback,
+        eos_token=args.get("eos_token"),
+        keep_end=args.get("truncation_mode") == "keep_end",
+    )
+
+
+def build(spec: RankSpec, tokenizer, folder: Path) -> None:
+    """Convert, encode, mix and save; the folder appears whole or not at all (other machines may share it)."""
+    work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    encoder = encoder_of(spec, tokenizer)
+    num_proc = spec.trainer_args.get("dataset_num_proc")
+    trains, evals, reports = [], [], []
+    for i, source in enumerate(spec.data.sources):
+        raw = load_split(source, source.split)
+        fmt, train_all = format_of(source, raw, spec.data.text_field, spec.data.peft_text_field)
+        check_template(tokenizer, fmt, source)
+        encoded = encode_split(raw, fmt, source, source.split, encoder, train_all, work / f"{i}-train", num_proc)
+        trains.append(encoded.kept)
+        reports.append(report_source(source, fmt, train_all, encoded))
+        if source.eval_split:
+            raw = load_split(source, source.eval_split)
+            held = encode_split(raw, fmt, source, source.eval_split, encoder, train_all, work / f"{i}-eval", num_proc)
+            evals.append(held.kept)
+            reports[-1]["eval"] = report_source(source, fmt, train_all, held)
+    seed = spec.data.seed
+    counts = plan_counts([len(d) for d in trains], list(spec.data.sources))
+    picked = [
+        take(d, n, s, seed + k) for k, (d, n, s) in enumerate(zip(trains, counts, spec.data.sources, strict=True))
+    ]
+    train = concatenate_datasets(picked)
+    evaluation = concatenate_datasets(evals) if evals else None
+    if spec.data.test_split_size:
+        parts = train.train_test_split(test_size=spec.data.test_split_size, seed=seed)
+        train, evaluation = parts["train"], parts["test"]
+    report = summarise(reports, counts, train, evaluation)
+    _save(train, evaluation, report, work)
+    try:
+        os.replace(work / "out", folder)
+    except OSError:  # another machine sharing the folder finished first: its result is the same
+        if not (folder / REPORT).exists():
+            raise
+    shutil.rmtree(work, ignore_errors=True)
+    print_report(report)
+
+
+def _save(train, evaluation, report: dict, work: Path) -> None:
+    out = work / "out"
+    columns = ["input_ids", "assistant_masks"]
+    train.select_columns(columns).flatten_indices().save_to_disk(str(out / "train"))
+    if evaluation is not None and len(evaluation):
+        evaluation.select_columns(columns).flatten_indices().save_to_disk(str(out / "eval"))
+    write_atomic(out / REPORT, json.dumps(report, indent=2))
+
+
+def check_template(tokenizer, fmt: Format, source: Source) -> None:
+    chat = fmt.kind != TEXT and (fmt.kind != "prompt_completion" or fmt.conversational)
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"{source.label} is chat data ({fmt.describe()}) and the tokenizer has no chat template: "
+            "pass --chat_template_format chatml (or zephyr), or use a model that ships one"
+        )
+
+
+def take(dataset, count: int, source: Source, seed: int):
+    """`count` rows: the first ones for TRL's fraction; a seeded random choice for weight and samples,
+    repeating rows when the source has fewer (LLaMA-Factory's num_samples)."""
+    n = len(dataset)
+    if count == n or n == 0:
+        return dataset
+    if source.fraction is not None:
+        return dataset.select(range(min(count, n)))
+    order = np.random.default_rng(seed).permutation(n)
+    indices = np.concatenate([np.tile(np.arange(n), count // n), order[: count % n]])
+    return dataset.select(indices.tolist())
+
+
+def summarise(reports: list[dict], counts: list[int], train, evaluation) -> dict[str, Any]:
+    tokens, in_loss = loss_counts(train)
+    for report, used in zip(reports, counts, strict=True):
+        report["used"] = used
+    out = {"sources": reports, "sequences": len(train), "tokens": tokens, "loss_tokens": in_loss}
+    out["loss_share"] = round(in_loss / tokens, 4) if tokens else None
+    if evaluation is not None:
+        eval_tokens, eval_loss = loss_counts(evaluation)
+        out["eval"] = {"sequences": len(evaluation), "tokens": eval_tokens, "loss_tokens": eval_loss}
+    return out
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """What rank 0 says about the data before training (the summary repeats it)."""
+    for s in report["sources"]:
+        loss = "every token" if s["loss"] == "all" else "the answers"
+        print(
+            f"fsdp-tune: data: {s['source']}: {s['format']}, {s['rows']} rows -> {s['sequences']} sequences, "
+            f"loss on {loss}"
+        )
+        for reason, seen in s["skipped"].items():
+            rows = ", ".join(seen["rows"])
+            print(f"fsdp-tune: warning: {seen['count']} row(s) of {s['source']} skipped: {reason} ({rows})")
+        for note, count in s["template_notes"].items():
+            print(f"fsdp-tune: note: {count} sequence(s) of {s['source']}: {note}")
+    if report["loss_share"] is not None:
+        print(f"fsdp-tune: data: {report['loss_share']:.1%} of {report['tokens']} training tokens are in the loss")
+
+
+def cache_key(spec: RankSpec, tokenizer) -> str:
+    """Everything the prepared data depends on: the data settings, the files (size, time), the tokenizer and
+    its template, how TRL cuts sequences, the seed (in the data settings), and this code's version."""
+    files = [f for s in spec.data.sources for group in s.files.values() for f in group]
+    stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files if os.path.exists(f)]
+    args = {k: spec.trainer_args.get(k) for k in ("truncation_mode", "packing_strategy", "eos_token")}
+    key = {
+        "data": asdict(spec.data),
+        "files": stats,
+        "tokenizer": [tokenizer.name_or_path, tokenizer.chat_template, len(tokenizer), tokenizer.eos_token],
+        "args": args,
+        "version": __version__,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

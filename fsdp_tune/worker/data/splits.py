@@ -1,0 +1,56 @@
+"""A source's split as a `datasets.Dataset`, read the way the launcher located it (Source.loader and .files):
+local json/csv/tsv/parquet/arrow files and folders, `save_to_disk` folders, or a Hub dataset (offline from the
+local cache) with its config, data_dir and data_files; split slices (`train[:5%]`) everywhere."""
+
+from __future__ import annotations
+
+from datasets import DatasetDict, ReadInstruction, concatenate_datasets, load_dataset, load_from_disk
+
+from fsdp_tune.sources.formats import Format, detect_format, renders_to_text
+from fsdp_tune.sources.mixture import Source, split_name
+
+DETECT_ROWS = 100
+
+
+def load_split(source: Source, split: str):
+    name = split_name(split)
+    if source.loader == "disk":
+        dataset = _sliced(_from_disk(source.files[name][0], name), split, name)
+    elif source.loader:
+        files = source.files[name]
+        tsv = all(f.lower().endswith(".tsv") for f in files)
+        dataset = load_dataset(
+            source.loader, data_files={name: files}, split=split, **({"delimiter": "\t"} if tsv else {})
+        )
+    else:
+        dataset = load_dataset(
+            source.path, name=source.name, data_dir=source.data_dir, data_files=source.data_files, split=split
+        )
+    if source.columns:
+        dataset = dataset.select_columns(list(source.columns))
+    return dataset
+
+
+def _from_disk(folder: str, name: str):
+    loaded = load_from_disk(folder)
+    return loaded[name] if isinstance(loaded, DatasetDict) else loaded
+
+
+def _sliced(dataset, spec: str, name: str):
+    """A slice of a `load_from_disk` dataset, read by datasets' own parser (load_dataset does it itself)."""
+    if spec.strip() == name:
+        return dataset
+    parts = ReadInstruction.from_spec(spec).to_absolute({name: len(dataset)})
+    return concatenate_datasets([dataset.select(range(p.from_, p.to)) for p in parts])
+
+
+def format_of(source: Source, dataset, text_field: str, peft_text_field: str | None) -> tuple[Format, bool]:
+    """(the format, every token trained): the launcher's detection, or rank 0's for a Hub dataset."""
+    if source.detected is not None:
+        return Format.from_dict(source.detected), source.train_on_prompt
+    rows = dataset.select(range(min(DETECT_ROWS, len(dataset)))).to_list()
+    fmt = detect_format(
+        dataset.column_names, rows, forced=source.format, column_map=source.column_map, text_field=text_field
+    )
+    fmt, as_text = renders_to_text(fmt, dataset.column_names, peft_text_field)
+    return fmt, source.train_on_prompt or as_text

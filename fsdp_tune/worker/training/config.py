@@ -1,0 +1,35 @@
+"""The trainer's config (SFTConfig for SFT) from the rank spec: its trainer_args exactly, the device mesh when
+it has one, and FSDP2's QLoRA mixed-precision policy when the launcher decided one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from accelerate import ParallelismConfig
+from accelerate.utils import TorchContextParallelConfig
+
+from fsdp_tune.launch.spec import RankSpec
+
+
+def trainer_config(spec: RankSpec, config_class: type, trainer_args: dict[str, Any]):
+    """`config_class(**trainer_args)` (the spec's, or RankSpec.trainer_args_on's after a loading fallback)."""
+    args = dict(trainer_args)
+    if spec.parallelism:
+        args["parallelism_config"] = parallelism_config(spec.parallelism)
+    config = config_class(**args)
+    if spec.fsdp_mixed_precision:
+        # the Trainer builds accelerate's FSDP plugin from these; a policy set here is kept (state.py sets the
+        # run's precision only without override)
+        policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.items()}
+        config.fsdp_plugin_args["mixed_precision_policy"] = policy
+    return config
+
+
+def parallelism_config(mesh: dict) -> ParallelismConfig:
+    """accelerate's ParallelismConfig (the device mesh) from the spec's sizes."""
+    kwargs = dict(mesh)
+    strategy = kwargs.pop("cp_comm_strategy", None)
+    if strategy is not None:
+        kwargs["cp_handler"] = TorchContextParallelConfig(cp_comm_strategy=strategy)
+    return ParallelismConfig(**kwargs)

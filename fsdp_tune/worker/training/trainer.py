@@ -1,0 +1,93 @@
+"""The trainer every method trains with: its TRL trainer class (training/methods.py) with fsdp-tune's saving
+mixed in, so FULL_STATE_DICT saves and resumes go through fsdp-tune's gather and load (saving/save.py), and
+checkpoints are marked complete before old ones are rotated."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+from transformers.trainer import rotate_checkpoints
+
+from fsdp_tune.worker import faults
+from fsdp_tune.worker.saving.hub import pushes_on_save
+from fsdp_tune.worker.saving.save import load_adapter_into_fsdp, save_adapter
+from fsdp_tune.worker.training.callbacks import mark_complete, record_adapter_config
+
+
+@dataclass(frozen=True)
+class Saving:
+    """What the trainer's saves need from the rank spec and the model step."""
+
+    full_state_dict: bool  # RankSpec.full_state_dict: checkpoints hold the whole adapter
+    final: str  # RankSpec.save.final: how the adapter leaves the sharded model (saving/save.py)
+    resume: str  # RankSpec.save.resume: how a FULL checkpoint's adapter comes back
+    vocab_grew: bool  # the chat template's tokens grew the vocabulary: the adapter carries the embedding layers
+    run_id: str | None  # written into each checkpoint's completion marker
+
+
+class FsdpSaving:
+    """Mixed into a TRL trainer (FsdpSaving first): fsdp-tune's FULL_STATE_DICT save and load, checkpoint
+    completion markers, and the test-only loss fault."""
+
+    def __init__(self, *args, saving: Saving, **kwargs):
+        self.saving = saving
+        super().__init__(*args, **kwargs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if self.is_fsdp_enabled and self.saving.full_state_dict:
+            output_dir = output_dir or self.args.output_dir
+            save_adapter(self, output_dir, self.saving.final)
+            if self.args.should_save and self.processing_class is not None:
+                self.processing_class.save_pretrained(output_dir)
+            return
+        super().save_model(output_dir, _internal_call)
+        if self.is_fsdp_enabled and _internal_call and pushes_on_save(self.args):
+            # the Trainer pushes the adapter files it finds in the checkpoint: a sharded one has none
+            save_adapter(self, output_dir or self.args.output_dir, self.saving.final)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        # Mark the new checkpoint complete before any old one is deleted (save_total_limit), so at
+        # every moment the newest complete checkpoint, the one `latest` resumes from, exists.
+        make_checkpoint_folder(self, trial)  # first: every rank then agrees on the best checkpoint
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        self.accelerator.wait_for_everyone()  # every rank's files (shards, rng_state_K.pth) are written
+        if self.args.should_save:
+            run_dir = self._get_output_dir(trial=trial)
+            record_adapter_config(self.accelerator.unwrap_model(self.model), run_dir, self.state.global_step)
+            mark_complete(run_dir, self.state.global_step, self.saving.run_id, self.args)
+            if limit:
+                best = self.state.best_model_checkpoint
+                rotate_checkpoints(run_dir, save_total_limit=limit, use_mtime=True, best_model_checkpoint=best)
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        return faults.poison_loss(loss, self.state.global_step + 1)  # test-only; the loss itself otherwise
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        # A FULL checkpoint of ours holds the whole adapter: every rank reads it (it is small) and puts its own
+        # part in place (saving/save.py). accelerate's FULL path (rank 0 loads, then broadcasts) stalls under
+        # FSDP2 on gloo, and PEFT's load_adapter does not know about DTensor shards.
+        if self.is_fsdp_enabled and load_adapter_into_fsdp(self, resume_from_checkpoint, self.saving.resume):
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+
+@functools.cache
+def fsdp_trainer(base: type) -> type:
+    """`base` (SFTTrainer, ...) with fsdp-tune's saving: FsdpTuneSFTTrainer and so on."""
+    return type(f"FsdpTune{base.__name__}", (FsdpSaving, base), {"__doc__": f"{base.__name__} + FsdpSaving"})
+
+
+def make_checkpoint_folder(trainer, trial) -> None:
+    """transformers looks for the best checkpoint's folder before the FSDP shards that create it are written
+    (with the optimizer), so ranks disagreed on the best checkpoint and, with load_best_model_at_end, one rank
+    loaded it while the others went on and waited forever. Made first, on every rank, they agree."""
+    folder = os.path.join(trainer._get_output_dir(trial=trial), f"checkpoint-{trainer.state.global_step}")
+    os.makedirs(folder, exist_ok=True)

@@ -1,0 +1,1 @@
+"""One process with the libraries (torch, transformers, PEFT, TRL, datasets): no torchrun."""

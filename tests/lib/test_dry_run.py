@@ -1,0 +1,102 @@
+"""`train --dry_run`: the plan and the planner's memory summary, nothing started (imports torch for the
+planner's meta-device count, hence this layer)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from fsdp_tune.cli.app import app
+from tests.conftest import FIXTURES, REPO, seed_flags
+
+runner = CliRunner()
+BASE = str(FIXTURES / "tiny_lora.yaml")
+
+
+def train(*args: str):
+    return runner.invoke(app, ["train", *args])
+
+
+@pytest.mark.parametrize("script,nproc", [("run_peft_fsdp.sh", 8), ("run_peft_qlora_fsdp.sh", 2)])
+def test_seed_scripts_dry_run(script: str, nproc: int, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the seed's relative --output_dir must not appear in the repo
+    config, flags = seed_flags(script)
+    r = train("--config", str(REPO / config), *flags, "--dry_run")
+    assert r.exit_code == 0, r.output
+    assert f"--nproc_per_node={nproc}" in r.output and "-m fsdp_tune.worker" in r.output
+    assert "dry run: nothing was started" in r.output
+    lines = r.output.splitlines()
+    # the plan's own lines: no fsdp_version in the seed's YAML means FSDP2 (said in one note), loaded sharded
+    assert any(line.startswith("  fsdp: FSDP2, reshard_after_forward=true,") for line in lines), r.output
+    assert "no fsdp_version: FSDP2; `accelerate launch` would run FSDP1; `fsdp_version: 1` keeps it" in r.output
+    assert any(line.startswith("  loading: sharded: each rank reads only its own shards") for line in lines)
+    assert "checkpointing: the Trainer's gradient checkpointing" in r.output
+    assert "per-GPU memory:" in r.output  # the planner's summary for the 70B seed
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_seed_script_forwards_extra_args(tmp_path) -> None:
+    import subprocess
+
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_peft_qlora_fsdp.sh"), "--dry_run", "--output_dir", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "QLoRA: 4-bit nf4, storage bfloat16, compute bfloat16, nested=true" in out.stdout
+
+
+def test_dry_run_on_demo_writes_nothing(tmp_path) -> None:
+    r = train("--config", str(REPO / "configs" / "demo_cpu.yaml"), "--output_dir", str(tmp_path / "o"), "--dry_run")
+    assert r.exit_code == 0, r.output
+    assert "2 ranks on 1 machine" in r.output and "CPU, gloo" in r.output and "--standalone" in r.output
+    assert not (tmp_path / "o").exists()
+    assert "memory plan (fsdp-tune plan):" in r.output and "per-rank peak host memory" in r.output
+
+
+def test_dry_run_reports_previous_run(tmp_path) -> None:
+    out = tmp_path / "o"
+    (out / "checkpoint-5").mkdir(parents=True)
+    r = train("--config", BASE, "--output_dir", str(out), "--dry_run")
+    assert r.exit_code == 0 and "PF031" in r.output
+
+
+def test_dry_run_json_is_the_rank_spec(tmp_path) -> None:
+    """`--dry_run --json` prints the RankSpec the ranks would execute, parseable, and starts nothing."""
+    import json
+
+    from fsdp_tune.launch.spec import from_dict
+
+    out = tmp_path / "o"
+    r = train("--config", BASE, "--output_dir", str(out), "--dry_run", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    spec = from_dict(data["spec"])
+    assert (spec.device, spec.backend, spec.world.world_size) == ("cpu", "gloo", 2)
+    assert spec.fsdp_config["version"] == 2 and spec.trainer_args["fsdp_config"] is not None
+    assert spec.lora["r"] == 8 and spec.output_dir == str(out)
+    assert data["torchrun"][-1] == spec.resolved_path and not out.exists()
+
+
+def test_accelerate_nd_example_shows_its_mesh(tmp_path) -> None:
+    """accelerate's own N-D example (cp 4 x dp_shard 2 on 8 GPUs): the plan carries the mesh to the ranks; on a
+    machine without GPUs pre-flight says why it cannot run here (context parallelism has no CPU kernel)."""
+    import json
+
+    nd = str(FIXTURES / "peer-configs" / "accelerate-nd.yaml")
+    flags = ["--model_name_or_path", "builtin:tiny-llama", "--dataset_name", "builtin:demo-chat"]
+    r = train("--config", nd, *flags, "--output_dir", str(tmp_path / "o"), "--dry_run")
+    assert r.exit_code == 0, r.output
+    assert "device mesh: cp 4 x dp_shard 2" in r.output
+    data = json.loads(train("--config", nd, *flags, "--output_dir", str(tmp_path / "o"), "--dry_run", "--json").stdout)
+    assert data["spec"]["parallelism"] == {
+        "dp_replicate_size": 1,
+        "tp_size": 1,
+        "cp_size": 4,
+        "dp_shard_size": 2,
+        "cp_comm_strategy": "allgather",
+    }
+    if data["spec"]["device"] == "cpu":
+        assert "PF026" in [f["rule"] for f in data["preflight"]]

@@ -1,0 +1,302 @@
+"""The hand-off, walked: every field of the rank spec (and of the typed parts inside it) is read by the ranks,
+run under torchrun's command line, or shown by the plan, as the table below says and the named code shows; and
+the worker reads nothing but the spec: no environment decision beyond torchrun's own variables (and the
+test-only fault hooks), no config re-read, no launcher decision imported.
+
+A field added to the spec without a row here fails test_every_field_has_a_reader; a row whose module no longer
+reads the field fails test_each_reader_reads_its_field.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from fsdp_tune.launch.machine import Machine
+from fsdp_tune.launch.spec import DataSpec, Loading, ModelSpec, RankSpec, SaveSpec, ShardedPlan, World, from_dict
+from fsdp_tune.sources.mixture import Source
+from tests.conftest import REPO, spec_for
+
+PACKAGE = REPO / "fsdp_tune"
+RANK, TORCHRUN, PLAN, AFTER = "read by the ranks", "torchrun's command line", "shown by the plan", "after the run"
+PREFLIGHT = "pre-flight, before any rank starts"
+PLAN_TEXT = "output/run.py"  # describe_launch: what `train` and `train --dry_run` print
+
+# field -> (how, the module that reads or shows it); "the ranks" means code the worker runs
+READERS: dict[type, dict[str, tuple[str, str]]] = {
+    RankSpec: {
+        "world": (RANK, "worker/recipe.py"),
+        "device": (RANK, "worker/process.py"),
+        "backend": (RANK, "worker/process.py"),
+        "timeout_s": (RANK, "worker/process.py"),
+        "env": (RANK, "worker/process.py"),
+        "cpu_fsdp_shim": (RANK, "worker/process.py"),
+        "fsdp_version": (PLAN, PLAN_TEXT),  # the ranks get it in trainer_args' fsdp_config
+        "precision": (PLAN, PLAN_TEXT),  # the ranks get it as trainer_args' bf16/fp16
+        "checkpointing": (PLAN, PLAN_TEXT),  # the ranks: fsdp_config, trainer_args, loading.sharded
+        "trainer_args": (RANK, "worker/recipe.py"),
+        "parallelism": (RANK, "worker/training/config.py"),
+        "fsdp_mixed_precision": (RANK, "worker/training/config.py"),
+        "model": (RANK, "worker/recipe.py"),
+        "lora": (RANK, "worker/loading/adapter.py"),
+        "data": (RANK, "worker/recipe.py"),
+        "output_dir": (RANK, "worker/process.py"),
+        "resume_from_checkpoint": (RANK, "worker/recipe.py"),
+        "checkpoint_on_stop": (RANK, "worker/recipe.py"),
+        "check_grad_norm": (RANK, "worker/recipe.py"),
+        "loading": (RANK, "worker/loading/build.py"),
+        "evaluation": (RANK, "worker/recipe.py"),
+        "seed": (RANK, "worker/recipe.py"),
+        "full_state_dict": (RANK, "worker/recipe.py"),
+        "method": (RANK, "worker/training/methods.py"),
+        "spec_version": (RANK, "launch/spec.py"),  # from_dict, as the worker reads the spec
+        "notes": (PLAN, PLAN_TEXT),
+        "console": (RANK, "worker/process.py"),
+        "save": (RANK, "worker/recipe.py"),
+    },
+    SaveSpec: {
+        "final": (RANK, "worker/recipe.py"),  # into training/trainer.py's Saving and saving/save.py
+        "resume": (RANK, "worker/recipe.py"),
+    },
+    World: {
+        "world_size": (RANK, "worker/recipe.py"),
+        "nnodes": (TORCHRUN, "launch/torchrun.py"),
+        "nproc_per_node": (TORCHRUN, "launch/torchrun.py"),
+        "node_rank": (TORCHRUN, "launch/torchrun.py"),
+        "master_addr": (TORCHRUN, "launch/torchrun.py"),
+        "master_port": (TORCHRUN, "launch/torchrun.py"),
+        "rdzv_backend": (TORCHRUN, "launch/torchrun.py"),
+        "standalone": (TORCHRUN, "launch/torchrun.py"),
+        "max_restarts": (TORCHRUN, "launch/torchrun.py"),
+    },
+    ModelSpec: {
+        "name_or_path": (RANK, "worker/loading/pretrained.py"),
+        "requested": (AFTER, "tools/chat.py"),  # the model as the user named it (builtin:...), for chat and disk
+        "dtype": (RANK, "worker/loading/pretrained.py"),
+        "attn_implementation": (RANK, "worker/loading/pretrained.py"),
+        "trust_remote_code": (RANK, "worker/loading/pretrained.py"),
+        "quantization": (RANK, "worker/loading/pretrained.py"),
+        "chat_template": (RANK, "worker/loading/tokenizer.py"),
+        "revision": (RANK, "worker/loading/pretrained.py"),
+    },
+    DataSpec: {
+        "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
+        "splits": (PLAN, PLAN_TEXT),
+        "text_field": (RANK, "worker/data/prepare.py"),
+        "max_seq_len": (RANK, "worker/data/prepare.py"),
+        "packing": (RANK, "worker/data/prepare.py"),
+        "seed": (RANK, "worker/data/prepare.py"),
+        "sources": (RANK, "worker/data/prepare.py"),
+        "test_split_size": (RANK, "worker/data/prepare.py"),
+        "mask_fallback": (RANK, "worker/data/prepare.py"),
+        "peft_text_field": (RANK, "worker/data/prepare.py"),
+    },
+    Source: {
+        "path": (RANK, "worker/data/splits.py"),
+        "split": (RANK, "worker/data/prepare.py"),
+        "eval_split": (RANK, "worker/data/prepare.py"),
+        "name": (RANK, "worker/data/splits.py"),
+        "data_dir": (RANK, "worker/data/splits.py"),
+        "data_files": (RANK, "worker/data/splits.py"),
+        "columns": (RANK, "worker/data/splits.py"),
+        "column_map": (RANK, "worker/data/splits.py"),
+        "roles": (RANK, "worker/data/rows.py"),
+        "format": (RANK, "worker/data/splits.py"),
+        "fraction": (RANK, "worker/data/prepare.py"),
+        "weight": (RANK, "sources/mixture.py"),  # plan_counts, called by worker/data/prepare.py
+        "samples": (RANK, "sources/mixture.py"),
+        "train_on_prompt": (RANK, "worker/data/splits.py"),
+        "loader": (RANK, "worker/data/splits.py"),
+        "files": (RANK, "worker/data/splits.py"),
+        "detected": (RANK, "worker/data/splits.py"),
+        "rows_checked": (PREFLIGHT, "launch/batch.py"),  # rows per step against world size x batch (PF064)
+    },
+    Loading: {
+        "path": (RANK, "worker/loading/build.py"),
+        "why": (RANK, "worker/loading/build.py"),  # into the load report; the plan shows it too
+        "sharded": (RANK, "worker/loading/build.py"),
+        "transformers_fsdp_config": (RANK, "launch/spec.py"),  # RankSpec.trainer_args_on, for a rank falling back
+    },
+    ShardedPlan: {
+        "layer_cls": (RANK, "worker/loading/sharded.py"),
+        "reshard_after_forward": (RANK, "worker/loading/sharded.py"),
+        "activation_checkpointing": (RANK, "worker/loading/sharded.py"),
+        "activation_checkpointing_offload": (RANK, "worker/loading/sharded.py"),
+        "cpu_offload": (RANK, "worker/loading/sharded.py"),
+        "mp_policy": (RANK, "worker/loading/sharded.py"),
+        "upcast_trainable": (RANK, "worker/loading/sharded.py"),
+        "may_fall_back": (RANK, "worker/loading/build.py"),
+    },
+}
+# shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
+RANK_SIDE = ("worker/", "launch/spec.py", "sources/mixture.py")
+
+# The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
+ENV = {
+    "worker/rank.py": {"RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"},
+    "worker/faults.py": {
+        "FSDP_TUNE_TEST_KILL",
+        "FSDP_TUNE_TEST_HANG",
+        "FSDP_TUNE_TEST_POISON_STEP",
+        "FSDP_TUNE_TEST_FAKE_HUB",
+    },
+    # a debugging switch that changes which ranks' lines reach the console, never what a rank runs
+    "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},
+    # where --report_to's trackers wrote, for the summary to say: the trackers' own settings, read, not decided on
+    "worker/summary.py": {"WANDB_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"},
+}
+
+# What the worker may import of fsdp_tune outside worker/: the spec, the run folder's names and markers, the
+# summary, data conversion shared with the launcher, template texts, the checkpoint file names. Nothing that
+# reads the user's config or decides.
+ALLOWED_IMPORTS = {
+    "fsdp_tune",  # __version__
+    "fsdp_tune.launch.spec",
+    "fsdp_tune.launch.checkpoints",  # completion markers, the newest complete checkpoint after a restart
+    "fsdp_tune.launch.loading",  # checkpoint file names and the remote-code predicate a rank applies itself
+    "fsdp_tune.runfiles",
+    "fsdp_tune.summary",
+    "fsdp_tune.config.templates",
+    "fsdp_tune.sources.convert",
+    "fsdp_tune.sources.formats",
+    "fsdp_tune.sources.mixture",
+    "fsdp_tune.sources.rowcheck",
+}
+
+
+def _source(rel: str) -> str:
+    return (PACKAGE / rel).read_text()
+
+
+def _reads(rel: str, name: str) -> bool:
+    """`rel` reads `name`: as an attribute (spec.seed) or, for code reading the spec's JSON, a key."""
+    for node in ast.walk(ast.parse(_source(rel))):
+        if isinstance(node, ast.Attribute) and node.attr == name:
+            return True
+        if isinstance(node, ast.Constant) and node.value == name:
+            return True
+    return False
+
+
+CASES = [(cls, name) for cls, table in READERS.items() for name in table]
+
+
+@pytest.mark.parametrize("cls", list(READERS), ids=lambda c: c.__name__)
+def test_every_field_has_a_reader(cls) -> None:
+    assert set(READERS[cls]) == {f.name for f in fields(cls)}, f"{cls.__name__}: fields and their readers differ"
+
+
+@pytest.mark.parametrize("cls,name", CASES, ids=[f"{c.__name__}.{n}" for c, n in CASES])
+def test_each_reader_reads_its_field(cls, name: str) -> None:
+    how, rel = READERS[cls][name]
+    assert _reads(rel, name), f"{cls.__name__}.{name}: {rel} does not read it ({how})"
+    expected = {
+        RANK: RANK_SIDE,
+        TORCHRUN: ("launch/torchrun.py",),
+        PLAN: (PLAN_TEXT,),
+        AFTER: ("tools/",),
+        PREFLIGHT: ("launch/",),
+    }[how]
+    assert rel.startswith(expected), f"{cls.__name__}.{name}: {rel} is not where {how} happens"
+
+
+def _worker_files() -> list[Path]:
+    return sorted((PACKAGE / "worker").rglob("*.py"))
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out[target.id] = node.value.value
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):  # KILL, HANG = "...", "..."
+            for target in node.targets:
+                if isinstance(target, ast.Tuple):
+                    for t, v in zip(target.elts, node.value.elts, strict=False):
+                        if isinstance(t, ast.Name) and isinstance(v, ast.Constant):
+                            out[t.id] = v.value
+    return out
+
+
+def _environment_reads(path: Path) -> list[tuple[int, str | None]]:
+    """(line, key) of every read of os.environ / os.getenv in `path`; key None: a read whose key cannot be named
+    (iteration, a computed key). os.environ.update (the spec's env, exported) is a write."""
+    tree = ast.parse(path.read_text())
+    consts = _constants(tree)
+
+    def key(arg: ast.expr | None) -> str | None:
+        if isinstance(arg, ast.Constant):
+            return arg.value
+        return consts.get(arg.id) if isinstance(arg, ast.Name) else None
+
+    reads, accounted = [], 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
+            reads.append((node.lineno, key(node.args[0] if node.args else None)))
+            accounted += 1
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            reads.append((node.lineno, key(node.slice)))
+            accounted += 1
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "os.environ.update":
+            accounted += 1
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            reads += [(node.lineno, None) for a in node.names if a.name in ("environ", "getenv")]
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv")]
+    if len(uses) != accounted:
+        reads.append((uses[0].lineno, None))  # os.environ used some other way: copied, iterated, `in`
+    return reads
+
+
+def test_the_worker_reads_no_environment_but_torchruns() -> None:
+    wrong = []
+    for path in _worker_files():
+        rel = str(path.relative_to(PACKAGE))
+        for line, key in _environment_reads(path):
+            if key is None or key not in ENV.get(rel, set()):
+                wrong.append(f"{rel}:{line} reads {key or 'the environment'}")
+    assert not wrong, "the worker decides from the environment instead of the spec:\n" + "\n".join(wrong)
+
+
+def test_the_worker_imports_no_launcher_decision_and_rereads_no_config() -> None:
+    wrong = []
+    for path in _worker_files():
+        rel = str(path.relative_to(PACKAGE))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                ours = name == "fsdp_tune" or name.startswith("fsdp_tune.")
+                if ours and not name.startswith("fsdp_tune.worker") and name not in ALLOWED_IMPORTS:
+                    wrong.append(f"{rel}:{node.lineno} imports {name}")
+            subscript = isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+            if subscript and node.slice.value == "config":
+                wrong.append(f"{rel}:{node.lineno} reads the resolved file's config")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--use_peft_lora", "--bf16", "True", "--fsdp_activation_checkpointing", "true"),
+        ("--use_peft_lora", "--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "bfloat16"),
+        ("--use_peft_lora", "--fsdp_version", "1", "--eval_strategy", "steps", "--seed", "7"),
+    ],
+    ids=["sharded LoRA", "QLoRA", "FSDP1 with eval"],
+)
+def test_the_spec_reaches_the_ranks_typed(flags) -> None:
+    """What the ranks read back from the JSON file is the spec the launcher decided, typed: tuples, nested
+    dataclasses and all (from_dict(as_dict) is the identity)."""
+    spec = spec_for(*flags, "--output_dir", "/tmp/walk", machine=Machine(cuda=True, gpus=2))
+    again = from_dict(spec.as_dict())
+    assert again == spec
+    assert isinstance(again.loading, Loading) and isinstance(again.world, World)
+    if again.loading.sharded is not None:
+        assert isinstance(again.loading.sharded, ShardedPlan) and isinstance(again.loading.sharded.layer_cls, tuple)
