@@ -11,7 +11,7 @@ def sft_config(spec: RankSpec):
     """SFTConfig exactly as the spec's trainer_args (and its device mesh, when it has one)."""
     from trl import SFTConfig
 
-    args = dict(spec.trainer_args)
+    args = installed_names(dict(spec.trainer_args), SFTConfig)
     if spec.parallelism:
         args["parallelism_config"] = parallelism_config(spec.parallelism)
     config = SFTConfig(**args)
@@ -23,6 +23,32 @@ def sft_config(spec: RankSpec):
         policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.items()}
         config.fsdp_plugin_args["mixed_precision_policy"] = policy
     return config
+
+
+def installed_names(args: dict, config_class) -> dict:
+    """The spec's trainer arguments in the installed transformers' spelling: the spec uses transformers 5.24's
+    `activation_checkpointing[_kwargs]`, which earlier 5.x releases (5.17 included) call `gradient_checkpointing`
+    (the same setting: Trainer calls gradient_checkpointing_enable with the kwargs). Any other argument the
+    installed SFTConfig lacks is named here, with the versions, rather than as a TypeError from its __init__."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    if "activation_checkpointing" not in fields:
+        for new, old in (
+            ("activation_checkpointing", "gradient_checkpointing"),
+            ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"),
+        ):
+            if new in args:
+                args[old] = args.pop(new)
+    unknown = sorted(k for k in args if k not in fields)
+    if unknown:
+        from importlib.metadata import version
+
+        raise TypeError(
+            f"{config_class.__name__} of trl {version('trl')} / transformers {version('transformers')} takes no "
+            f"{', '.join(unknown)}: install the versions in constraints.txt"
+        )
+    return args
 
 
 def parallelism_config(mesh: dict):
