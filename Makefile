@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: setup demo test test-unit test-lib test-dist test-gpu lint bench gpu-check clean
+.PHONY: setup demo test test-unit test-lib test-dist test-gpu lint bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,31 @@ lint: setup
 
 bench: setup
 	$(PY) -m benchmarks
+
+# The GPU check's wheels (scripts/gpu_check.sh; README "Benchmarks and the GPU check"): exactly what the lent GPU
+# machine's image lacks (trl, datasets, bitsandbytes, dill, multiprocess), at constraints.txt's versions, for CPython
+# $(PY_TARGET) manylinux x86_64, into the git-ignored $(WHEELS_DIR)/; then the total, beside the tracked tree (both must
+# stay under 60 MiB: the device tool carries 64 MiB). transformers and peft are NOT carried: fsdp-tune runs with the
+# image's (transformers 5.17.0; the CPU rehearsal with transformers 5.17.0 passes, README), and transformers 5.24
+# would add 13.5 MB to the 45 MB these five take (bitsandbytes alone is 43 MB). The other packages these need are in
+# the image (numpy, pyarrow, pandas, fsspec, xxhash, huggingface_hub, jinja2, psutil, ...).
+# `make gpu-wheels PY_TARGET=3.11 WHEELS_DIR=.whl-3.11`: the same for the CPU rehearsal's Python 3.11 venv.
+PY_TARGET ?= 3.12
+WHEELS_DIR ?= .whl
+GPU_WHEELS := trl datasets bitsandbytes dill multiprocess
+GPU_PLATFORMS := $(foreach n,2_28 2_27 2_24 2_17,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
+
+gpu-wheels:
+	rm -rf $(WHEELS_DIR) && mkdir -p $(WHEELS_DIR)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version $(PY_TARGET) \
+	  $(GPU_PLATFORMS) -d $(WHEELS_DIR) \
+	  $(foreach w,$(GPU_WHEELS),$(shell grep -i '^$(w)==' constraints.txt))
+	@ls -1 $(WHEELS_DIR)
+	@wheels=$$(du -cb $(WHEELS_DIR)/*.whl | tail -1 | cut -f1); \
+	tree=$$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1); \
+	total=$$((wheels + tree)); \
+	echo "wheels: $$((wheels / 1024)) KiB; tracked tree: $$((tree / 1024)) KiB; together $$((total / 1048576)) MiB (limit 60 MiB)"; \
+	test $$total -lt $$((60 * 1048576)) || { echo "error: tree + wheels over 60 MiB: the device tool would refuse them"; exit 1; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info

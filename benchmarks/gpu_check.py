@@ -1,15 +1,19 @@
-"""The GPU check: one prepared command for a lent GPU machine (scripts/gpu_check.sh runs it).
+"""The GPU check: one prepared command for a lent GPU machine (scripts/gpu_check.sh installs the carried wheels
+and runs this). README "Benchmarks and the GPU check" says how to run and rehearse it.
 
-Every GPU path fsdp-tune decides by reading the libraries (launch/decide.py) is run here for a few steps:
-LoRA and QLoRA under FSDP2 (sharded loading, the default: worker/sharded_load.py) and FSDP1 (from_pretrained),
-with and without cpu_offload, QLoRA storage under another precision, QLoRA loaded through transformers as the
-sharded pair's reference (same losses, its GPU peak before the first step beside sharded loading's), HSDP and
-context parallelism where there are GPUs enough, and a CPU run on the GPU machine. Each scenario
-ends with fsdp-tune's own adapter check; the table gives tokens/s, MFU, peak allocated/reserved next to
-`fsdp-tune plan`'s prediction. Scenarios that need a package the machine lacks (trl, datasets,
-bitsandbytes) are skipped by name; gpu_paths.py then checks the decisions underneath with torch, PEFT and
-accelerate alone. `--cpu-smoke` runs the same path on CPU with the tiny model (CI runs it).
-Results: benchmarks/results/gpu_check.json (gpu_check_cpu_smoke.json for the smoke run).
+In order: the time budget; the compatibility probe (benchmarks/gpu_probe.py: versions, every import and member
+fsdp-tune uses, then every scenario's rank spec decided on this machine and its SFTConfig built: seconds, no
+model); the model build; then the scenarios of benchmarks/gpu_scenarios.py, most important first, each within
+its cap and started only while the budget has room for its estimate. Everything lands in the output folder as
+it happens, so a run cut off keeps what it measured:
+  gpu_check.log    the running log (everything printed here)
+  probe.json       the probe's findings and the decisions
+  scenarios.jsonl  one line per scenario, appended as it ends
+  summary.json     rewritten after each step: statuses, checks, times
+  failures.log     for each failed command: the launcher's last words and each rank log's tail
+`--cpu-smoke` runs the same path on CPU with the tiny model (GPU-only scenarios skipped by name, their flags
+still decided); `--only A,B` runs the scenarios whose names contain A or B; `--out DIR` (else $OUT, else
+benchmarks/results/gpu_check[_cpu_smoke]/). Exit 0 when every scenario run passed every check.
 """
 
 from __future__ import annotations
@@ -17,236 +21,245 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "4090": 165.0, "L40S": 362.0}
-QLORA = ["--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "bfloat16", "--use_nested_quant", "True"]
+from benchmarks import gpu_runs
+from benchmarks.gpu_scenarios import REPO, Mode, Scenario, args_for, run_group, scenarios
+
+BUDGET_S = {"cuda": 360, "cpu": 3600}  # the whole check; GPU_CHECK_BUDGET_S overrides
+CPU_CAP_S = 900  # a scenario's cap on CPU (a loaded CI machine), instead of its GPU cap
+MODEL_BUILD_CAP_S = 180
 
 
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    flags: tuple[str, ...]
-    big: bool = False  # the 8B-class model (tokens/s, MFU); otherwise the 1B one
-    needs: tuple[str, ...] = ("trl", "datasets")
-    min_gpus: int = 1
-    cpu_smoke: bool = False  # also in --cpu-smoke (the tiny model on CPU)
-    same_as: str | None = None  # a scenario this one must train like (losses within GPU noise)
+class Out:
+    """The output folder: the running log, the probe, one JSON line per scenario, the summary."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        names = ["probe.json", "scenarios.jsonl", "summary.json", "failures.log"]
+        for name in names + ([] if os.environ.get("GPU_CHECK_STARTED") else ["gpu_check.log"]):
+            (folder / name).unlink(missing_ok=True)  # gpu_check.sh starts the log: it keeps its lines
+
+    def log(self, line: str = "") -> None:
+        print(line, flush=True)
+        with open(self.folder / "gpu_check.log", "a") as f:
+            f.write(line + "\n")
+
+    def write(self, name: str, data: dict) -> None:
+        tmp = self.folder / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.replace(self.folder / name)
+
+    def append(self, name: str, text: str) -> None:
+        with open(self.folder / name, "a") as f:
+            f.write(text + "\n")
 
 
-def scenarios(gpus: int) -> list[Scenario]:
-    half = max(gpus // 2, 1)
-    bnb = ("trl", "datasets", "bitsandbytes")
-    return [
-        Scenario("LoRA FSDP2", ("--bf16", "True"), big=True, cpu_smoke=True),
-        Scenario("QLoRA FSDP2", (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True"), True, bnb),
-        Scenario(
-            "QLoRA FSDP2, transformers loading",  # every FSDP2 LoRA/QLoRA scenario loads sharded (the default)
-            (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True", "--loading", "transformers"),
-            True,
-            bnb,
-            same_as="QLoRA FSDP2",
-        ),
-        Scenario(
-            "QLoRA FSDP2 + cpu_offload, sharded loading (the 2 x 24 GB path)",
-            (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True", "--fsdp_offload_params", "true"),
-            needs=bnb,
-        ),
-        Scenario("LoRA FSDP2 + cpu_offload", ("--bf16", "True", "--fsdp_offload_params", "true")),
-        Scenario(
-            "QLoRA fp32 storage under bf16",
-            (*QLORA, "--bnb_4bit_quant_storage_dtype", "float32", "--bf16", "True"),
-            needs=bnb,
-            cpu_smoke=True,
-        ),
-        Scenario("LoRA FSDP1", ("--bf16", "True", "--fsdp_version", "1")),
-        Scenario(
-            "QLoRA FSDP1 + cpu_offload (the seed's)",
-            (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True", "--fsdp_version", "1")
-            + ("--fsdp_offload_params", "true"),
-            needs=bnb,
-        ),
-        Scenario(
-            f"HSDP 2 x {half}",
-            ("--bf16", "True", "--use_parallelism_config", "--parallelism_config_dp_replicate_size", "2")
-            + ("--parallelism_config_dp_shard_size", str(half)),
-            min_gpus=4,
-        ),
-        Scenario(
-            f"context parallelism 2 x {half}",
-            ("--bf16", "True", "--use_parallelism_config", "--parallelism_config_cp_size", "2")
-            + ("--parallelism_config_dp_shard_size", str(half), "--packing", "False"),
-            min_gpus=2,
-        ),
-    ]
+def options(argv: list[str]) -> dict:
+    opts = {"cpu_smoke": "--cpu-smoke" in argv, "only": None, "out": None}
+    for flag, key in (("--only", "only"), ("--out", "out")):
+        if flag in argv:
+            opts[key] = argv[argv.index(flag) + 1]
+    return opts
 
 
-def _gpus() -> tuple[str, int, float | None]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return "cpu", 0, None
-    name = torch.cuda.get_device_name(0)
-    return name, torch.cuda.device_count(), next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-
-
-def _missing(names: tuple[str, ...]) -> list[str]:
-    return [n for n in names if importlib.util.find_spec(n) is None]
-
-
-def _common(cpu_smoke: bool, model: str, steps: int, world: int) -> list[str]:
-    common = ["--model_name_or_path", model, "--num_processes", str(world), "--max_steps", str(steps)]
-    common += ["--logging_steps", "1", "--save_strategy", "no", "--fsdp_activation_checkpointing", "true"]
-    common += ["--gradient_checkpointing", "false", "--lora_r", "16", "--lora_dropout", "0.0", "--packing", "True"]
-    if cpu_smoke:
-        return [*common, "--use_cpu", "true", "--max_seq_len", "128", "--per_device_train_batch_size", "2"]
-    return [*common, "--use_cpu", "false", "--max_seq_len", "2048", "--per_device_train_batch_size", "4"]
-
-
-def _cli(args: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fsdp_tune", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO
-    )
-
-
-def run_one(s: Scenario, args: list[str], out: Path, env: dict, peak: float | None, warmup: int, on_cpu: bool) -> dict:
-    planned = _cli(["plan", *args, "--json", *(["--cpu"] if on_cpu else [])], env, 600)
-    plan = json.loads(planned.stdout) if planned.returncode == 0 else {}
-    started = time.time()
-    proc = _cli(["train", *args, "--output_dir", str(out)], env, 1800)
-    if proc.returncode:
-        lines = [x for x in proc.stderr.splitlines() if "root cause" in x or x.startswith("error")]
-        return {"error": " | ".join(lines[-3:]) or proc.stderr[-800:], "seconds": time.time() - started}
-    summary = json.loads((out / "fsdp_tune_summary.json").read_text())
-    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    timed = [m for m in metrics if "loss" in m and "num_tokens" in m]
-    first, last = timed[min(warmup, len(timed) - 2)], timed[-1]
-    tokens_per_s = (last["num_tokens"] - first["num_tokens"]) / max(last["time"] - first["time"], 1e-9)
-    world = summary["per_rank"] and len(summary["per_rank"]) or 1
-    # model FLOPs per token: forward 2N, activation gradients 2N (LoRA trains ~no base weights), recompute 2N
-    flops_per_token = 6 * plan.get("total_params", 0)
-    rank = summary["per_rank"][0]
-    loading = summary.get("extra", {}).get("loading", {})
-    gpu_mib = [r["peak_gpu_allocated_before_first_step_mib"] for r in loading.get("per_rank", [])]
-    return {
-        "loading": loading.get("path"),
-        "loading_peak_gpu_allocated_gib": max(gpu_mib) / 1024 if gpu_mib and None not in gpu_mib else None,
-        "losses": summary["losses"],
-        "tokens_per_s": tokens_per_s,
-        "mfu": tokens_per_s * flops_per_token / (peak * 1e12 * world) if peak and flops_per_token else None,
-        "peak_allocated_gib": (rank.get("peak_gpu_allocated_mib") or 0) / 1024 or None,
-        "peak_reserved_gib": (rank.get("peak_gpu_reserved_mib") or 0) / 1024 or None,
-        "peak_rss_gib": rank["peak_rss_mib"] / 1024,
-        "planned_gib": plan.get("per_rank_host_peak_gib" if on_cpu else "per_gpu_memory_gib"),
-        "planned_allocated_gib": plan.get("peak_allocated_gib"),
-        "adapter_ok": bool((summary.get("adapter_check") or {}).get("ok")),
-        "mesh": summary.get("mesh"),
-        "loss_first": summary["loss_first"],
-        "loss_last": summary["loss_last"],
-        "seconds": time.time() - started,
-    }
-
-
-def run(cpu_smoke: bool, steps: int, warmup: int) -> dict:
+def machine_mode(cpu_smoke: bool) -> Mode:
+    """This machine as the check sees it: its GPUs from nvidia-smi (as train's pre-flight reads them)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    gpu_name, gpus, peak = ("cpu", 0, None) if cpu_smoke else _gpus()
-    big = os.environ.get("GPU_CHECK_MODEL", "builtin:llama-8b")
-    small = os.environ.get("GPU_CHECK_SMALL_MODEL", "builtin:llama-1b")
-    results = {"gpu": gpu_name, "gpus": gpus, "peak_bf16_tflops": peak, "scenarios": {}}
+    if cpu_smoke:
+        return Mode("cpu", 0, "cpu", None, steps=4, warmup=1, env=env)
+    from fsdp_tune.launch.machine import probe
+
+    machine = probe()
+    names, mib = list(machine.gpu_names), list(machine.gpu_memory_mib)
+    gpus = machine.gpus or len(names)
+    if not (gpus and names and mib):  # no nvidia-smi: ask torch
+        import torch
+
+        gpus = torch.cuda.device_count()
+        names = [torch.cuda.get_device_name(i) for i in range(gpus)]
+        mib = [torch.cuda.get_device_properties(i).total_memory // 2**20 for i in range(gpus)]
+    steps = int(os.environ.get("GPU_CHECK_STEPS", "8"))
+    return Mode("cuda", gpus, names[0] if names else "no GPU", min(mib) if mib else None, steps, 3, env)
+
+
+def skip_reason(s: Scenario, mode: Mode, only: str | None) -> str | None:
+    missing = [n for n in s.needs if importlib.util.find_spec(n) is None]
+    if only and not any(part.strip() and part.strip() in s.name for part in only.split(",")):
+        return "not in --only"
+    if missing:
+        return f"needs {', '.join(missing)} (not installed: make gpu-wheels)"
+    if mode.device == "cpu" and s.gpu_only:
+        return s.gpu_only
+    if mode.gpus < s.min_gpus and (mode.device == "cuda" or s.min_gpus > 1):
+        return f"needs {s.min_gpus} GPUs, {mode.gpus} here"
+    return None
+
+
+def cap_of(s: Scenario, mode: Mode) -> float:
+    return float(CPU_CAP_S if mode.device == "cpu" else s.cap_s)
+
+
+def budget_lines(plan: list[Scenario], mode: Mode, budget: float) -> list[str]:
+    out = [f"time budget: {budget:.0f} s for the whole check on {mode.gpu_name} (GPU_CHECK_BUDGET_S overrides);"]
+    out.append(f"  probe ~15 s, model build ~30 s, then {len(plan)} scenarios, each ~estimate on one H200 (cap):")
+    spent = 45
+    for i, s in enumerate(plan, 1):
+        spent += s.est_s
+        late = "  [past the budget at these estimates]" if spent > budget else ""
+        out.append(f"  {i:>2}. {s.name}: ~{s.est_s} s (cap {cap_of(s, mode):.0f} s)  {s.why or 'GPU path'}{late}")
+    out.append("  a scenario starts only while the budget left covers its estimate; the rest are skipped by name")
+    return out
+
+
+def build_model(name: str, out: Out, cap: float) -> bool:
+    """A builtin model's folder, built once (the launcher would build it on first use; here it is timed)."""
+    from fsdp_tune.sources.builtin import VERSION, cache_dir
+
+    short = name.removeprefix("builtin:")
+    target = cache_dir() / f"{short}-v{VERSION}"
+    if not name.startswith("builtin:") or target.is_dir():
+        return True
+    started = time.time()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    done = run_group([sys.executable, "-m", "fsdp_tune.worker.tiny_model", short, str(target)], os.environ, cap)
+    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) / 2**30 if target.is_dir() else 0
+    verdict = "" if done.returncode == 0 else " FAILED"
+    out.log(f"built {name} in {time.time() - started:.1f} s ({size:.2f} GiB written){verdict}")
+    if done.returncode:
+        out.append("failures.log", f"=== build {name}\n{done.stderr[-3000:]}")
+    return done.returncode == 0
+
+
+def probe(out: Out, mode: Mode, plan: list[Scenario]) -> bool:
+    """The compatibility probe and every scenario's decisions (probe.json); False when something failed."""
+    from benchmarks import gpu_probe
+
+    started = time.time()
+    found = gpu_probe.run(os.environ.get("GPU_CHECK_SITE"), mode.device == "cuda")
+    items = []
+    h200 = Mode("cuda", 1, "NVIDIA H200", 143771, mode.steps, mode.warmup)
+    for s in plan:  # on CPU also each scenario's GPU command, decided for a simulated H200
+        if s.kind not in ("train", "resume", "refuse") or skip_reason(s, mode, None) not in (None, s.gpu_only):
+            continue
+        expected = "refused" if s.kind == "refuse" else "run"
+        if mode.device == "cuda" or not (s.gpu_only or s.kind == "refuse"):
+            items.append((s.name, args_for(s, mode), expected, False))
+        if mode.device == "cpu":
+            items.append((s.name, args_for(s, h200), expected, True))
+    found["decisions"], found["decision_failures"] = gpu_probe.decisions(items, tempfile.mkdtemp())
+    found["ok"] = found["ok"] and not found["decision_failures"]
+    found["seconds"] = round(time.time() - started, 1)
+    for line in gpu_probe.lines(found) + ["decisions (each scenario's rank spec, as train decides it):"]:
+        out.log(line)
+    for line in found["decisions"]:
+        out.log(line)
+    out.log(f"probe: {'ok' if found['ok'] else 'FAILED'} in {found['seconds']} s")
+    out.write("probe.json", found)
+    return found["ok"]
+
+
+def run_all(out: Out, mode: Mode, plan: list[Scenario], only: str | None, budget: float, t0: float) -> dict:
+    """Every scenario in order, each recorded as it ends; the summary rewritten after each."""
+    results: dict[str, dict] = {}
     work = Path(tempfile.mkdtemp(prefix="fsdp-tune-gpu-check-"))
-    for i, s in enumerate(scenarios(gpus)):
-        if cpu_smoke and not s.cpu_smoke:
-            continue
-        missing = _missing(s.needs)
-        if missing or (not cpu_smoke and gpus < s.min_gpus):
-            why = f"needs {', '.join(missing)}" if missing else f"needs {s.min_gpus} GPUs, {gpus} here"
-            results["scenarios"][s.name] = {"skipped": why}
-            continue
-        model = "builtin:tiny-llama" if cpu_smoke else (big if s.big else small)
-        world = 2 if cpu_smoke else max(gpus, 1)
-        args = ["--config", str(REPO / "configs" / "demo_cpu.yaml"), *_common(cpu_smoke, model, steps, world)]
-        results["scenarios"][s.name] = run_one(s, [*args, *s.flags], work / f"s{i}", env, peak, warmup, cpu_smoke)
-        if s.same_as:
-            results["scenarios"][s.name]["same_as"] = s.same_as
-    if not cpu_smoke:
-        results["scenarios"]["CPU run on this GPU machine"] = run_one(
-            Scenario("cpu", ()),
-            ["--config", str(REPO / "configs" / "demo_cpu.yaml"), *_common(True, "builtin:tiny-llama", 4, 2)],
-            work / "cpu",
-            env,
-            None,
-            1,
-            True,
+    for i, s in enumerate(plan, 1):
+        left = budget - (time.time() - t0)
+        why = skip_reason(s, mode, only) or (
+            f"out of time: ~{s.est_s} s needed, {left:.0f} s of the budget left" if left < s.est_s else None
         )
+        out.log(f"[{i}/{len(plan)}] {s.name}" + (f": skipped ({why})" if why else f"  ({s.why or 'GPU path'})"))
+        if why:
+            record = {"status": "skipped", "why": why}
+        else:
+            started = time.time()
+            if s.model == "big" and not build_model(mode.model(s), out, min(cap_of(s, mode), left)):
+                record = {"status": "fail", "checks": {f"{mode.model(s)} built": False}, "lines": []}
+            else:
+                cap = min(cap_of(s, mode), max(left, 1.0) if mode.device == "cuda" else cap_of(s, mode))
+                record = gpu_runs.run(s, mode, work / f"s{i}", cap, results)
+            record["seconds"] = round(time.time() - started, 1)
+            for line in record.get("lines", []):
+                out.log(f"    {line}")
+            for name, ok in record.get("checks", {}).items():
+                out.log(f"    {'PASS' if ok else 'FAIL'}  {name}")
+            out.log(f"    => {record['status'].upper()} in {record['seconds']} s")
+            if record.get("failure"):
+                out.append("failures.log", f"=== {s.name}\n{record['failure']}")
+                record["failure"] = record["failure"][-2000:]
+        results[s.name] = {"name": s.name, "kind": s.kind, "why_it_matters": s.why, **record}
+        out.append("scenarios.jsonl", json.dumps(results[s.name], default=str))
+        out.write("summary.json", summary(mode, results, budget, t0, finished=i == len(plan)))
     return results
 
 
-def report(results: dict) -> bool:
-    print(f"GPU check on {results['gpu']} x {results['gpus']}")
-    print(
-        f"{'scenario':<40} {'tokens/s':>9} {'MFU':>5} {'alloc':>6} {'reserved':>8} {'planned':>7} {'adapter':>7}  loss"
+def summary(mode: Mode, results: dict, budget: float, t0: float, finished: bool) -> dict:
+    count = {k: sum(r["status"] == k for r in results.values()) for k in ("pass", "fail", "skipped")}
+    short = {
+        n: {k: r.get(k) for k in ("status", "seconds", "why", "checks", "tokens_per_s", "mfu") if r.get(k) is not None}
+        for n, r in results.items()
+    }
+    machine = {"device": mode.device, "gpu": mode.gpu_name, "gpus": mode.gpus, "gpu_mib": mode.gpu_mib}
+    head = {"machine": machine, "budget_s": budget, "elapsed_s": round(time.time() - t0, 1), "finished": finished}
+    return {**head, **count, "scenarios": short}
+
+
+def report(out: Out, results: dict, probe_ok: bool, t0: float) -> int:
+    out.log("")
+    out.log(f"{'scenario':<62} {'status':<8} {'s':>5} {'tok/s':>8} {'MFU':>6} {'peak':>6} {'plan':>6}  (GiB)")
+    for name, r in results.items():
+        peak = r.get("peak_allocated_gib") or r.get("peak_rss_gib")  # allocated on a GPU, RSS per rank on CPU
+        planned = r.get("planned_allocated_gib") or r.get("planned_host_per_rank_gib")
+        cells = [r.get("tokens_per_s"), r.get("mfu"), peak, planned]
+        fmt = [",.0f", ".1%", ".2f", ".2f"]
+        text = [format(v, f) if isinstance(v, (int, float)) else "-" for v, f in zip(cells, fmt, strict=True)]
+        seconds = f"{r['seconds']:.0f}" if "seconds" in r else "-"
+        out.log(f"{name[:62]:<62} {r['status']:<8} {seconds:>5} {text[0]:>8} {text[1]:>6} {text[2]:>6} {text[3]:>6}")
+    count = {k: sum(r["status"] == k for r in results.values()) for k in ("pass", "fail", "skipped")}
+    out.log(
+        f"probe {'ok' if probe_ok else 'FAILED'}; scenarios: {count['pass']} passed, {count['fail']} failed, "
+        f"{count['skipped']} skipped; {time.time() - t0:.0f} s in all"
     )
-    ok = True
-    for name, r in results["scenarios"].items():
-        if "skipped" in r:
-            print(f"{name:<40} skipped: {r['skipped']}")
-            continue
-        if "error" in r:
-            ok = False
-            print(f"{name:<40} FAILED: {r['error'][-600:]}")
-            continue
-        ok &= r["adapter_ok"]
-
-        def f(v, fmt: str) -> str:
-            return format(v, fmt) if isinstance(v, (int, float)) else "-"
-
-        print(
-            f"{name:<40} {r['tokens_per_s']:>9.0f} {f(r['mfu'], '.0%'):>5} {f(r['peak_allocated_gib'], '.1f'):>6} "
-            f"{f(r['peak_reserved_gib'], '.1f'):>8} {f(r['planned_gib'], '.1f'):>7} "
-            f"{'ok' if r['adapter_ok'] else 'BROKEN':>7}  {r['loss_first']:.3f}->{r['loss_last']:.3f}"
-        )
-        ok &= _loading_line(r, results["scenarios"])
-    return ok
+    return 0 if probe_ok and not count["fail"] else 1
 
 
-def _loading_line(r: dict, scenarios: dict) -> bool:
-    """How the model loaded, its GPU peak before the first step, and (for a pair) whether both paths train alike:
-    the same losses but for GPU nondeterminism (2% per step at most)."""
-    gib = r.get("loading_peak_gpu_allocated_gib") or 0
-    text = f"    loading: {r.get('loading')}, peak allocated before step 1: {gib:.1f} GiB"
-    other = scenarios.get(r.get("same_as") or "", {})
-    ok = True
-    if other.get("losses"):
-        diff = max(abs(a - b) / max(abs(b), 1e-9) for a, b in zip(r["losses"], other["losses"], strict=False))
-        ok = diff <= 0.02 and len(r["losses"]) == len(other["losses"])
-        text += f"; losses vs {r['same_as']}: max relative difference {diff:.1e}{'' if ok else ' DIFFERENT'}"
-    print(text)
-    return ok
+def _cuda_ready(out: Out) -> bool:
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    out.log(
+        f"error: torch {torch.__version__} (CUDA build: {torch.version.cuda}) sees no GPU: the scenarios need one "
+        "(a CUDA build of torch and the driver; CUDA_VISIBLE_DEVICES); --cpu-smoke runs on CPU"
+    )
+    return False
 
 
 def main(argv: list[str]) -> int:
-    cpu_smoke = "--cpu-smoke" in argv
-    steps, warmup = (4, 1) if cpu_smoke else (int(os.environ.get("GPU_CHECK_STEPS", "8")), 3)
-    if not cpu_smoke:
-        from benchmarks import gpu_paths
-
-        paths = gpu_paths.run()  # the decisions underneath, with torch/PEFT/accelerate alone
-        print(paths["text"])
-    results = run(cpu_smoke, steps, warmup)
-    if not cpu_smoke:
-        results["gpu_paths"] = paths
-    ok = report(results) and (cpu_smoke or paths["ok"])
-    out = REPO / "benchmarks" / "results" / ("gpu_check_cpu_smoke.json" if cpu_smoke else "gpu_check.json")
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
-    return 0 if ok else 1
+    opts = options(argv)
+    t0 = float(os.environ.get("GPU_CHECK_STARTED") or time.time())
+    mode = machine_mode(opts["cpu_smoke"])
+    default = "gpu_check_cpu_smoke" if opts["cpu_smoke"] else "gpu_check"
+    out = Out(Path(opts["out"] or os.environ.get("OUT") or REPO / "benchmarks" / "results" / default))
+    budget = float(os.environ.get("GPU_CHECK_BUDGET_S") or BUDGET_S[mode.device])
+    plan = scenarios(mode.gpus)
+    for line in budget_lines(plan, mode, budget):
+        out.log(line)
+    out.write("summary.json", summary(mode, {}, budget, t0, finished=False))
+    probe_ok = probe(out, mode, plan)
+    if mode.device == "cuda" and not _cuda_ready(out):
+        return 2
+    small = "builtin:tiny-llama" if mode.device == "cpu" else mode.model(plan[1])
+    for name in dict.fromkeys([small, "builtin:tiny-llama"]):
+        build_model(name, out, MODEL_BUILD_CAP_S if mode.device == "cuda" else CPU_CAP_S)
+    results = run_all(out, mode, plan, opts["only"], budget, t0)
+    code = report(out, results, probe_ok, t0)
+    out.log(f"results in {out.folder}")
+    return code
 
 
 if __name__ == "__main__":

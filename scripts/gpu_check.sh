@@ -1,45 +1,53 @@
 #!/usr/bin/env bash
-# The GPU check: every GPU path fsdp-tune decides by reading the libraries, run for a few steps on this machine
-# (LoRA/QLoRA x FSDP2/FSDP1 x cpu_offload, QLoRA storage under another precision, HSDP and context parallelism
-# when there are GPUs enough, a CPU run on a GPU machine), each ending with the adapter check; tokens/s, MFU and
-# peak memory next to `fsdp-tune plan`. About 6-8 minutes on one H100/H200.
-#   scripts/gpu_check.sh               on a GPU machine
-#   scripts/gpu_check.sh --cpu-smoke   the same path on CPU with the tiny model (CI runs this)
+# The GPU check (issue #21): every GPU path fsdp-tune decides by reading the libraries, run for a few steps on a
+# lent GPU machine, most important first, within a time budget (6 minutes on one H200), each scenario judged
+# pass/fail (trained and adapter whole, memory within 15% of the plan, MFU with its formula, same losses where
+# two paths must agree). README "Benchmarks and the GPU check" has the exact device call and the CPU rehearsal.
+#   OUT=DIR scripts/gpu_check.sh               on a GPU machine (results in DIR; else --out DIR, else
+#                                              benchmarks/results/gpu_check/)
+#   OUT=DIR scripts/gpu_check.sh --cpu-smoke   the same path on CPU with the tiny model (CI runs a part of it)
+#   ... --only NAME,NAME                       only the scenarios whose names contain one of these
 #
-# Offline machines: nothing is installed into the machine. fsdp-tune runs from this checkout (no pip install,
-# so no setuptools is needed). Packages the machine lacks travel as wheels in $WHEELS_DIR (default .whl/),
-# unpacked into a private folder first on the path. For the full check, beside the machine's CUDA torch:
-#   transformers==5.24.0 accelerate==1.15.0 peft==0.21.2 trl==1.16.0 bitsandbytes==0.50.2 datasets==5.2.0
-#   typer==0.16.1 click shellingham pyyaml safetensors tokenizers huggingface_hub
-#   and datasets' own needs: pyarrow dill multiprocess xxhash fsspec pandas
-# (constraints.txt has the versions). Without trl or datasets the training scenarios are skipped by name and
-# benchmarks/gpu_paths.py still checks the decisions underneath with torch, transformers, PEFT and accelerate;
-# without bitsandbytes the QLoRA scenarios are skipped.
-set -euo pipefail
+# Nothing is installed into the machine: fsdp-tune runs from this checkout, and the wheels `make gpu-wheels` put in
+# .whl/ (WHEELS_DIR: what the machine's image lacks) are unpacked into a private folder first on the path.
+# PY=python (default: .venv/bin/python when there is one, else python3). Files in the output folder, written as
+# the check goes: gpu_check.log, probe.json, scenarios.jsonl, summary.json, failures.log (benchmarks/gpu_check.py).
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=python3
-[ -x .venv/bin/python ] && PY=.venv/bin/python
+GPU_CHECK_STARTED=$(date +%s)
+export GPU_CHECK_STARTED
+cpu_smoke=0
+out_dir=${OUT:-}
+prev=
+for arg in "$@"; do
+  [ "$arg" = "--cpu-smoke" ] && cpu_smoke=1
+  [ "$prev" = "--out" ] && out_dir=$arg
+  prev=$arg
+done
+[ -n "$out_dir" ] || out_dir=benchmarks/results/gpu_check$([ $cpu_smoke = 1 ] && echo _cpu_smoke)
+mkdir -p "$out_dir" || exit 2
+log=$out_dir/gpu_check.log
+: > "$log"
+say() { echo "$*" | tee -a "$log"; }
+if [ $cpu_smoke = 1 ]; then budget=${GPU_CHECK_BUDGET_S:-3600}; else budget=${GPU_CHECK_BUDGET_S:-360}; fi
+say "GPU check$([ $cpu_smoke = 1 ] && echo ' (--cpu-smoke)'): time budget ${budget} s in all (wheels, probe, model, scenarios); results in $out_dir"
+
+if [ -z "${PY:-}" ]; then
+  PY=python3
+  [ -x .venv/bin/python ] && PY=.venv/bin/python
+fi
 WHEELS_DIR=${WHEELS_DIR:-.whl}
 if compgen -G "$WHEELS_DIR/*.whl" > /dev/null; then
-  SITE=${TMPDIR:-/tmp}/fsdp-tune-site
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS_DIR"/*.whl
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  site=${GPU_CHECK_SITE:-${TMPDIR:-/tmp}/fsdp-tune-site}
+  rm -rf "$site"
+  t=$(date +%s)
+  if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS_DIR"/*.whl >> "$log" 2>&1; then
+    say "error: the wheels in $WHEELS_DIR did not install into $site (pip's words above, in $log)"
+    exit 2
+  fi
+  say "installed $(ls "$WHEELS_DIR"/*.whl | wc -l) wheels from $WHEELS_DIR into $site in $(($(date +%s) - t)) s: $(cd "$WHEELS_DIR" && ls *.whl | tr '\n' ' ')"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" GPU_CHECK_SITE=$site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # fsdp-tune from this checkout, installed or not
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
-if [ "${1:-}" != "--cpu-smoke" ]; then
-  if ! "$PY" - <<'PY'
-import sys
-try:
-    import torch
-except ImportError:
-    sys.exit("error: torch is not installed: the GPU check needs a CUDA build of torch (2.6 or newer)")
-if torch.version.cuda is None:
-    sys.exit(f"error: torch {torch.__version__} is a CPU build: the GPU check needs a CUDA build "
-             "(pip install torch==2.13.0 from the CUDA index, or the machine's own); --cpu-smoke runs on CPU")
-if not torch.cuda.is_available():
-    sys.exit("error: torch is a CUDA build but sees no GPU (check CUDA_VISIBLE_DEVICES and the driver)")
-PY
-  then exit 2; fi
-fi
-exec "$PY" -m benchmarks.gpu_check "$@"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 GPU_CHECK_BUDGET_S=$budget
+exec "$PY" -m benchmarks.gpu_check "$@" --out "$out_dir"

@@ -40,10 +40,8 @@ def torchrun_args(spec: RankSpec) -> list[str]:
         f"--nproc_per_node={w.nproc_per_node}",
         f"--max_restarts={w.max_restarts}",
         f"--log_dir={torchrun_log_dir(spec.output_dir)}",
-        # forward SLURM's --signal USR1 too, and give the ranks time to finish the step and the checkpoint
-        # before torchrun kills them: their collectives give up after the same timeout
+        # forward SLURM's --signal USR1 too (the grace before torchrun kills the ranks: torchrun_env)
         f"--signals_to_handle={TORCHRUN_SIGNALS}",
-        f"--shutdown_timeout={spec.timeout_s}",
     ]
     if w.standalone:
         args.append("--standalone")
@@ -62,6 +60,14 @@ def torchrun_args(spec: RankSpec) -> list[str]:
             "--rdzv_id=fsdp-tune",
         ]
     return args
+
+
+def torchrun_env(spec: RankSpec) -> dict[str, str]:
+    """torchrun's own environment: the ranks get time to finish the step and the checkpoint before torchrun kills
+    them on a stop signal, the same time their collectives wait. Said through TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+    which torch 2.13's torchrun reads when --shutdown_timeout is not given (launcher/api.py): torch 2.11's
+    torchrun has no --shutdown_timeout and refuses the whole command line (its grace is a fixed 30 s)."""
+    return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(spec.timeout_s)}
 
 
 def command(spec: RankSpec) -> list[str]:
@@ -130,7 +136,7 @@ def run(
     push's HF_TOKEN) reaches the ranks' environment and no file. torchrun's stderr passes through to ours,
     and its tail is kept for the failure report.
     """
-    env = dict(os.environ, **spec.env, **(secret_env or {}))
+    env = dict(os.environ, **spec.env, **torchrun_env(spec), **(secret_env or {}))
     if run_id:
         env[RUN_ID_ENV] = run_id
     if attempt:

@@ -10,11 +10,12 @@ from accelerate import ParallelismConfig
 from accelerate.utils import TorchContextParallelConfig
 
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.worker.training.spelling import installed_names
 
 
 def trainer_config(spec: RankSpec, config_class: type, trainer_args: dict[str, Any]):
     """`config_class(**trainer_args)` (the spec's, or RankSpec.trainer_args_on's after a loading fallback)."""
-    args = dict(trainer_args)
+    args = installed_names(dict(trainer_args), config_class)
     if spec.parallelism:
         args["parallelism_config"] = parallelism_config(spec.parallelism)
     config = config_class(**args)
