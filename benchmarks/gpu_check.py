@@ -126,7 +126,7 @@ def build_model(name: str, out: Out, cap: float) -> bool:
         return True
     started = time.time()
     target.parent.mkdir(parents=True, exist_ok=True)
-    done = run_group([sys.executable, "-m", "fsdp_tune.worker.tiny_model", short, str(target)], os.environ, cap)
+    done = run_group([sys.executable, "-m", "fsdp_tune.models.tiny", short, str(target)], os.environ, cap)
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file()) / 2**30 if target.is_dir() else 0
     verdict = "" if done.returncode == 0 else " FAILED"
     out.log(f"built {name} in {time.time() - started:.1f} s ({size:.2f} GiB written){verdict}")

@@ -39,7 +39,7 @@ def test_gpu_check_cpu_smoke(model_cache, tmp_path) -> None:
         "probe.json",
         "scenarios.jsonl",
         "summary.json",
-    ]  # failures.log only when something failed
+    ], failures[-6000:]  # failures.log only when something failed
     assert log.startswith("GPU check (--cpu-smoke): time budget 3600 s")
     probe = json.loads((out / "probe.json").read_text())
     assert probe["ok"] and probe["imports_checked"] > 50
