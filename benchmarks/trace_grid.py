@@ -64,13 +64,15 @@ def grid() -> list[Case]:
     return cases
 
 
-# The CI subset: each model, world size, adapter kind, micro-batch, offload and HSDP at least once, where the
-# peak sits in each of its places (the last layer's backward, the loss, layer 0's backward with the embedding)
+# The CI subset: each model, world size, adapter kind, micro-batch, offload and HSDP at least once, and each place
+# the peak sits: the last layer's backward (long sequences), with a 4-bit backward's dequantized weight (QLoRA, short
+# ones), the last layer's forward all-gather copy-out (large layers, short sequences), the embedding's forward
 CI_CASES = (
     Case("8b", 8, False, "2x2048"),
-    Case("70b", 64, True, "1x512"),
-    Case("405b", 512, False, "1x512", offload=True),
-    Case("70b", 64, True, "2x2048", hsdp=True),
+    Case("70b", 64, True, "1x512", offload=True),
+    Case("405b", 512, False, "1x512"),
+    Case("405b", 64, True, "1x512"),
+    Case("8b", 64, True, "2x2048", hsdp=True),
 )
 
 

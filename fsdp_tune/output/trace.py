@@ -67,7 +67,8 @@ def format_trace(trace: dict[str, Any]) -> str:
             f"plan {c['peak_difference']:+.1%}"
         )
     for name, gib in trace["categories_gib"].items():
-        lines.append(f"    {name:<44} {gib:8.2f} GiB")
+        if gib >= 0.005:
+            lines.append(f"    {name:<44} {gib:8.2f} GiB")
     comm = trace["comm_gb_per_step"]
     step = f"  step (per GPU): {trace['tflops_per_step']:.0f} TFLOP executed"
     if "plan_tflops_per_step" in c:

@@ -136,9 +136,7 @@ def extrapolate(traces: list[Trace], full: int) -> dict:
     return {
         "peak_allocated_gib": round(total / GiB, 3),
         "peak_phase": peak,
-        "categories_gib": {
-            k: round(v / GiB, 3) for k, v in sorted(cats.items(), key=lambda kv: -kv[1]) if v >= GiB / 200
-        },
+        "categories_gib": {k: round(v / GiB, 4) for k, v in sorted(cats.items(), key=lambda kv: -kv[1]) if v > 0},
         "phases_gib": {k: round(v / GiB, 3) for k, (v, _) in sorted(phases.items(), key=lambda kv: -kv[1][0])},
         "phase_categories_gib": {
             k: {c: round(b / GiB, 3) for c, b in cs.items() if b >= GiB / 200} for k, (_, cs) in phases.items()
@@ -147,7 +145,9 @@ def extrapolate(traces: list[Trace], full: int) -> dict:
         "layers_traced": [t.layers for t in traces],
         "extrapolated": len(traces) > 1,
         "tflops_per_step": round(flops / 1e12, 2),
+        "flops_per_step": round(flops),
         "comm_gb_per_step": {k: round(v / 1e9, 3) for k, v in sorted(comm.items())},
+        "comm_bytes_per_step": {k: round(v) for k, v in sorted(comm.items())},
         "trace_seconds": [round(t.seconds, 1) for t in traces],
         "notes": traces[-1].notes,
     }

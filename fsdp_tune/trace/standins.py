@@ -36,6 +36,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _addmm_fp32(acc, a, b) -> None:
+    """trl/kernels/chunked_logprob.py _addmm_fp32 on CUDA: cuBLAS accumulates a half-precision product into the fp32
+    buffer (out_dtype), without the fp32 copies of both operands the CPU branch makes."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc.addmm_(a, b)
+
+
 def _dropout(input, p=0.5, training=True, inplace=False):
     """torch.nn.functional.dropout as CUDA runs it: native_dropout, whose mask is bool."""
     if not training or p == 0:
@@ -86,7 +95,7 @@ def cuda_paths():
         (head, "_forward_kernel", _NoKernel()),
         (head, "_backward_kernel", _NoKernel()),
         (head, "triton", type("triton", (), {"cdiv": staticmethod(_cdiv)})),
-        (head, "_addmm_fp32", lambda acc, a, b: None),
+        (head, "_addmm_fp32", _addmm_fp32),
         (torch.nn.functional, "dropout", _dropout),
     ]
     try:

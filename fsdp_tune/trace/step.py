@@ -115,10 +115,12 @@ def _flops(registry, func, args, kwargs, out) -> int:
     counts the CUDA ones: the full s x s scores, causal or not)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
+    name = getattr(func, "_opname", "")
+    if name == "addmm" and "out_dtype" in str(func._schema):  # TRL's fp32 accumulation (its out_dtype is positional)
+        return 2 * out.numel() * args[1].shape[-1]
     formula = registry.get(func._overloadpacket)
     if formula is not None:
         return formula(*args, **kwargs, out_val=out)
-    name = getattr(func, "_opname", "")
     if name in ("gemm_4bit", "linear"):  # [.., K] x [N, K]: 2 M N K
         return 2 * out.numel() * args[0].shape[-1]
     if name == "_scaled_dot_product_flash_attention_for_cpu":
