@@ -18,6 +18,7 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.loading import sharded_plan
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.sources.model import find_config
+from fsdp_tune.sources.moe import has_experts
 from fsdp_tune.trace.guard import refusal
 
 
@@ -77,6 +78,12 @@ def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:
     if attention and attention.startswith("flash"):  # flash-attn is a CUDA package: SDPA's flash kernel saves alike
         spec = replace(spec, model=replace(spec.model, attn_implementation="sdpa"))
         notes.append(f"{attention} stood in by SDPA (both save q, k, v, the output and the fp32 logsumexp)")
+    if has_experts(_text(find_config(spec.model.name_or_path)[1])):
+        notes.append(
+            "mixture of experts: transformers' grouped_mm experts run every token's top-k rows (tokens x top_k) "
+            "through the stacked experts; how routing splits them among experts is data the trace has not, and no "
+            "tensor's size depends on it"
+        )
     model, packed = _meta_model(spec, truncated_config(spec.model.name_or_path, layers))
     quantized = bool(packed)
     if spec.lora is not None:

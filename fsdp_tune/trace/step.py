@@ -111,8 +111,8 @@ class Executed(TorchDispatchMode):
 
 def _flops(registry, func, args, kwargs, out) -> int:
     """torch's formula for the op; and the ops it has none for that the trace runs: bitsandbytes' 4-bit matmul
-    (seen before its stand-in), a linear that reaches dispatch whole, SDPA's CPU flash kernel (counted as torch
-    counts the CUDA ones: the full s x s scores, causal or not)."""
+    (seen before its stand-in), a linear that reaches dispatch whole, the experts' grouped matmul, SDPA's CPU flash
+    kernel (counted as torch counts the CUDA ones: the full s x s scores, causal or not)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     name = getattr(func, "_opname", "")
@@ -123,6 +123,8 @@ def _flops(registry, func, args, kwargs, out) -> int:
         return formula(*args, **kwargs, out_val=out)
     if name in ("gemm_4bit", "linear"):  # [.., K] x [N, K]: 2 M N K
         return 2 * out.numel() * args[0].shape[-1]
+    if "grouped_mm" in name:  # MoE experts: [S, K] x [E, K, N] -> [S, N]; the weight's grad [E, K, N] sums S rows
+        return 2 * out.numel() * args[0].shape[-1] // (out.shape[0] if out.dim() == 3 else 1)
     if name == "_scaled_dot_product_flash_attention_for_cpu":
         return sdpa_flop_count(*(t.shape for t in args[:3]))
     if name == "_scaled_dot_product_flash_attention_for_cpu_backward":

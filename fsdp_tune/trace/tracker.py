@@ -7,9 +7,9 @@ input embedding, of what runs outside the layers before (the backbone's edges) a
 the loss), gradient clipping, the optimizer step. A middle layer's peak is the one nearest the deep end (its
 memory grows with the layers before it), which is the same layer position at any depth >= 3.
 
-Two fixes to the tracker's assumptions, both from the trace's own runs: a group whose forward never runs (TRL's
-fused head reads lm_head's weight with `full_tensor()`, so its unit never unshards) has no unsharded parameter,
-and the tracker's post-backward instrumentation would fail on it; such a group is left uninstrumented. Under
+Two fixes to the tracker's assumptions, both from the trace's own runs: a module whose forward never runs (TRL's
+fused head reads lm_head's weight with `full_tensor()`, so lm_head's forward hooks never fire) has no stats, and
+the tracker's backward instrumentation would fail on it; its group keeps FSDP's own hooks there. Under
 cpu_offload the sharded parameters and gradients and the optimizer state live in host memory: the device total
 leaves them out."""
 
@@ -54,14 +54,19 @@ class PhaseTracker(FSDPMemTracker):
         for t in tensors:
             self._update_and_maybe_create_winfos(t, category)
 
+    def _fsdp_param_group_pre_backward(self, fsdp_mod, orig):
+        return self._if_forward_ran(fsdp_mod, orig, super()._fsdp_param_group_pre_backward(fsdp_mod, orig))
+
     def _fsdp_param_group_post_backward(self, fsdp_mod, orig):
-        wrapped = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+        return self._if_forward_ran(fsdp_mod, orig, super()._fsdp_param_group_post_backward(fsdp_mod, orig))
+
+    def _if_forward_ran(self, fsdp_mod, orig, wrapped):
+        """The tracker's instrumentation for a module whose forward it saw; FSDP's own hook for one whose forward
+        never ran (lm_head under TRL's fused head: its own unit, or a member of the tied [norm, embedding, head]
+        group whose hooks the tracker installs once per member)."""
 
         def inner(*args, **kwargs):
-            group = fsdp_mod._get_fsdp_state()._fsdp_param_group
-            if group and any(not hasattr(p, "_unsharded_param") for p in group.fsdp_params):
-                return orig(*args, **kwargs)
-            return wrapped(*args, **kwargs)
+            return (wrapped if fsdp_mod in self.memory_tracking else orig)(*args, **kwargs)
 
         return inner
 
