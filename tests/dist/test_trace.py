@@ -155,3 +155,20 @@ def _nothing():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("batch", [("2", "512"), ("1", "128")])
+def test_a_tied_model_traces_and_the_plan_holds_its_embedding_gathered(tmp_path, batch) -> None:
+    """The tied [norm, embedding, head] unit is gathered from the embedding's forward to the end of backward (its
+    lm_head member never runs a forward under TRL's fused head: the tracker once failed on it)."""
+    from fsdp_tune.planner.plan import memory_plan
+    from fsdp_tune.trace.run import trace
+
+    data = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32768, "hidden_size": 1024}
+    data.update(intermediate_size=2816, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=6)
+    (tmp_path / "config.json").write_text(json.dumps({**data, "tie_word_embeddings": True}))
+    args = ["--model_name_or_path", str(tmp_path / "config.json"), "--num_processes", "4", "--bf16", "True"]
+    args += ["--use_peft_lora", "True", "--per_device_train_batch_size", batch[0], "--max_seq_len", batch[1]]
+    cfg = check(FSDP2, args).config
+    traced, planned = trace(cfg), memory_plan(cfg)["training_peak_gib"]
+    assert planned == pytest.approx(traced["peak_allocated_gib"], rel=0.05)
