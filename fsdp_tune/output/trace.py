@@ -66,9 +66,12 @@ def format_trace(trace: dict[str, Any]) -> str:
             f"; the plan's step peak {c['plan_peak_allocated_gib']:.2f} GiB ({c['plan_peak_phase']}): "
             f"plan {c['peak_difference']:+.1%}"
         )
+    host = set(trace.get("host_categories") or [])
     for name, gib in trace["categories_gib"].items():
         if gib >= 0.005:
-            lines.append(f"    {name:<44} {gib:8.2f} GiB")
+            lines.append(
+                f"    {name:<44} {gib:8.2f} GiB" + (" (host memory, cpu_offload: not in the peak)" * (name in host))
+            )
     comm = trace["comm_gb_per_step"]
     step = f"  step (per GPU): {trace['tflops_per_step']:.0f} TFLOP executed"
     if "plan_tflops_per_step" in c:

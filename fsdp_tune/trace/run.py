@@ -26,6 +26,7 @@ class Trace:
     comm: dict[str, float]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    offload: bool = False  # sharded parameters, gradients and optimizer state in host memory
 
 
 def rank_spec(cfg: RunConfig):
@@ -108,6 +109,7 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
         comm={k: v * scale for k, v in executed.bytes.items()},
         seconds=time.time() - started,
         notes=built.notes,
+        offload=built.offload,
     )
 
 
@@ -150,4 +152,12 @@ def extrapolate(traces: list[Trace], full: int) -> dict:
         "comm_bytes_per_step": {k: round(v) for k, v in sorted(comm.items())},
         "trace_seconds": [round(t.seconds, 1) for t in traces],
         "notes": traces[-1].notes,
+        "host_categories": host_categories() if traces[-1].offload else [],
     }
+
+
+def host_categories() -> list[str]:
+    """What cpu_offload keeps in host memory: listed beside the device peak, not in it."""
+    from fsdp_tune.trace.tracker import CATEGORY, HOST_WHEN_OFFLOADED
+
+    return [CATEGORY[k] for k in HOST_WHEN_OFFLOADED]

@@ -89,6 +89,9 @@ def test_the_trace_is_printed_beside_the_plan_with_the_difference() -> None:
     assert "peak allocated 5.06 GiB (backward: last layer)" in text and "plan +1.4%" in text
     assert "activations (forward and recompute)" in text and "note: flash_attention_2" in text
     assert "cannot see:" in text and "caching allocator" in text and "MoE routing" in text
+    assert "host memory" not in text
+    offloaded = format_trace({**trace, "host_categories": ["sharded parameters", "optimizer state"]})
+    assert "1.89 GiB (host memory, cpu_offload: not in the peak)" in offloaded
 
 
 def test_only_the_plan_command_imports_the_trace_and_only_inside_a_function() -> None:
