@@ -53,6 +53,18 @@ def embedding_held(shape: ModelShape, u: dict[str, float], resharded_: bool) -> 
     return u["embed"] if shape.tied_head or not resharded_ else 0.0
 
 
+def edges(st: Stack, shape: ModelShape, u: dict, resharded_: bool, fsdp2: bool) -> tuple[float, float, float]:
+    """(gathered all step: FSDP1's root unit, FSDP2's embedding when tied or not resharded; the head's weight from
+    the loss's forward to its backward: FSDP1's root unit, under FSDP2 TRL's fused head all-gathers lm_head's weight
+    (full_tensor) and saves it, a tied one is the gathered embedding itself; the last layer's all-gather output,
+    which FSDP2 holds through the loss until the root's post-forward)."""
+    if st.fsdp_version == 1:
+        return u["root"], u["root"], 0.0
+    resident = embedding_held(shape, u, resharded_)
+    head = 0.0 if shape.tied_head and fsdp2 else u["head"]
+    return resident, head + resident, u["layer"] if fsdp2 else 0.0
+
+
 def fsdp2_phases(phases: dict, last_backward: str, kept_name: str, u: dict, shape: ModelShape, resharded_: bool):
     """The phases FSDP2's all-gathers add: the embedding's forward, layer 0's and the last layer's forward copy-out,
     layer 0's backward (the last layer's backward with one layer's activations kept, layer 0 and the prefetched

@@ -105,15 +105,8 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
     resharded = gathered.resharded(cfg)
     units = 2 if resharded else shape.n_layers
     fsdp2 = st.fsdp_version == 2 and world > 1
-    # FSDP1's root unit stays gathered all step; FSDP2's embedding when tied or not resharded (planner/gathered.py)
-    resident = u["root"] if st.fsdp_version == 1 else gathered.embedding_held(shape, u, resharded)
-    # the head's weight from the loss's forward to its backward: FSDP1's root unit; FSDP2: TRL's fused head
-    # all-gathers lm_head's weight (full_tensor) and saves it, a tied one is the gathered embedding itself
-    edge = u["root"] if st.fsdp_version == 1 else (0.0 if shape.tied_head and fsdp2 else u["head"])
-    edge += resident if st.fsdp_version == 2 else 0.0
+    resident, edge, held_output = gathered.edges(st, shape, u, resharded, fsdp2)
     always = 0.0 if units == 2 else units * u["layer"]
-    # FSDP2 holds the last layer's all-gather output through the loss (freed at the root's post-forward)
-    held_output = u["layer"] if fsdp2 else 0.0
     head_trains = ad.full
     fwd_loss, bwd_loss = loss_bytes(tokens, shape, st, head_trains)
     act = "activations (every layer)" if st.checkpointing == "none" else "activations kept (checkpointed layers)"
