@@ -158,6 +158,13 @@ def _trainer_checkpointing(model, spec: RankSpec) -> None:
     )
 
 
+def uniform_layers(built: Built) -> bool:
+    """Every decoder layer holds as many parameters (a model with dense and MoE layers, or a first few dense ones,
+    does not: its depths cannot be extrapolated in a straight line)."""
+    layers = [m for m in built.model.modules() if isinstance(m, built.layer_classes)]
+    return len({sum(p.numel() for p in layer.parameters()) for layer in layers}) <= 1
+
+
 def materialize(built: Built) -> None:
     """Inside the trace's FakeTensorMode: every parameter and buffer a FakeTensor on `cpu` (FSDP2 re-reads its
     shards at lazy init), and each 4-bit module's quant state of the shapes bitsandbytes makes for the whole weight

@@ -27,6 +27,7 @@ class Trace:
     seconds: float
     notes: list[str] = field(default_factory=list)
     offload: bool = False  # sharded parameters, gradients and optimizer state in host memory
+    uniform: bool = True  # every decoder layer the same size (what extrapolating in layers assumes)
 
 
 def rank_spec(cfg: RunConfig):
@@ -49,6 +50,9 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
     if len(depths) == 1:
         depths = (full,)
     traces = [trace_at(spec, cfg, n) for n in depths]
+    if not all(t.uniform for t in traces) and len(traces) > 1:  # layers differ: no straight line through them
+        traces = [trace_at(spec, cfg, full)]
+        traces[0].notes.append(f"the decoder layers differ in size: all {full} traced, nothing extrapolated")
     result = extrapolate(traces, full)
     result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
     result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
@@ -110,6 +114,7 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
         seconds=time.time() - started,
         notes=built.notes,
         offload=built.offload,
+        uniform=builder.uniform_layers(built),
     )
 
 

@@ -172,3 +172,18 @@ def test_a_tied_model_traces_and_the_plan_holds_its_embedding_gathered(tmp_path,
     cfg = check(FSDP2, args).config
     traced, planned = trace(cfg), memory_plan(cfg)["training_peak_gib"]
     assert planned == pytest.approx(traced["peak_allocated_gib"], rel=0.05)
+
+
+def test_layers_that_differ_are_all_traced_rather_than_extrapolated(tmp_path) -> None:
+    """Qwen2-MoE with a dense first layer (mlp_only_layers): no straight line runs through 3 and 4 such layers."""
+    from fsdp_tune.trace.run import trace
+
+    data = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "vocab_size": 4096, **DIMS}
+    data.update(moe_intermediate_size=128, shared_expert_intermediate_size=256, num_experts=4, num_experts_per_tok=2)
+    data.update(num_hidden_layers=LAYERS, mlp_only_layers=[0], tie_word_embeddings=False)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    cfg = _cfg(str(tmp_path / "config.json"), "--fsdp_transformer_layer_cls_to_wrap", "Qwen2MoeDecoderLayer")
+    traced = trace(cfg)
+    assert traced["layers_traced"] == [LAYERS] and not traced["extrapolated"]
+    notes = " ".join(traced["notes"])
+    assert "differ in size" in notes and "mixture of experts" in notes
