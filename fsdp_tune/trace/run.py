@@ -49,10 +49,13 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
     depths = tuple(d for d in (depths or DEPTHS) if d < full) or (full,)
     if len(depths) == 1:
         depths = (full,)
-    traces = [trace_at(spec, cfg, n) for n in depths]
-    if not all(t.uniform for t in traces) and len(traces) > 1:  # layers differ: no straight line through them
-        traces = [trace_at(spec, cfg, full)]
-        traces[0].notes.append(f"the decoder layers differ in size: all {full} traced, nothing extrapolated")
+    traces = []
+    for n in depths:
+        traces.append(trace_at(spec, cfg, n))
+        if not traces[-1].uniform and n < full:  # layers differ (a dense first few): no straight line through them
+            traces = [trace_at(spec, cfg, full)]
+            traces[0].notes.append(f"the decoder layers differ in size: all {full} traced, nothing extrapolated")
+            break
     result = extrapolate(traces, full)
     result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
     result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
