@@ -98,7 +98,7 @@ def plan_cmd(
         if trace:  # refused up front (TR001, TR002) rather than after the plan
             from fsdp_tune.trace import guard
 
-            guard.check_settings(cfg)
+            guard.check_settings(cfg, on_cpu=cpu)
             guard.check_versions(cfg.quantization.use_4bit_quantization)
         result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu)
         text = None if as_json else format_plan(result)

@@ -90,10 +90,12 @@ def _check_private() -> None:
         )
 
 
-def check_settings(cfg: RunConfig) -> None:
+def check_settings(cfg: RunConfig, on_cpu: bool = False) -> None:
     """TR002 for what the trace does not build the way the ranks would."""
     f, p = cfg.fsdp, cfg.parallelism
     reasons = []
+    if on_cpu or cfg.launch.use_cpu:
+        reasons.append(("use_cpu", "the trace simulates GPU ranks; a CPU run's plan is its host RSS", "GPUs"))
     if f.version != 2:
         reasons.append(("fsdp_version", "FSDP1 (flat parameters) is not traced", "--fsdp_version 2"))
     if f.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":

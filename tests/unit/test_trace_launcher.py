@@ -53,8 +53,11 @@ def test_settings_the_trace_does_not_build_are_refused(flags, key) -> None:
     assert err.value.findings[0].rule == "TR002" and err.value.findings[0].key == key
 
 
-def test_the_fsdp2_lora_run_is_accepted() -> None:
+def test_the_fsdp2_lora_run_is_accepted_and_a_cpu_run_is_not() -> None:
     guard.check_settings(check(FSDP2, LORA).config)
+    with pytest.raises(PreflightError, match="pre-flight") as err:
+        guard.check_settings(check(FSDP2, LORA).config, on_cpu=True)
+    assert err.value.findings[0].key == "use_cpu"
 
 
 def _trace() -> dict:
