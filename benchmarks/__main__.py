@@ -1,5 +1,5 @@
-"""`python -m benchmarks [cli|overhead|memory|plan|all|sweep|loading|malloc]` (or `make bench`): prints a table and
-writes results/latest.json."""
+"""`python -m benchmarks [cli|overhead|memory|plan|all|sweep|loading|malloc|trace]` (or `make bench`): prints a table
+and writes results/latest.json."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ def main(argv: list[str]) -> None:
         print(f"Sharded loading vs from_pretrained: {r['model']} ({r['checkpoint_mib']:.0f} MiB), 2 CPU ranks")
         print(loading.as_markdown(r))
         print(f"  same losses and adapter on both paths: {r['same_training']}")
+    if which == "trace":  # not part of "all": the plan against the trace, 84 cases, about 40 minutes on 2 cores
+        from benchmarks import trace_grid
+
+        rows = trace_grid.run(ci="--ci" in argv, only=next((a for a in argv[1:] if not a.startswith("--")), None))
+        results["trace_grid"] = rows
+        print(trace_grid.as_markdown(rows))
+        within = sum(r["within"] for r in rows)
+        print(f"  plan within {trace_grid.TOLERANCE:.0%} of the trace: {within} of {len(rows)}")
     if which == "malloc":  # not part of "all": sixteen runs of the 443M model, about 10 minutes on 2 cores
         from benchmarks import malloc
 

@@ -111,12 +111,17 @@ def plan_cmd(
     gpu: str = typer.Option("h100", "--gpu", help="h100 | h200 | a100 | 4090 (memory, TFLOP/s, link)."),
     gpu_memory: Optional[str] = typer.Option(None, "--gpu_memory", "--gpu-memory", help="e.g. 80GiB, 24GB."),
     cpu: bool = typer.Option(False, "--cpu", help="Plan a CPU run (host memory per rank)."),
+    trace: bool = typer.Option(
+        False, "--trace", help="Also execute one step at the run's sizes in fake mode (torch; ~10-60 s) and compare."
+    ),
     as_json: bool = typer.Option(False, "--json"),
     debug: bool = DebugOpt,
 ) -> None:
     """Predict per-GPU and host memory and step time before launch, and what would make it fit.
 
-    Planned on the loading path the run would take (--loading auto|sharded|transformers, as for train)."""
+    Planned on the loading path the run would take (--loading auto|sharded|transformers, as for train).
+    --trace runs the real model, PEFT, FSDP2 and TRL code of one step on fake tensors at the run's world size
+    (a few decoder layers, extrapolated) and prints the traced peak and its categories beside the plan."""
     config, args = split_config(config, list(ctx.args))
 
     def run() -> None:
@@ -125,8 +130,21 @@ def plan_cmd(
         from fsdp_tune.validate import load
 
         cfg = load(config, args).config
+        if trace:  # refused up front (TR001, TR002) rather than after the plan
+            from fsdp_tune.trace import guard
+
+            guard.check_settings(cfg, on_cpu=cpu)
+            guard.check_versions(cfg.quantization.use_4bit_quantization)
         result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu)
-        typer.echo(json.dumps(result, indent=2) if as_json else format_plan(result))
+        text = None if as_json else format_plan(result)
+        if trace:
+            from fsdp_tune.output.trace import compare, format_trace
+            from fsdp_tune.trace.run import trace as run_trace  # the rank side: torch, only when asked
+
+            result["trace"] = run_trace(cfg)
+            result["trace"]["comparison"] = compare(result, result["trace"])
+            text = text and text + "\n" + format_trace(result["trace"])
+        typer.echo(json.dumps(result, indent=2) if as_json else text)
 
     guard(run, debug)
 

@@ -15,21 +15,22 @@ from dataclasses import dataclass, field
 
 from fsdp_tune.config.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.planner import host
+from fsdp_tune.planner import gathered, host
 from fsdp_tune.planner.adapters import expert_copy_bytes
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack, stack_of
 from fsdp_tune.planner.terms import (
     checkpoint_kept,
-    dequant_bytes,
     layer_backward_transients,
     layer_saved,
     loss_bytes,
+    quantized_backward,
 )
 from fsdp_tune.planner.weights import (
     DTYPE_BYTES,
     adapters_of,
     base_bytes,
+    lora_on_rank,
     lora_params,
     pinned_per_param,
     quant_constant_bytes,
@@ -84,25 +85,6 @@ def micro_tokens(cfg: RunConfig) -> int:
     return int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len // cp_degree(cfg)
 
 
-def _units(cfg: RunConfig, shape: ModelShape, st: Stack, n_lora: int) -> dict[str, float]:
-    """Bytes of one gathered decoder layer, and of the edge units, as all-gathered (param dtype = compute)."""
-    c = st.compute_bytes
-    if cfg.quantization.use_4bit_quantization:
-        layer = base_bytes(cfg, shape)[1]
-    else:
-        layer = shape.layer_params * c
-    layer += n_lora / shape.n_layers * c
-    head = (shape.head_params or shape.embedding_params) * c  # the lm_head (or the tied embedding)
-    root = (shape.embedding_params + shape.head_params + shape.other_params) * c
-    return {"layer": layer, "head": head, "root": root}
-
-
-def _resharded(cfg: RunConfig) -> bool:
-    if cfg.fsdp.version == 1 and cfg.fsdp.sharding_strategy in ("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2", "NO_SHARD"):
-        return False
-    return cfg.fsdp.reshard_after_forward
-
-
 def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -> dict[str, dict[str, float]]:
     """Every phase's transient components (bytes). Long because it is one account of a step, phase by
     phase: splitting it would scatter the terms that must add up."""
@@ -119,16 +101,17 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
             shape.n_layers * tokens * (saved + (st.compute_bytes * shape.hidden_size if st.compute_bytes == 4 else 0))
         )
         recompute = 0.0
-    u = _units(cfg, shape, st, n_lora) if world > 1 else {"layer": 0.0, "head": 0.0, "root": 0.0}
-    units = 2 if _resharded(cfg) else shape.n_layers
-    resident = u["root"] if st.fsdp_version == 1 else 0.0  # FSDP1's root unit stays gathered all step
-    edge = resident or u["head"]  # FSDP2 (accelerate): [norm, lm_head] gathered from its forward to its backward
+    u = gathered.units(cfg, shape, st, world)
+    resharded = gathered.resharded(cfg)
+    units = 2 if resharded else shape.n_layers
+    fsdp2 = st.fsdp_version == 2 and world > 1
+    resident, edge, held_output = gathered.edges(st, shape, u, resharded, fsdp2)
     always = 0.0 if units == 2 else units * u["layer"]
     head_trains = ad.full
     fwd_loss, bwd_loss = loss_bytes(tokens, shape, st, head_trains)
     act = "activations (every layer)" if st.checkpointing == "none" else "activations kept (checkpointed layers)"
     phases = {
-        PHASES[0]: {act: kept, "gathered FSDP units": edge + always, "logits and loss": fwd_loss},
+        PHASES[0]: {act: kept, "gathered FSDP units": edge + always + held_output, "logits and loss": fwd_loss},
         PHASES[1]: {
             act: kept,
             "gathered FSDP units": edge + always + (u["layer"] if units == 2 else 0),
@@ -147,11 +130,16 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
         held = 0.0 if st.checkpointing != "none" else shape.n_layers * copies
         for phase in PHASES[:3]:
             phases[phase]["experts rebuilt with their LoRA"] = copies if phase == PHASES[2] and not held else held
-    if quantized:
-        phases[PHASES[2]]["4-bit dequantized weight"] = dequant_bytes(shape, st, tokens)
+    if quantized:  # the larger of the layer's backward moments: its transients, or a 4-bit matmul's backward
+        grads, dequantized = quantized_backward(shape, st, tokens)
+        backward = phases[PHASES[2]]
+        if grads + dequantized > backward["backward transients (one layer)"]:
+            backward.update({"backward transients (one layer)": grads, "4-bit dequantized weight": dequantized})
     if ad.full and world > 1:  # unsharded grads of a unit and the retained reduce-scatter input
         grad_bytes = st.compute_bytes if st.pure_bf16 else 4
         phases[PHASES[2]]["unsharded grads, reduce-scatter buffer"] = 2 * grad_bytes * u["layer"] / st.compute_bytes
+    if fsdp2:
+        phases.update(gathered.fsdp2_phases(phases, PHASES[2], act, u, shape, resharded))
     if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)
         trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
         phases[PHASES[3]]["AdamW foreach temporaries"] = trainable * st.trainable_bytes / 4 / world
@@ -159,17 +147,22 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
 
 
 def static_components(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, offload: bool) -> dict:
-    n_lora = lora_params(cfg, shape)
-    trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
     shard = base_bytes(cfg, shape, st)[0] / world
     if not cfg.lora.use_peft_lora and not cfg.quantization.use_4bit_quantization:
         shard = 0.0  # full fine-tuning: the trainable master weights are the weights
-    train_state = trainable * st.trainable_bytes / world
+    train_state = trainable_state(cfg, shape, st, world)
     return {
         "sharded base weights": 0.0 if offload else shard,
         "4-bit quantization constants (not sharded)": quant_constant_bytes(cfg, shape, st, world),
         "trainable params, grads, optimizer": 0.0 if offload else train_state,
     }
+
+
+def trainable_state(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -> float:
+    """Trainable weights, grads and optimizer state one rank holds (LoRA as FSDP2 pads its shards)."""
+    if not cfg.lora.use_peft_lora:
+        return shape.total_params * st.trainable_bytes / world
+    return lora_on_rank(cfg, shape, world, st.fsdp_version)[0] * st.trainable_bytes
 
 
 def gpu_loading_bytes(cfg: RunConfig, shape: ModelShape, world: int, loading: str, offload: bool = False) -> float:
@@ -208,7 +201,7 @@ def estimate(
     if st.all_gather_stream_pool and world > 1:
         # FSDP all-gathers into buffers of its own stream; that stream's cache keeps two units' worth
         # (the one in use and the prefetched one), whatever the peak phase holds live
-        u = _units(cfg, shape, st, lora_params(cfg, shape))
+        u = gathered.units(cfg, shape, st, world)
         live = phases[est.peak_phase].get("gathered FSDP units", 0.0)
         est.stream_pool = max(0.0, 2 * u["layer"] + (u["root"] if st.fsdp_version == 1 else u["head"]) - live)
     if on_cpu:
@@ -271,9 +264,7 @@ def _host(
 def _offload_host(
     cfg: RunConfig, shape: ModelShape, st: Stack, est: Estimate, world: int, local: int, layer: float
 ) -> None:
-    n_lora = lora_params(cfg, shape)
-    trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
-    train_state = trainable * st.trainable_bytes / world
+    train_state = trainable_state(cfg, shape, st, world)
     h = est.host_node
     if not cfg.lora.use_peft_lora and not cfg.quantization.use_4bit_quantization:
         h[f"{host.TRAINING} offloaded fp32 weights, grads, AdamW"] = train_state * local

@@ -81,6 +81,9 @@ def stack_of(cfg: RunConfig, on_cpu: bool = False) -> Stack:
         checkpointing="full" if checkpointing else "none",
         # TRL's default optim is adamw_torch_fused (torch >= 2.8); adamw_torch runs the foreach kernels
         foreach_adam=str(cfg.training.get("optim") or "") == "adamw_torch",
+        # QLoRA's adapters train in bf16: SFTTrainer casts them for a quantized model and accelerate upcasts trainable
+        # parameters only without 4-bit weights (worker/loading/sharded.py _with_lora): weights, grads and AdamW 8 B
+        pure_bf16=cfg.lora.use_peft_lora and cfg.quantization.use_4bit_quantization,
         device="cpu" if on_cpu else "cuda",
         all_gather_stream_pool=not on_cpu,
     )

@@ -10,6 +10,8 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.memory import GiB
 from fsdp_tune.planner.shape import ModelShape
+from fsdp_tune.planner.stack import stack_of
+from fsdp_tune.planner.weights import lora_on_rank
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,19 @@ def parse_memory(text: str) -> float:
     return value * {"gib": 1, "g": 1, "gb": 1e9 / GiB, "mib": 1 / 1024, "mb": 1e6 / GiB}[unit]
 
 
+def fsdp2_gathered(cfg: RunConfig, shape: ModelShape, world: int) -> float:
+    """Bytes one micro-batch all-gathers under FSDP2, as the trace counts them (`plan --trace`): every layer in the
+    forward and again in the backward when resharded, the input embedding likewise (layer 0's backward prefetches
+    it), lm_head's weight once (TRL's fused head: full_tensor); 4-bit layers packed, LoRA as FSDP2 pads it, the
+    embedding and head in the compute dtype."""
+    from fsdp_tune.planner import gathered
+
+    u = gathered.units(cfg, shape, stack_of(cfg), max(world, 2))
+    times = 2 if gathered.resharded(cfg) else 1
+    edges = u["embed"] if shape.tied_head else times * u["embed"] + u["head"]
+    return times * shape.n_layers * u["layer"] + edges
+
+
 def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     """FLOPs and communication of one optimizer step per GPU, and a time from the GPU's public figures."""
     world = shard_group(cfg)  # all-gathers and reduce-scatters run within a shard group
@@ -56,13 +71,19 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     total = shape.total_params  # every expert is all-gathered, routed to or not
     weight_bytes = total * 2 if not cfg.quantization.use_4bit_quantization else total * 0.53
     gathers = (2 if cfg.fsdp.reshard_after_forward else 1) * accum
-    comm = weight_bytes * gathers * (world - 1) / world if world > 1 else 0.0
+    gathered = weight_bytes * gathers
+    if cfg.fsdp.version == 2:
+        gathered = fsdp2_gathered(cfg, shape, world) * accum
+    comm = gathered * (world - 1) / world if world > 1 else 0.0
+    if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered
+        grads = lora_on_rank(cfg, shape, world)[1] * shape.n_layers * stack_of(cfg).compute_bytes
+        comm += grads * accum * (world - 1) / world
     if not lora:
         comm += total * 4 * (world - 1) / world  # reduce-scatter of fp32 gradients
     host = 0.0
     if cfg.fsdp.cpu_offload:
         # every all-gather first copies this rank's shard to the GPU; gradients of what trains come back
-        host = weight_bytes / world * gathers + (total * 4 / world if not lora else 0.0)
+        host = gathered / world + (total * 4 / world if not lora else 0.0)
     compute_s = flops / (gpu.bf16_tflops * 1e12 * ASSUMED_MFU)
     comm_s = comm / (gpu.link_gbs * 1e9)
     host_s = host / (gpu.host_gbs * 1e9)

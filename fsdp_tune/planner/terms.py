@@ -151,3 +151,16 @@ def dequant_bytes(shape: ModelShape, st: Stack, tokens: int) -> float:
         return 0.0
     biggest = max((lin.in_features * lin.out_features for lin in shape.layer_linears), default=0)
     return biggest * (st.compute_bytes + 8 / 64)
+
+
+def quantized_backward(shape: ModelShape, st: Stack, tokens: int) -> tuple[float, float]:
+    """(gradients alive, dequantized weight) while a 4-bit MLP linear runs its backward: bitsandbytes'
+    MatMul4Bit.backward dequantizes the weight for the input's gradient on every path (functional.dequantize_4bit:
+    the fp32 absmax, offset in place, and the [out, in] weight), fused forward kernel or not; beside it the
+    incoming gradient and two MLP-width ones (h + 2 i). The layer's other backward transients are freed by then
+    (layer_backward_transients counts them alive together): the larger of the two moments is the layer's peak. The
+    recompute's forward dequantizes as well past the fused kernel's range (dequant_bytes), at most as much."""
+    i = shape.intermediate_size if shape.n_experts else shape.mlp_width
+    biggest = max((lin.in_features * lin.out_features for lin in shape.layer_linears), default=0)
+    dequantized = max(biggest * (st.compute_bytes + 4 / 64), dequant_bytes(shape, st, tokens))
+    return tokens * st.compute_bytes * (2 * i + shape.hidden_size), dequantized

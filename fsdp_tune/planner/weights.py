@@ -72,3 +72,28 @@ def pinned_per_param(cfg: RunConfig, shape: ModelShape, world: int) -> float:
     rest = shape.total_params - shape.n_layers * shape.layer_params
     # the non-Linear parameters (norms, embeddings, head) are few blocks; rounding them is noise
     return shape.n_layers * layer + (shape.n_layers * layer_other + rest) * dtype / world
+
+
+def lora_tensors(cfg: RunConfig, shape: ModelShape) -> list[tuple[int, int]]:
+    """(rows, values per row) of each trainable LoRA tensor of one decoder layer: lora_A [r, in], lora_B [out, r],
+    DoRA's magnitude [out]."""
+    ad = adapters_of(cfg)
+    out: list[tuple[int, int]] = []
+    for lin in shape.layer_linears:
+        if ad.trains(lin.name.split(".")[-1]):
+            out += [(ad.r, lin.in_features), (lin.out_features, ad.r)] + ([(lin.out_features, 1)] if ad.dora else [])
+    return out
+
+
+def lora_on_rank(cfg: RunConfig, shape: ModelShape, world: int, fsdp_version: int = 2) -> tuple[float, float]:
+    """(LoRA values one rank holds sharded, LoRA values of one all-gathered layer) under FSDP2, which shards every
+    tensor on dim 0 in chunks of ceil(rows / world) rows, padded (fully_shard's FSDPParam: _init_sharded_param pads
+    the local shard, the all-gather output is world padded shards): lora_A has r rows, so once the ranks outnumber
+    r every rank holds a whole row of it and the gathered layer world rows. FSDP1 (one padded flat parameter per
+    unit) and PEFT-counted targets (MoE experts): the plain share."""
+    n = lora_params(cfg, shape)
+    if fsdp_version != 2 or counted_by_peft(cfg) or not cfg.lora.use_peft_lora:
+        return n / world, n / shape.n_layers
+    per_layer = [(-(-rows // world), cols) for rows, cols in lora_tensors(cfg, shape)]
+    shard = shape.n_layers * sum(rows * cols for rows, cols in per_layer)
+    return float(shard), float(world * sum(rows * cols for rows, cols in per_layer))

@@ -155,8 +155,10 @@ def test_offload_moves_weights_to_host_and_advice_makes_it_fit() -> None:
     off = memory_plan(_seed("run_peft_qlora_fsdp.sh", "--fsdp_offload_params", "false"), loading="sharded")
     assert on["peak_allocated_gib"] < off["peak_allocated_gib"] - 10
     assert on["host_memory_gib_per_node_steady"] > off["host_memory_gib_per_node_steady"] + 30
-    # each all-gather first copies the local shard host -> GPU: 36.6 GB of 4-bit weights / 2 ranks x 4 gathers
-    assert on["step_time"]["host_transfer_gb_per_step_per_gpu"] == pytest.approx(73.1, rel=0.01)
+    # each all-gather first copies the local shard host -> GPU: FSDP2's all-gathers as plan --trace counts them
+    # (packed 4-bit layers and the embedding twice a micro-batch, lm_head once; 2 micro-batches) / 2 ranks; it
+    # was 73.1 GB when every weight was counted 4 times at 0.53 B a parameter (BENCHMARKS section 9)
+    assert on["step_time"]["host_transfer_gb_per_step_per_gpu"] == pytest.approx(70.44, rel=0.01)
     assert off["step_time"]["host_transfer_gb_per_step_per_gpu"] == 0
     tight = memory_plan(
         _seed("run_peft_qlora_fsdp.sh", "--fsdp_offload_params", "false", "--fsdp_version", "1"), gpu_memory="24GiB"

@@ -1,0 +1,171 @@
+"""The trace of one step: the run's rank spec on a simulated GPU machine, a fake process group of the run's world size,
+the model built at two depths, one step traced at each, every phase extrapolated linearly to the model's depth.
+
+Each trace runs a warm-up step first (FSDP's lazy init, AdamW's state, DTensor's propagation caches, which the
+tracker would otherwise count), then the step that is measured."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.trace import build as builder
+from fsdp_tune.trace import guard
+
+GiB = 2**30
+DEPTHS = (3, 4)  # the fewest layers with a first, a middle and a last one, and one more
+MAX_MICRO_BATCHES = 2  # a third micro-batch of an accumulated step repeats the second's memory
+
+
+@dataclass
+class Trace:
+    layers: int
+    peaks: dict[str, tuple[int, dict[str, int]]]
+    flops: float
+    comm: dict[str, float]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    offload: bool = False  # sharded parameters, gradients and optimizer state in host memory
+    uniform: bool = True  # every decoder layer the same size (what extrapolating in layers assumes)
+
+
+def rank_spec(cfg: RunConfig):
+    """The spec every rank of this run executes, decided for a machine with the run's GPUs."""
+    from fsdp_tune.launch.decide import decide
+    from fsdp_tune.launch.machine import Machine
+
+    per_node = cfg.launch.nproc_per_node
+    return decide(cfg, Machine(cuda=True, gpus=per_node, gpu_names=("simulated GPU",) * per_node))
+
+
+def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
+    """The traced peak and its categories at the model's depth, the step's FLOPs and collective bytes."""
+    guard.check_settings(cfg)
+    guard.check_versions(cfg.quantization.use_4bit_quantization)
+    started = time.time()
+    spec = rank_spec(cfg)
+    full = builder.depth(spec.model.name_or_path)
+    depths = tuple(d for d in (depths or DEPTHS) if d < full) or (full,)
+    if len(depths) == 1:
+        depths = (full,)
+    traces = []
+    for n in depths:
+        traces.append(trace_at(spec, cfg, n))
+        if not traces[-1].uniform and n < full:  # layers differ (a dense first few): no straight line through them
+            traces = [trace_at(spec, cfg, full)]
+            traces[0].notes.append(f"the decoder layers differ in size: all {full} traced, nothing extrapolated")
+            break
+    result = extrapolate(traces, full)
+    result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
+    result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
+    return result
+
+
+def trace_at(spec, cfg: RunConfig, layers: int) -> Trace:
+    """One step at `layers` decoder layers, in fake mode on a fake process group; the group is gone after."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    started = time.time()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=spec.world.world_size, store=FakeStore())
+    try:
+        built = builder.build(spec, cfg, layers)
+        return _run(spec, cfg, built, started)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
+    """Long because it is the order the pieces must come in: materialize, the warm-up step, then the measured step
+    with the tracker below the CUDA stand-ins and the counters above them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fsdp_tune.trace import step
+    from fsdp_tune.trace.standins import cuda_paths
+    from fsdp_tune.trace.tracker import PhaseTracker
+
+    args = spec.trainer_args
+    micro = int(args.get("per_device_train_batch_size") or 8)
+    accumulation = int(args.get("gradient_accumulation_steps") or 1)
+    micro_batches = min(accumulation, MAX_MICRO_BATCHES)
+    clip = float(args.get("max_grad_norm", 1.0) or 0.0)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        builder.materialize(built)
+        model = built.model
+        step.fused_head(model)
+        model.train()
+        opt = step.optimizer(model, str(args.get("optim") or "adamw_torch_fused"))
+        vocab = model.get_input_embeddings().weight.shape[0]
+        inputs = step.batch(vocab, micro, spec.data.max_seq_len)
+        with cuda_paths():
+            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip)
+        tracker = PhaseTracker(model, opt, built.layer_classes, built.offload, model.get_input_embeddings())
+        tracker.count(built.quant_tensors)
+        tracker.track_inputs((inputs,))
+        executed = step.Executed()
+        with tracker, cuda_paths(), executed:  # the counters see bitsandbytes' matmul before its stand-in
+            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, phase=tracker.mark)
+    scale = accumulation / micro_batches  # per optimizer step
+    return Trace(
+        layers=built.layers,
+        peaks=tracker.peaks,
+        flops=executed.flops * scale,
+        comm={k: v * scale for k, v in executed.bytes.items()},
+        seconds=time.time() - started,
+        notes=built.notes,
+        offload=built.offload,
+        uniform=builder.uniform_layers(built),
+    )
+
+
+def _line(a: float, b: float, na: int, nb: int, n: int) -> float:
+    return a + (b - a) * (n - na) / (nb - na)
+
+
+def extrapolate(traces: list[Trace], full: int) -> dict:
+    """Each phase's peak and categories, and the step's FLOPs and bytes, at `full` layers: linear through the two
+    traces (all layers identical), or the one trace when it had every layer."""
+    if len(traces) == 1:
+        t = traces[0]
+        phases = {k: (v, dict(c)) for k, (v, c) in t.peaks.items()}
+        flops, comm = t.flops, dict(t.comm)
+    else:
+        a, b = traces
+        phases = {}
+        for key in a.peaks.keys() & b.peaks.keys():
+            (va, ca), (vb, cb) = a.peaks[key], b.peaks[key]
+            cats = {c: _line(ca.get(c, 0), cb.get(c, 0), a.layers, b.layers, full) for c in ca.keys() | cb.keys()}
+            phases[key] = (_line(va, vb, a.layers, b.layers, full), cats)
+        flops = _line(a.flops, b.flops, a.layers, b.layers, full)
+        comm = {k: _line(a.comm.get(k, 0), b.comm.get(k, 0), a.layers, b.layers, full) for k in a.comm | b.comm}
+    peak = max(phases, key=lambda k: phases[k][0])
+    total, cats = phases[peak]
+    return {
+        "peak_allocated_gib": round(total / GiB, 3),
+        "peak_phase": peak,
+        "categories_gib": {k: round(v / GiB, 4) for k, v in sorted(cats.items(), key=lambda kv: -kv[1]) if v > 0},
+        "phases_gib": {k: round(v / GiB, 3) for k, (v, _) in sorted(phases.items(), key=lambda kv: -kv[1][0])},
+        "phase_categories_gib": {
+            k: {c: round(b / GiB, 3) for c, b in cs.items() if b >= GiB / 200} for k, (_, cs) in phases.items()
+        },
+        "layers": full,
+        "layers_traced": [t.layers for t in traces],
+        "extrapolated": len(traces) > 1,
+        "tflops_per_step": round(flops / 1e12, 2),
+        "flops_per_step": round(flops),
+        "comm_gb_per_step": {k: round(v / 1e9, 3) for k, v in sorted(comm.items())},
+        "comm_bytes_per_step": {k: round(v) for k, v in sorted(comm.items())},
+        "trace_seconds": [round(t.seconds, 1) for t in traces],
+        "notes": traces[-1].notes,
+        "host_categories": host_categories() if traces[-1].offload else [],
+    }
+
+
+def host_categories() -> list[str]:
+    """What cpu_offload keeps in host memory: listed beside the device peak, not in it."""
+    from fsdp_tune.trace.tracker import CATEGORY, HOST_WHEN_OFFLOADED
+
+    return [CATEGORY[k] for k in HOST_WHEN_OFFLOADED]

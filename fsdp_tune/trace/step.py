@@ -1,0 +1,132 @@
+"""One optimizer step as SFTTrainer runs it on a rank (transformers 5.24 Trainer.training_step, TRL 1.16
+SFTTrainer.compute_loss), and what it executed: FLOPs (the formulas of torch's FlopCounterMode, per op) and the bytes
+each collective moved.
+
+The batch is `per_device_train_batch_size` sequences of `max_seq_len` tokens, every one full length (no padding:
+transformers then drops the attention mask for SDPA, as it does for an all-ones mask), every label trained."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+FUSED_OUTPUTS = ("log_probs", "entropy", "is_top1")  # what SFTTrainer asks of the fused head (sft_trainer.py)
+
+
+def fused_head(model) -> None:
+    """SFTTrainer.__init__: add_fused_lm_head on the base model (after FSDP wrapped it, on the sharded path)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    add_fused_lm_head(base, outputs=FUSED_OUTPUTS)
+
+
+def optimizer(model, optim: str):
+    """The Trainer's optimizer for TRL's default `adamw_torch_fused` (fused AdamW), or `adamw_torch` (foreach)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optim == "adamw_torch":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    return torch.optim.AdamW(params, lr=1e-4, fused=True)
+
+
+def batch(vocab: int, micro_batch: int, seq_len: int) -> dict:
+    input_ids = torch.randint(0, vocab, (micro_batch, seq_len))
+    return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+def train_step(model, opt, inputs: dict, micro_batches: int, precision: str, max_grad_norm: float, phase=None):
+    """Forward (TRL's fused head, under the mixed-precision autocast accelerate wraps the forward in), backward,
+    for each micro-batch; then gradient clipping, AdamW, zero_grad(set_to_none). `phase(name)` marks where the step
+    is for the tracker."""
+    mark = phase or (lambda name: None)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+    for _ in range(micro_batches):
+        mark("forward")
+        with autocast:
+            out = model(**inputs, fused_lm_head=True, use_cache=False)
+        loss = -out.log_probs.float().sum() / out.label_mask.sum().clamp(min=1)
+        del out
+        (loss / micro_batches).backward()
+        del loss
+    params = [p for p in model.parameters() if p.requires_grad]
+    mark("gradient clipping")
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    mark("optimizer step")
+    opt.step()
+    model.zero_grad(set_to_none=True)
+
+
+class Executed(TorchDispatchMode):
+    """What the step executed: FLOPs by torch's own per-op formulas (torch.utils.flop_counter's registry: matmuls,
+    attention; FlopCounterMode itself holds on to the recomputed activations through its module hooks), and the bytes
+    each collective moved, by kind: all-gather outputs, reduce-scatter inputs, all-reduce buffers, with the group size
+    (a rank receives (n-1)/n of an all-gather's output). Local ops only: DTensor ops desugar first."""
+
+    KINDS = {"allgather": "all-gather", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
+
+    def __init__(self) -> None:
+        from torch.utils.flop_counter import flop_registry
+
+        super().__init__()
+        self.registry = flop_registry
+        self.flops = 0
+        self.bytes: dict[str, float] = defaultdict(float)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.flops += _flops(self.registry, func, args, kwargs, out)
+        if getattr(func, "namespace", "") in ("c10d", "_c10d_functional"):
+            self._count(func._opname, args, out)
+        return out
+
+    def _count(self, name: str, args, out) -> None:
+        """c10d's in-place ops (FSDP) and the functional ones (DTensor's full_tensor, clipping's norm)."""
+        kind = next((v for k, v in self.KINDS.items() if k in name), "all-reduce" if "reduce" in name else None)
+        if kind is None:
+            return
+        if name.startswith("_allgather_base"):  # (output, input, group, ...): the group's size is their ratio
+            tensor, size = args[0], args[0].numel() // max(args[1].numel(), 1)
+        elif name.startswith("_reduce_scatter_base"):  # (output, input, ...)
+            tensor, size = args[1], args[1].numel() // max(args[0].numel(), 1)
+        elif kind == "all-gather":  # functional (input, group_size, group_name)
+            tensor, size = out, int(args[1])
+        elif kind == "reduce-scatter":  # functional (input, reduce_op, group_size, group_name)
+            tensor, size = args[0], int(args[2])
+        else:  # all-reduce: a ring moves twice the buffer
+            tensor = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
+            self.bytes[kind] += 2 * tensor.numel() * tensor.element_size()
+            return
+        self.bytes[kind] += tensor.numel() * tensor.element_size() * (size - 1) / max(size, 1)
+
+
+def _flops(registry, func, args, kwargs, out) -> int:
+    """torch's formula for the op; and the ops it has none for that the trace runs: bitsandbytes' 4-bit matmul
+    (seen before its stand-in), a linear that reaches dispatch whole, the experts' grouped matmul, SDPA's CPU flash
+    kernel (counted as torch counts the CUDA ones: the full s x s scores, causal or not)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    name = getattr(func, "_opname", "")
+    if name == "addmm" and "out_dtype" in str(func._schema):  # TRL's fp32 accumulation (its out_dtype is positional)
+        return 2 * out.numel() * args[1].shape[-1]
+    formula = registry.get(func._overloadpacket)
+    if formula is not None:
+        return formula(*args, **kwargs, out_val=out)
+    if name in ("gemm_4bit", "linear"):  # [.., K] x [N, K]: 2 M N K
+        return 2 * out.numel() * args[0].shape[-1]
+    if "grouped_mm" in name:  # MoE experts: [S, K] x [E, K, N] -> [S, N]; the weight's grad [E, K, N] sums S rows
+        return 2 * out.numel() * args[0].shape[-1] // (out.shape[0] if out.dim() == 3 else 1)
+    if name == "_scaled_dot_product_flash_attention_for_cpu":
+        return sdpa_flop_count(*(t.shape for t in args[:3]))
+    if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        return sdpa_backward_flop_count(*(t.shape for t in args[:4]))
+    return 0
