@@ -96,7 +96,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         )
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
-    lines += plan_lines(d)
+    lines += plan_lines(d, spec.trainer_args.get("packing_strategy"))
     lines.append(f"  loading: {loading.describe(spec.loading)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(

@@ -40,6 +40,7 @@ class Source:
     files: dict[str, list[str]] = field(default_factory=dict)  # split name -> local files
     detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it
     rows_checked: int | None = None  # training rows the pre-flight found usable; None: not counted (many, or Hub)
+    tokenized: dict[str, Any] | None = None  # train's pre-flight tokenizing: {rows, of, skipped} or {why_not}
 
     @property
     def label(self) -> str:
@@ -115,7 +116,9 @@ def plan_counts(sizes: list[int], sources: list[Source]) -> list[int]:
     fraction (TRL's get_dataset): shares normalised to 1 and the largest total that needs no source to repeat
     rows. samples: exactly that many, repeating rows of a smaller source (LLaMA-Factory's num_samples).
     weight: shares of the weighted sources' total size (weights re-balance, they do not grow the data),
-    repeating rows of small sources as needed. A source with none of them is taken whole.
+    repeating rows of small sources as needed; once any entry has a weight, an entry with neither weight nor
+    samples weighs 1 (so `weight: 2` on one entry doubles it against the others). A source with none of them,
+    in a mixture without weights, is taken whole.
     """
     if any(s.fraction is not None for s in sources):
         total_fraction = sum(s.fraction or 0 for s in sources)
@@ -123,12 +126,12 @@ def plan_counts(sizes: list[int], sources: list[Source]) -> list[int]:
         total = min(n / w for n, w in zip(sizes, shares, strict=True) if w > 0)
         return [round(w * total) for w in shares]
     counts = [s.samples if s.samples is not None else n for s, n in zip(sources, sizes, strict=True)]
-    weighted = [i for i, s in enumerate(sources) if s.weight is not None]
-    if weighted:
-        total_weight = sum(sources[i].weight or 0 for i in weighted)
-        pool = sum(sizes[i] for i in weighted)
-        for i in weighted:
-            counts[i] = round(pool * (sources[i].weight or 0) / total_weight)
+    if any(s.weight is not None for s in sources):
+        weights = {i: s.weight or 1 for i, s in enumerate(sources) if s.samples is None}
+        total_weight = sum(weights.values())
+        pool = sum(sizes[i] for i in weights)
+        for i, weight in weights.items():
+            counts[i] = round(pool * weight / total_weight)
     return counts
 
 

@@ -18,7 +18,7 @@ from fsdp_tune import summary as run_summary
 from fsdp_tune.launch.checkpoints import latest_complete
 from fsdp_tune.launch.spec import RankSpec, from_dict
 from fsdp_tune.worker import faults, phases, process
-from fsdp_tune.worker.data.lengths import truncated_rows
+from fsdp_tune.worker.data.lengths import packed, truncated_rows
 from fsdp_tune.worker.data.prepare import Prepared
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.build import Loaded, load
@@ -218,6 +218,11 @@ class Recipe:
 
     def write_summary(self, built: Built, result, truncation, saved: dict, data: Prepared, loaded: Loaded) -> None:
         loading = loaded.report.summary()  # a collective, as collect is
+        trainer, d = built.trainer, self.spec.data
+        if d.packing:  # the sequences TRL packed, into how many rows (#25: "50 rows -> 50 sequences" said nothing)
+            data.report["packed"] = packed(
+                trainer.train_dataset, len(data.train), trainer.args.packing_strategy, d.max_seq_len
+            )
         summary = collect(
             built.trainer,
             self.spec,

@@ -113,6 +113,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "files": (RANK, "worker/data/splits.py"),
         "detected": (RANK, "worker/data/splits.py"),
         "rows_checked": (PREFLIGHT, "launch/batch.py"),  # rows per step against world size x batch (PF064)
+        "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
@@ -196,7 +197,7 @@ def test_each_reader_reads_its_field(cls, name: str) -> None:
     expected = {
         RANK: RANK_SIDE,
         TORCHRUN: ("launch/torchrun.py",),
-        PLAN: (PLAN_TEXT,),
+        PLAN: (PLAN_TEXT, "output/data.py"),  # run.py's data lines, kept there
         AFTER: ("tools/",),
         PREFLIGHT: ("launch/",),
     }[how]
