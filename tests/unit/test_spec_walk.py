@@ -86,12 +86,12 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
         "splits": (PLAN, PLAN_TEXT),
         "text_field": (RANK, "worker/data/prepare.py"),
-        "max_seq_len": (RANK, "worker/data/prepare.py"),
-        "packing": (RANK, "worker/data/prepare.py"),
+        "max_seq_len": (RANK, "worker/data/encode.py"),
+        "packing": (RANK, "worker/data/encode.py"),
         "seed": (RANK, "worker/data/prepare.py"),
         "sources": (RANK, "worker/data/prepare.py"),
         "test_split_size": (RANK, "worker/data/prepare.py"),
-        "mask_fallback": (RANK, "worker/data/prepare.py"),
+        "mask_fallback": (RANK, "worker/data/encode.py"),
         "peft_text_field": (RANK, "worker/data/prepare.py"),
     },
     Source: {
