@@ -110,7 +110,7 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
 
     d = spec.data
     eval_wanted = spec.evaluation and not d.test_split_size
-    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted)
+    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, spec.method)
     return replace(spec, data=replace(d, sources=sources)), findings
 
 
