@@ -71,7 +71,14 @@ def load_start_adapter(model, folder: str) -> int:
     from safetensors.torch import load_file
 
     state = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
-    result = set_peft_model_state_dict(model, state, adapter_name="default")
+    try:
+        result = set_peft_model_state_dict(model, state, adapter_name="default")
+    except RuntimeError as err:  # torch's "size mismatch for ...", one line per tensor
+        lines = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+        raise RuntimeError(
+            f"the starting adapter {folder} does not fit this model's LoRA: {len(lines)} tensor(s) differ in shape, "
+            f"e.g. {lines[0] if lines else err}"
+        ) from None
     unexpected = [k for k in result.unexpected_keys if ".default." in k or "lora_" in k]
     lora = {n for n, _ in model.named_parameters() if ".default." in n and "lora_" in n}
     missing = sorted(lora & set(result.missing_keys))
