@@ -44,7 +44,7 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
     from fsdp_tune.planner.plan import memory_plan
 
     try:
-        plan = memory_plan(cfg, gpu_key(name), f"{mib}MiB", loading=spec.model.loading)
+        plan = memory_plan(cfg, gpu_key(name), f"{mib}MiB", loading=spec.loading.path)
     except UsageError as err:
         return [Finding("PF050", Severity.NOTE, "--model_name_or_path", "this machine", f"memory not checked: {err}")]
     card = f"{mib / 1024:.1f} GiB {name}" + (f" (the smallest of {len(gpus)} GPUs here)" if len(gpus) > 1 else "")
