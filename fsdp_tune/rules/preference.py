@@ -118,3 +118,24 @@ def router_aux(cfg: RunConfig) -> Iterator[Finding]:
             f"{config.get('model_type')} has no experts: the trainer refuses a router loss on it",
             "drop --router_aux_loss_coef",
         )
+
+
+@rule("FT124", "method", "a data format of the other kind of method (SFT data under DPO, pairs under SFT)")
+def format_for_method(cfg: RunConfig) -> Iterator[Finding]:
+    from fsdp_tune.sources.formats import KINDS, PREFERENCE_KINDS
+
+    preference = cfg.run.method in PREFERENCE
+    wrong, right = (KINDS, PREFERENCE_KINDS) if preference else (PREFERENCE_KINDS, KINDS)
+    asked = [("data.dataset_format", cfg.data.dataset_format)]
+    asked += [("data.datasets", e.get("format")) for e in cfg.data.datasets or () if isinstance(e, dict)]
+    for path, value in asked:
+        if value in wrong:
+            trains = f"--method {cfg.run.method}" if preference else "--method dpo, kto or reward"
+            yield error(
+                cfg,
+                "FT124",
+                path,
+                f"format {value} is {'supervised fine-tuning' if preference else 'preference'} data; {trains} "
+                f"trains on {'preference' if preference else 'supervised fine-tuning'} data",
+                f"a format of {', '.join(right)} (or auto), or another --method",
+            )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.methods import METRICS, SFT
-from fsdp_tune.runfiles import METRICS_NAME
+from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
@@ -28,15 +28,14 @@ def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 
 def method_of(run_dir: str | Path) -> str:
-    """The run's training method, from the rank spec it ran (its summary's when the folder has no spec), else SFT."""
-    from fsdp_tune.launch.spec import read_from
-
+    """The run's training method, from the rank spec it ran (read as JSON: a spec of another fsdp-tune version
+    still says it), else its summary's, else SFT."""
     try:
-        spec = read_from(run_dir)
-    except (ValueError, TypeError, KeyError, OSError):
-        spec = None
-    if spec is not None:
-        return spec.method
+        spec = json.loads((Path(run_dir) / RESOLVED_NAME).read_text()).get("spec") or {}
+    except (OSError, ValueError, AttributeError):
+        spec = {}
+    if isinstance(spec, dict) and spec.get("method"):
+        return str(spec["method"])
     s = run_summary.read(run_dir)
     return s.method if isinstance(s, run_summary.RunSummary) else SFT
 
