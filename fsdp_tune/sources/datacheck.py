@@ -40,7 +40,7 @@ def settle(
         settled.append(one)
         findings += found
     if method != "sft" and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
-        findings.append(_error("PF072", "datasets", settled[0].path, why, "train on one kind of source"))
+        findings.append(_error("PF077", "datasets", settled[0].path, why, "train on one kind of source"))
     return tuple(settled), findings
 
 

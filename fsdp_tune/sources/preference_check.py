@@ -2,12 +2,12 @@
 run's method is dpo, kto or reward): the format from the columns, what the method cannot use refused with file and
 line, rows that cannot be trained on reported with file and line (and skipped on rank 0, counted in the summary).
 
-    dpo, reward  pairs (preference, preference_implicit, ranked); unpaired rows are refused (PF070)
+    dpo, reward  pairs (preference, preference_implicit, ranked); unpaired rows are refused (PF075)
     kto          unpaired rows; pairs become two rows each (chosen desirable, rejected not), shuffled once with
                  the seed: TRL's own unpairing puts a whole map batch of desirable rows before the undesirable
-                 ones, and KTO samples in order, so batches would be one-sided (PF071 says so, a note)
+                 ones, and KTO samples in order, so batches would be one-sided (PF076 says so, a note)
 
-SFT data (messages, prompt/completion, ...) under a preference method is refused (PF070) naming its format.
+SFT data (messages, prompt/completion, ...) under a preference method is refused (PF075) naming its format.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def method_findings(split: str, where: str, fmt: Format, method: str) -> list[Fi
     if method != KTO and fmt.kind == UNPAIRED:
         return [
             Finding(
-                "PF070",
+                "PF075",
                 Severity.ERROR,
                 split,
                 where,
@@ -55,7 +55,7 @@ def method_findings(split: str, where: str, fmt: Format, method: str) -> list[Fi
     if method == KTO and fmt.kind in PAIRED:
         return [
             Finding(
-                "PF071",
+                "PF076",
                 Severity.NOTE,
                 split,
                 where,

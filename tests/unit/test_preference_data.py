@@ -155,7 +155,7 @@ def test_preflight_refuses_what_the_method_cannot_use_with_file_and_line(tmp_pat
         tmp_path / "kto.jsonl", [{"prompt": f"q{i}", "completion": "a", "label": i % 2 == 0} for i in range(4)]
     )
     (_,), found = preflight("dpo", unpaired)
-    assert [(f.rule, f.severity, f.source) for f in found] == [("PF070", Severity.ERROR, f"{unpaired}:1")]
+    assert [(f.rule, f.severity, f.source) for f in found] == [("PF075", Severity.ERROR, f"{unpaired}:1")]
     sft = jsonl(tmp_path / "chat.jsonl", [{"messages": [user("q"), bot("a")]}])
     (_,), found = preflight("reward", sft)
     assert found[0].rule == "PF014" and "supervised fine-tuning data (messages)" in found[0].message
@@ -166,7 +166,7 @@ def test_pairs_for_kto_are_unpaired_and_said_and_bad_rows_are_named(tmp_path) ->
     rows[3]["rejected"] = " yes"  # identical: skipped, named with its line
     pairs = jsonl(tmp_path / "pairs.jsonl", rows)
     (settled,), found = preflight("kto", pairs)
-    assert {(f.rule, f.severity) for f in found} == {("PF071", Severity.NOTE), ("PF017", Severity.WARNING)}
+    assert {(f.rule, f.severity) for f in found} == {("PF076", Severity.NOTE), ("PF017", Severity.WARNING)}
     skipped = next(f for f in found if f.rule == "PF017")
     assert f"{pairs}:4" in skipped.source and "nothing to prefer" in skipped.message
     assert settled.detected["kind"] == "preference" and settled.rows_checked == 8  # 4 pairs, two KTO rows each
@@ -181,4 +181,4 @@ def test_every_row_skipped_is_an_error_and_text_and_conversations_do_not_mix(tmp
     text = jsonl(tmp_path / "text.jsonl", [{"prompt": "q", "chosen": " a", "rejected": " b"}])
     chats = jsonl(tmp_path / "chats.jsonl", [{"chosen": [user("q"), bot("a")], "rejected": [user("q"), bot("b")]}])
     _, found = preflight("dpo", text, chats)
-    assert [f.rule for f in found] == ["PF072"]
+    assert [f.rule for f in found] == ["PF077"]
