@@ -112,7 +112,8 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
 
     d = spec.data
     eval_wanted = spec.evaluation and not d.test_split_size
-    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, TokenCheck(spec))
+    tokens = TokenCheck(spec) if spec.method == "sft" else None  # a preference method's rows: preference_check
+    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method)
     return replace(spec, data=replace(d, sources=sources)), findings
 
 

@@ -9,6 +9,7 @@ from fsdp_tune.config.derived import cp_degree, gradient_checkpointing, shard_gr
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.memory import GiB
+from fsdp_tune.planner.method import step_of
 from fsdp_tune.planner.shape import ModelShape
 
 
@@ -43,7 +44,8 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     world = shard_group(cfg)  # all-gathers and reduce-scatters run within a shard group
     micro = int(cfg.training.get("per_device_train_batch_size") or 8)
     accum = int(cfg.training.get("gradient_accumulation_steps") or 1)
-    tokens = micro * cfg.data.max_seq_len * accum // cp_degree(cfg)
+    step = step_of(cfg)  # DPO and reward models: chosen and rejected rows; DPO/KTO: no-grad forwards besides
+    tokens = micro * step.rows_with_grad * cfg.data.max_seq_len * accum // cp_degree(cfg)
     n = shape.active_params  # MoE: a token runs its top-k experts, not all of them
     lora = cfg.lora.use_peft_lora
     # forward 2N; backward 2N for activation gradients, + 2N weight gradients when every weight trains;
@@ -51,11 +53,12 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     per_token = 2 * n + 2 * n + (0 if lora else 2 * n)
     if cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg):
         per_token += 2 * n
+    per_token += 2 * n * step.no_grad_forwards * step.no_grad_rows / step.rows_with_grad  # reference, KL forwards
     attention = 4 * shape.n_layers * shape.hidden_size * cfg.data.max_seq_len * (3 if not lora else 2.5)
     flops = tokens * (per_token + attention)
     total = shape.total_params  # every expert is all-gathered, routed to or not
     weight_bytes = total * 2 if not cfg.quantization.use_4bit_quantization else total * 0.53
-    gathers = (2 if cfg.fsdp.reshard_after_forward else 1) * accum
+    gathers = ((2 if cfg.fsdp.reshard_after_forward else 1) + step.no_grad_forwards) * accum
     comm = weight_bytes * gathers * (world - 1) / world if world > 1 else 0.0
     if not lora:
         comm += total * 4 * (world - 1) / world  # reduce-scatter of fp32 gradients

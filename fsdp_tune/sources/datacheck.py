@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.sources import preference_check
 from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
 from fsdp_tune.sources.mixture import Source, slice_rows, split_name
@@ -31,18 +32,22 @@ def settle(
     peft_text_field: str | None,
     eval_wanted: bool,
     tokens: TokenCheck | None = None,
+    method: str = "sft",
 ) -> tuple[tuple[Source, ...], list[Finding]]:
     """(the sources with what their files say, findings). `eval_wanted`: read each source's held-out split;
-    `tokens`: tokenize their rows as rank 0 will (train's pre-flight; sources/tokencheck.py)."""
+    `tokens`: tokenize their rows as rank 0 will (train's pre-flight; sources/tokencheck.py); `method`: the
+    training method (a preference method's data is checked by sources/preference_check.py)."""
     if not sources:
         hint = "--dataset_name data/train.jsonl (a file, a folder, a Hub name), or a `datasets:` list"
         return sources, [Finding("PF010", Severity.ERROR, "--dataset_name", "command line", "no dataset given", hint)]
     settled: list[Source] = []
     findings: list[Finding] = []
     for source in sources:
-        one, found = settle_source(source, text_field, peft_text_field, eval_wanted, tokens)
+        one, found = settle_source(source, text_field, peft_text_field, eval_wanted, tokens, method)
         settled.append(one)
         findings += found
+    if method != "sft" and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
+        findings.append(_error("PF077", "datasets", settled[0].path, why, "train on one kind of source"))
     return tuple(settled), findings
 
 
@@ -51,7 +56,12 @@ def _error(rule: str, key: str, where: str, message: str, hint: str = "") -> Fin
 
 
 def settle_source(
-    source: Source, text_field: str, peft_text_field: str | None, eval_wanted: bool, tokens: TokenCheck | None = None
+    source: Source,
+    text_field: str,
+    peft_text_field: str | None,
+    eval_wanted: bool,
+    tokens: TokenCheck | None = None,
+    method: str = "sft",
 ) -> tuple[Source, list[Finding]]:
     """long because it is the pre-flight's story for one source, step by step: where, which splits, readable,
     consistent, which format, which rows."""
@@ -94,6 +104,8 @@ def settle_source(
         return source, findings + problems
     first = samples[source.split][0]
     rows = [r for x in samples[source.split] for _, r in x.rows]
+    if method != "sft":
+        return _settle_preference(source, splits, samples, findings, located, method)
     try:
         fmt = detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source, text_field)
     except FormatError as e:
@@ -131,6 +143,36 @@ def _unscanned(split: str, sample: Sample) -> Finding:
         "a malformed line past it is found by rank 0 only"
     )
     return Finding("PF072", Severity.NOTE, split, f"{sample.path}:{sample.unscanned}", message, "")
+
+
+def _settle_preference(
+    source: Source, splits: list[str], samples: dict, findings: list[Finding], located, method: str
+) -> tuple[Source, list[Finding]]:
+    """settle_source's format and row checks for a preference method (sources/preference_check.py)."""
+    first = samples[source.split][0]
+    rows = [r for x in samples[source.split] for _, r in x.rows]
+    try:
+        head = [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)]
+        fmt = preference_check.detect(first.columns, head, source, method)
+    except FormatError as e:
+        return source, findings + [_error("PF014", split_name(source.split), first.path, str(e), e.hint)]
+    where = samples[source.split][0].rows[0][0] if samples[source.split][0].rows else first.path
+    findings += preference_check.method_findings(split_name(source.split), where, fmt, method)
+    for s in splits:
+        split_rows = sliced(s, [r for x in samples[s] for r in x.rows])
+        by_code, first_problem = preference_check.check_rows(split_name(s), split_rows, fmt)
+        findings += _row_findings(split_name(s), by_code, first_problem, len(split_rows))
+    train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
+    counted = preference_check.usable(train_rows, fmt, method) if len(train_rows) < COUNTED_ROWS else None
+    settled = replace(
+        source,
+        eval_split=splits[1] if len(splits) > 1 else None,
+        loader=located.loader,
+        files={split_name(s): located.files[split_name(s)] for s in splits},
+        detected=fmt.as_dict(),
+        rows_checked=counted,
+    )
+    return settled, findings
 
 
 def _usable(rows: list[tuple[str, Any]], fmt: Format, roles: dict[str, str]) -> int | None:

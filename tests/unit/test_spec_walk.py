@@ -81,6 +81,8 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "quantization": (RANK, "worker/loading/pretrained.py"),
         "chat_template": (RANK, "worker/loading/tokenizer.py"),
         "revision": (RANK, "worker/loading/pretrained.py"),
+        "adapter": (RANK, "worker/loading/build.py"),  # the starting adapter (sharded.py loads it there too)
+        "reference": (RANK, "worker/recipe.py"),  # --reference base: the reference adapter reset to the base
     },
     DataSpec: {
         "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
@@ -165,6 +167,9 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.formats",
     "fsdp_tune.sources.mixture",
     "fsdp_tune.sources.rowcheck",
+    "fsdp_tune.sources.preference",  # preference rows: detected and converted as the launcher checks them
+    "fsdp_tune.sources.preference_rows",
+    "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
 }
 
 
