@@ -44,6 +44,9 @@ class RunSummary:
     mesh: dict[str, int] | None = None  # the device mesh read from the trained parameters: dim name -> size
     data: dict[str, Any] | None = None  # worker/data/prepare.py's report: formats, rows skipped and why, loss share
     trackers: dict[str, str] | None = None  # --report_to: tracker -> where its files or its run went
+    method: str = "sft"  # the training method (config/methods.py)
+    # the method's own metrics (config/methods.py METRICS), as logged: key -> {"first", "last"}
+    method_metrics: dict[str, dict[str, float]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     kind = "finished"

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdp_tune.config import fsdp2, idiom
+from fsdp_tune.config.adapter_start import apply_adapter_start
 from fsdp_tune.config.flags import parse_flags
+from fsdp_tune.config.method_defaults import apply_method_defaults
 from fsdp_tune.config.normalize import build_config
 from fsdp_tune.config.readers import read_file
 from fsdp_tune.config.schema import RunConfig
@@ -52,8 +54,12 @@ def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True) ->
     if adopt_fsdp2:
         cfg, version_findings = fsdp2.adopt_fsdp2(cfg)  # no fsdp_version: FSDP2, said in one note
         findings += version_findings
+    cfg, start_findings = apply_adapter_start(cfg)  # --adapter: its base model and LoRA shape
+    findings += start_findings
     cfg, trl_findings = apply_trl_defaults(cfg)  # --use_peft: TRL's LoRA defaults, said in one note
     findings += trl_findings
+    cfg, method_findings = apply_method_defaults(cfg)  # DPO/KTO: FSDP's activation checkpointing for TRL's default
+    findings += method_findings
     findings += run_rules(cfg)
     return Checked(cfg, findings, fmt)
 

@@ -1,7 +1,8 @@
 """Regenerate fsdp_tune/config/training_fields.json from the installed TRL.
 
 The launcher must not import trl/transformers (validate-config answers in a blink), so the names,
-kinds and defaults of every SFTConfig field are kept as data, and so are the values a choice-valued field
+kinds and defaults of every SFTConfig field (and of DPOConfig, KTOConfig and RewardConfig, as they differ from it:
+config/methods.py) are kept as data, and so are the values a choice-valued field
 takes, read from the libraries' own enums and `choices` metadata (schedulers, optimizers, strategies,
 `report_to`'s integrations, `debug`, the attention implementations transformers registers).
 tests/lib/test_worker_pieces.py fails when the installed libraries drift from this table; run this script then.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 import sys
 import types
 import typing
@@ -29,8 +31,8 @@ def _kind(tp: object) -> str:
         for k in ("bool", "int", "float"):
             if kinds == {k}:
                 return k
-        if "list" in kinds:
-            return "list"
+        if "list" in kinds or "float_list" in kinds:
+            return "float_list" if kinds == {"float_list"} else "list"
         if "dict" in kinds:
             return "dict"
         if kinds <= {"str", "enum"}:
@@ -39,7 +41,7 @@ def _kind(tp: object) -> str:
             return "float"
         return "str" if "str" in kinds else "any"
     if origin in (list, tuple):
-        return "list"
+        return "float_list" if typing.get_args(tp)[:1] == (float,) else "list"
     if origin is dict:
         return "dict"
     if tp is bool:
@@ -119,26 +121,76 @@ def attention_implementations() -> list[str]:
     return sorted({"eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()})
 
 
-def build() -> dict:
-    import transformers
-    import trl
-    from trl import SFTConfig
+# the values a preference config's string field takes, from its help text (TRL lists them there, not in an Enum):
+# DPOConfig.loss_type is a list of `'name'`s, KTOConfig.loss_type one of them; f_divergence_type's "Possible
+# values are: `a`, `b`." and the loss types that support it, "support a non-default value: `'x'`, `'y'`."
+_LOSS_NAMES = re.compile(r"`'([a-z_]+)'`")
+_POSSIBLE = re.compile(r"Possible values are: ([^.]*)\.")
+_SUPPORTED = re.compile(r"support a non-default value: ([^.]*)\.")
 
-    hints = typing.get_type_hints(SFTConfig)
-    extra = _extra_choices()
+
+def _help_choices(name: str, help_text: str) -> list[str] | None:
+    if name == "loss_type":
+        return sorted(set(_LOSS_NAMES.findall(help_text))) or None
+    possible = _POSSIBLE.search(help_text)
+    if name == "f_divergence_type" and possible:
+        return sorted(set(re.findall(r"`([a-z_]+)`", possible.group(1)))) or None
+    return None
+
+
+def f_divergence_losses(config_class: type) -> list[str]:
+    """The DPO loss types that take a non-default f_divergence_type (DPOTrainer refuses the others)."""
+    f = next(f for f in dataclasses.fields(config_class) if f.name == "f_divergence_type")
+    found = _SUPPORTED.search(f.metadata.get("help", ""))
+    return sorted(set(_LOSS_NAMES.findall(found.group(1)))) if found else []
+
+
+def config_fields(config_class: type, extra: dict[str, list[str]]) -> dict[str, dict]:
+    """One TRL config's fields: kind, default and, for a choice-valued field, its values."""
+    hints = typing.get_type_hints(config_class)
     fields = {}
-    for f in dataclasses.fields(SFTConfig):
+    for f in dataclasses.fields(config_class):
         if not f.init or f.name.startswith("_"):
             continue
         tp = hints.get(f.name, str)
         fields[f.name] = {"kind": _kind(tp), "default": _default(f)}
         choices = _choices(f, tp, extra)
+        if config_class.__name__ != "SFTConfig":
+            choices = _help_choices(f.name, f.metadata.get("help", "")) or choices
         if choices:
             fields[f.name]["choices"] = choices
+    return dict(sorted(fields.items()))
+
+
+def method_tables(sft: dict[str, dict], extra: dict[str, list[str]]) -> dict[str, dict]:
+    """Each preference method's config as it differs from SFTConfig: its fields that SFTConfig lacks or holds
+    otherwise (another default, kind or values), and the SFTConfig fields it lacks."""
+    from trl import DPOConfig, KTOConfig, RewardConfig
+
+    out = {}
+    for method, config_class in (("dpo", DPOConfig), ("kto", KTOConfig), ("reward", RewardConfig)):
+        own = config_fields(config_class, extra)
+        out[method] = {
+            "config": config_class.__name__,
+            "fields": {k: v for k, v in own.items() if sft.get(k) != v},
+            "absent": sorted(set(sft) - set(own)),
+        }
+    out["dpo"]["f_divergence_losses"] = f_divergence_losses(DPOConfig)
+    return out
+
+
+def build() -> dict:
+    import transformers
+    import trl
+    from trl import SFTConfig
+
+    extra = _extra_choices()
+    fields = config_fields(SFTConfig, extra)
     return {
         "trl_version": trl.__version__,
         "transformers_version": transformers.__version__,
-        "fields": dict(sorted(fields.items())),
+        "fields": fields,
+        "methods": method_tables(fields, extra),
         "attn_implementation": attention_implementations(),
     }
 

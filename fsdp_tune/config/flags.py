@@ -61,7 +61,7 @@ def _flag(token: str, words: list[str]) -> tuple[Assignment | None, list[Finding
             return Assignment(path, True, origin), []  # `--push_to_hub` bare
         message = f"`--{raw_name}` needs a value"
         return None, [Finding("FT005", Severity.ERROR, origin.key, "command line", message, f"`--{raw_name} VALUE`")]
-    if kind in ("list", "int_list", "json", "files") and len(words) > 1:
+    if kind in ("list", "int_list", "float_list", "json", "files") and len(words) > 1:
         return Assignment(path, list(words), origin), []
     return Assignment(path, words[0], origin), [_stray(w) for w in words[1:]]
 

@@ -142,5 +142,7 @@ FLAG_ALIASES: dict[str, str] = {
     "attn_implementation": "model.attn_implementation",
 }
 
-# Recipe sections are the RunConfig sections; `training` takes SFTConfig fields.
+# Recipe sections are the RunConfig sections; `training` takes the method's TRL config fields.
 RECIPE_SECTIONS = ("launch", "fsdp", "parallelism", "model", "data", "lora", "quantization", "run", "training")
+# Keys a recipe takes at its top level besides the sections: TRL's dataset mixture and the training method.
+RECIPE_TOP_KEYS = {"datasets": "data.datasets", "method": "run.method"}

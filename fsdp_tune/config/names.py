@@ -8,7 +8,8 @@ from functools import cache
 
 from fsdp_tune.config import keys
 from fsdp_tune.config.lora_fields import OWN, TRL_MODEL_CONFIG, lora_fields
-from fsdp_tune.config.schema import Assignment, Origin, section_fields, training_fields
+from fsdp_tune.config.methods import all_fields
+from fsdp_tune.config.schema import Assignment, Origin, section_fields
 from fsdp_tune.config.values import BadValue, to_bool
 from fsdp_tune.errors import Finding, Severity
 
@@ -21,7 +22,7 @@ _NOT_FLAGS = {"launch.distributed_type"}
 def flag_table() -> dict[str, str]:
     """flag name (underscores, no dashes) -> canonical path."""
     table: dict[str, str] = {}
-    for name in training_fields():
+    for name in sorted(all_fields()):  # every method's config fields: one it lacks is refused by FT110
         table[name] = f"training.{name}"
     for section in _FLAG_SECTIONS:
         for name in section_fields(section):

@@ -11,6 +11,7 @@ from typing import Any
 
 from fsdp_tune.config import keys
 from fsdp_tune.config.lora_fields import PeftSettings
+from fsdp_tune.config.methods import SFT
 from fsdp_tune.config.schema import FLOAT_DTYPES, SECTIONS, Assignment, RunConfig, TrainingSettings
 from fsdp_tune.config.spellings import disagreements
 from fsdp_tune.config.values import BadValue, coerce, to_int, value_hint
@@ -36,6 +37,7 @@ def build_config(assignments: list[Assignment], config_path: str | None = None) 
             version = to_int(final["fsdp.version"].value)
         except BadValue:
             version = 2
+    method = _method(final)
     values: dict[str, Any] = {}
     origins = {}
     for path, a in final.items():
@@ -58,9 +60,9 @@ def build_config(assignments: list[Assignment], config_path: str | None = None) 
             if target == "fsdp.sharding_strategy" and "fsdp.sharding_strategy" in final:
                 continue  # an explicit sharding_strategy wins (accelerate reads only that one for FSDP1)
         try:
-            values[target] = coerce(target, raw)
+            values[target] = coerce(target, raw, method)
         except BadValue as e:
-            hint = e.hint or value_hint(target)
+            hint = e.hint or value_hint(target, method)
             findings.append(Finding("FT010", Severity.ERROR, a.origin.key, a.origin.source, str(e), hint))
             continue
         origins[target] = a.origin
@@ -73,10 +75,20 @@ def build_config(assignments: list[Assignment], config_path: str | None = None) 
         sections[name] = cls(**kwargs)
     training = {p.split(".", 1)[1]: v for p, v in values.items() if p.startswith("training.")}
     peft = PeftSettings({p.split(".", 1)[1]: v for p, v in values.items() if p.startswith("peft.") and v is not None})
-    cfg = RunConfig(
-        **sections, training=TrainingSettings(training), peft=peft, origins=origins, config_path=config_path
-    )
+    training_settings = TrainingSettings(training, sections["run"].method)
+    cfg = RunConfig(**sections, training=training_settings, peft=peft, origins=origins, config_path=config_path)
     return _derive(cfg), findings + disagreements(assignments)
+
+
+def _method(final: dict[str, Assignment]) -> str:
+    """The training method asked for (its config decides how the training fields are read); SFT when none or
+    an unknown one is given (that value is reported with the others)."""
+    if "run.method" not in final:
+        return SFT
+    try:
+        return coerce("run.method", final["run.method"].value)
+    except BadValue:
+        return SFT
 
 
 def _derive(cfg: RunConfig) -> RunConfig:

@@ -38,8 +38,9 @@ def detect_format(data: dict[str, Any]) -> str | None:
         return MANIFEST
     if "distributed_type" in data or "fsdp_config" in data or "compute_environment" in data:
         return ACCELERATE
-    sections = {k: v for k, v in data.items() if k != "datasets"}  # TRL's mixture list may sit at the top
-    if set(data) & {*keys.RECIPE_SECTIONS, "datasets"} and all(
+    # TRL's mixture list and the training method may sit at the top
+    sections = {k: v for k, v in data.items() if k not in keys.RECIPE_TOP_KEYS}
+    if set(data) & {*keys.RECIPE_SECTIONS, *keys.RECIPE_TOP_KEYS} and all(
         isinstance(v, dict) or v is None for v in sections.values()
     ):
         return RECIPE
@@ -220,11 +221,11 @@ class _Reader:
 
     def recipe(self, data: dict[str, Any]) -> None:
         for section, body in data.items():
-            if section == "datasets":  # TRL's dataset mixture, at the top level as in TRL's YAML configs
-                self.set("data.datasets", body, (section,))
+            if section in keys.RECIPE_TOP_KEYS:  # TRL's `datasets:` mixture, the training method (`method: dpo`)
+                self.set(keys.RECIPE_TOP_KEYS[section], body, (section,))
                 continue
             if section not in keys.RECIPE_SECTIONS:
-                self.unknown((section,), list(keys.RECIPE_SECTIONS), "recipe section")
+                self.unknown((section,), [*keys.RECIPE_SECTIONS, *keys.RECIPE_TOP_KEYS], "recipe section")
                 continue
             body = body or {}
             if not self.is_mapping(body, (section,), "a recipe section must be a mapping"):

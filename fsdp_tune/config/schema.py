@@ -7,13 +7,11 @@ value that was set, how the user spelled the key and where it came from (file:li
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
-from functools import cache
-from importlib import resources
 from typing import Any
 
 from fsdp_tune.config.lora_fields import PeftSettings
+from fsdp_tune.config.methods import METHODS, SFT, fields_of
 
 WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
@@ -25,9 +23,11 @@ QUANT_STORAGE = ("bfloat16", "float16", "float32", "uint8", "int8", "float64")
 QUANT_TYPES = ("nf4", "fp4")
 CHAT_TEMPLATES = ("chatml", "zephyr", "none")
 DATASET_FORMATS = ("auto", "text", "messages", "prompt_completion", "alpaca", "sharegpt")
+DATASET_FORMATS += ("preference", "preference_implicit", "unpaired", "ranked")  # sources/preference.py
 MASK_FALLBACKS = ("split", "locate", "error")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (launch/loading.py)
+REFERENCES = ("adapter", "base")  # DPO/KTO's reference with a starting adapter: a frozen copy of it, or the base
 
 
 def _f(default: Any, *, choices: tuple[str, ...] | None = None, kind: str | None = None) -> Any:
@@ -116,6 +116,10 @@ class ModelSettings:
     trust_remote_code: bool = _f(False)
     use_unsloth: bool = _f(False)
     loading: str = _f("auto", choices=LOADINGS)
+    # an adapter to start from (a finished run's folder, e.g. an SFT run's): the policy's start and, for DPO/KTO,
+    # the reference unless `reference: base` (config/adapter_start.py reads its shape, launch/decide.py uses it)
+    adapter: str | None = _f(None, kind="str")
+    reference: str = _f("adapter", choices=REFERENCES)
 
 
 @dataclass(frozen=True)
@@ -181,35 +185,34 @@ class RunSettings:
     overwrite_output_dir: bool = _f(False)
     save_on_interrupt: bool = _f(True)
     skip_memory_check: bool = _f(False)  # train launches even when the plan's peak does not fit the GPUs here
+    method: str = _f(SFT, choices=METHODS)  # the training method (config/methods.py): a recipe's top-level `method:`
 
 
-@cache
-def _training_table() -> dict[str, Any]:
-    text = resources.files("fsdp_tune.config").joinpath("training_fields.json").read_text()
-    return json.loads(text)
-
-
-def training_fields() -> dict[str, dict[str, Any]]:
-    """SFTConfig's fields (kind, default and, for a choice-valued field, its values) as data: see
-    scripts/gen_training_fields.py."""
-    return _training_table()["fields"]
+def training_fields(method: str = SFT) -> dict[str, dict[str, Any]]:
+    """The method's TRL config fields (SFTConfig's by default: kind, default and, for a choice-valued field, its
+    values) as data: see scripts/gen_training_fields.py and config/methods.py."""
+    return fields_of(method)
 
 
 def attention_implementations() -> tuple[str, ...]:
     """The `attn_implementation` names the installed transformers registers (a Hub kernel `org/repo` besides)."""
-    return tuple(_training_table().get("attn_implementation", ()))
+    from fsdp_tune.config.methods import table
+
+    return tuple(table().get("attn_implementation", ()))
 
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    """The SFTConfig fields the user set; everything else keeps TRL's default."""
+    """The method's config fields the user set (SFTConfig's for SFT); everything else keeps TRL's default for that
+    method (DPOConfig's learning_rate is 1e-6, KTOConfig samples sequentially)."""
 
     args: dict[str, Any] = field(default_factory=dict)
+    method: str = SFT  # RunSettings.method, whose config's defaults `get` returns
 
     def get(self, name: str) -> Any:
         if name in self.args:
             return self.args[name]
-        spec = training_fields().get(name)
+        spec = training_fields(self.method).get(name)
         return spec["default"] if spec else None
 
     def is_set(self, name: str) -> bool:

@@ -44,3 +44,22 @@ CHATML_ANSWERS_MARKED = (
     "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+def apply_template(tok, name: str | None):
+    """`tok` with template `name` (--chat_template_format), as PEFT's examples set it up: only the special tokens
+    the vocabulary lacks are added (a model that already speaks ChatML keeps its vocabulary, and its embeddings
+    their size); a pad token when it has none. The ranks and the launcher's pre-flight tokenizer both use it."""
+    template = TEMPLATES.get(name or "")
+    if template is not None:
+        missing = {
+            k: template[k] for k in ("bos_token", "eos_token", "pad_token") if template[k] not in tok.get_vocab()
+        }
+        if missing:
+            tok.add_special_tokens(missing)
+        for k in ("bos_token", "eos_token", "pad_token"):
+            setattr(tok, k, template[k])
+        tok.chat_template = template["template"]
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok

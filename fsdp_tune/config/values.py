@@ -14,6 +14,7 @@ from typing import Any
 
 from fsdp_tune.config import keys
 from fsdp_tune.config.lora_fields import lora_fields
+from fsdp_tune.config.methods import SFT, all_fields, flag_kind, methods_taking
 from fsdp_tune.config.schema import attention_implementations, section_fields, training_fields
 
 TRUE = {"true", "t", "yes", "y", "on", "1"}
@@ -28,11 +29,13 @@ class BadValue(ValueError):
         self.hint = hint  # a fix for this value (the closest valid one); value_hint() is the general one
 
 
-def kind_of(path: str) -> str:
+def kind_of(path: str, method: str | None = None) -> str:
+    """The kind of a setting's value; a training field's in `method`'s config, or as the flag parser reads it
+    (config/methods.py flag_kind) when no method is given."""
     section, name = path.split(".", 1)
     if section == "training":
-        spec = training_fields().get(name)
-        return spec["kind"] if spec else "any"
+        spec = training_fields(method).get(name) if method else None
+        return spec["kind"] if spec else flag_kind(name) if name in all_fields() else "any"
     if section == "peft":
         return lora_fields()[name]["kind"]
     f = section_fields(section)[name]
@@ -44,18 +47,25 @@ def kind_of(path: str) -> str:
     return {bool: "bool", int: "int", float: "float", str: "str", tuple: "list"}.get(type(default), "any")
 
 
-def choices_of(path: str) -> tuple[str, ...] | None:
-    """The values a choice-valued field takes: our own fields' `choices`; for SFTConfig fields and the
-    attention implementation, the installed libraries' own enums (generated into training_fields.json)."""
+def choices_of(path: str, method: str | None = None) -> tuple[str, ...] | None:
+    """The values a choice-valued field takes: our own fields' `choices`; for the method's TRL config fields
+    (SFTConfig's without a method) and the attention implementation, the installed libraries' own enums
+    (generated into training_fields.json)."""
     section, name = path.split(".", 1)
     if section == "training":
-        spec = training_fields().get(name) or {}
+        spec = training_fields(method or SFT).get(name) or training_fields(_taking(name)).get(name) or {}
         return tuple(spec["choices"]) if spec.get("choices") else None
     if section == "peft":
         return None
     if path == "model.attn_implementation":
         return attention_implementations() or None
     return section_fields(section)[name].metadata.get("choices")
+
+
+def _taking(name: str) -> str:
+    """The first method whose config takes `name` (a field SFTConfig lacks, asked about without a method)."""
+    taking = methods_taking(name)
+    return taking[0] if taking else SFT
 
 
 def _choice(path: str, text: str, choices: tuple[str, ...]) -> str:
@@ -199,14 +209,22 @@ def to_records(value: Any) -> tuple[dict, ...]:
     return tuple(dict(v) if isinstance(v, dict) else v for v in value)
 
 
-def coerce(path: str, value: Any) -> Any:
+def to_float_list(value: Any) -> tuple[float, ...]:
+    """DPOConfig's loss_weights: numbers, as a list or comma-separated."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (to_float(value),)
+    return tuple(to_float(v) for v in to_list(value))
+
+
+def coerce(path: str, value: Any, method: str = SFT) -> Any:
+    """`value` as the setting at `path` takes it; a training field as `method`'s TRL config takes it."""
     if value is None:
         return None
     if path == "launch.mixed_precision" and value is False:
         return "no"  # YAML reads an unquoted `no` as false
     if path == "fsdp.sharding_strategy":
         value = keys.STRATEGY_BY_NUMBER.get(str(value), value)
-    kind = kind_of(path)
+    kind = kind_of(path, method)
     if kind == "bool":
         return to_bool(value)
     if kind == "int":
@@ -215,7 +233,7 @@ def coerce(path: str, value: Any) -> Any:
         return to_float(value)
     if kind == "list":
         items = to_list(value)
-        choices = choices_of(path)
+        choices = choices_of(path, method)
         if choices:  # report_to, debug: each word one of the choices (TrainingArguments splits on spaces)
             words = [w for item in items for w in item.split()]
             return tuple(_choice(path, w, choices) for w in words)
@@ -228,21 +246,22 @@ def coerce(path: str, value: Any) -> Any:
         if isinstance(value, (dict, list, bool)):
             raise BadValue(f"must be a string, got {value!r}")
         text = str(value).strip()
-        choices = choices_of(path)
+        choices = choices_of(path, method)
         return _choice(path, text, choices) if choices else text
     return value
 
 
-def value_hint(path: str) -> str:
-    choices = choices_of(path)
+def value_hint(path: str, method: str = SFT) -> str:
+    choices = choices_of(path, method)
     if choices:
         return f"use one of: {', '.join(choices)}"
-    kind = kind_of(path)
+    kind = kind_of(path, method)
     return {
         "bool": "use true or false (a real boolean, not a sentence)",
         "int": "use a whole number",
         "float": "use a finite number",
         "list": "use a list, or a comma-separated string",
+        "float_list": "use a list of numbers (or a comma-separated string of them)",
         "int_list": "use a list of whole numbers (or a comma-separated string of them)",
         "bool_or_str": "use true, false or the name of an initialisation",
         "json": "use a list or a mapping (JSON on the command line)",
@@ -255,6 +274,7 @@ def value_hint(path: str) -> str:
 
 _KINDS = {
     "int_list": to_int_list,
+    "float_list": to_float_list,
     "bool_or_str": to_bool_or_str,
     "json": to_json,
     "map": to_map,

@@ -72,7 +72,7 @@ def rows_for_one_step(spec: RankSpec) -> list[Finding]:
         return []
     rows = int(sum(counts) * (1 - (spec.data.test_split_size or 0)))
     world, per_device, _ = _ours(spec)
-    if rows >= world * per_device:
+    if rows >= world * per_device or not sum(counts):  # none at all: refused as such (PF017, PF070)
         return []
     return [
         Finding(

@@ -13,6 +13,7 @@ from typing import Any
 from fsdp_tune.config.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.decide_data import data_spec
+from fsdp_tune.launch.decide_method import method_args
 from fsdp_tune.launch.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.launch.lora import lora_kwargs
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
@@ -64,6 +65,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         notes=_notes(cfg, d),
         console=console,
         save=save_spec(cfg),
+        method=cfg.run.method,
     )
 
 
@@ -201,7 +203,7 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
     if not args["fp16"]:
         args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
     args.setdefault("report_to", "none")
-    return args
+    return method_args(cfg, args)  # what the method's TRL config takes (launch/decide_method.py)
 
 
 def attention(cfg: RunConfig) -> str | None:
@@ -233,6 +235,8 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
         trust_remote_code=cfg.model.trust_remote_code,
         quantization=quantization,
         chat_template=None if template == "none" else template,
+        adapter=os.path.abspath(os.path.expanduser(cfg.model.adapter)) if cfg.model.adapter else None,
+        reference=cfg.model.reference if cfg.model.adapter else "base",
     )
 
 

@@ -50,6 +50,11 @@ def why_not_sharded(cfg: RunConfig) -> str | None:
 
 def _setting_reason(cfg: RunConfig) -> str | None:
     f, lo = cfg.fsdp, cfg.lora
+    if cfg.run.method == "reward":
+        return (
+            "reward model: a sequence classifier whose score head a causal LM's checkpoint does not hold "
+            "(from_pretrained initialises it)"
+        )
     if f.version != 2:
         return "FSDP1 wraps an already loaded model into flat parameters (fsdp-tune convert --fsdp2 migrates a config)"
     if not lo.use_peft_lora:

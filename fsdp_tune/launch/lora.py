@@ -22,7 +22,8 @@ def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
         "target_modules": "all-linear" if targets == ("all-linear",) else list(targets),
         "use_dora": lo.use_dora,
         "bias": "none",
-        "task_type": "CAUSAL_LM",
+        # a reward model's adapter is a sequence classifier's: PEFT then also trains the new score head
+        "task_type": "SEQ_CLS" if cfg.run.method == "reward" else "CAUSAL_LM",
     }
     for name, value in cfg.peft.args.items():
         if VERDICTS.get(name) is not None and VERDICTS[name].action == "pass":

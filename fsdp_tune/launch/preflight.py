@@ -103,14 +103,17 @@ def _hub_model(name: str) -> list[Finding]:
 
 def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
     """The data files, read on this machine: their format detected and written into the spec (the ranks
-    execute it), unreadable files and bad rows reported with file and row (sources/datacheck.py)."""
+    execute it), unreadable files and bad rows reported with file and row (sources/datacheck.py), and their
+    rows tokenized as rank 0 will (sources/tokencheck.py)."""
     from dataclasses import replace
 
     from fsdp_tune.sources.datacheck import settle
+    from fsdp_tune.sources.tokencheck import TokenCheck
 
     d = spec.data
     eval_wanted = spec.evaluation and not d.test_split_size
-    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted)
+    tokens = TokenCheck(spec) if spec.method == "sft" else None  # a preference method's rows: preference_check
+    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method)
     return replace(spec, data=replace(d, sources=sources)), findings
 
 

@@ -128,6 +128,7 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
             "trained_targets": trained,
             "method": _method(lora, model.get("quantization")),
             "model": model.get("requested"),
+            "training method": record.get("method", "sft"),
         }
     if isinstance(config, dict):
         return {"lora": config, "fields": CORE, "trained_targets": trained}
@@ -139,6 +140,10 @@ def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str,
     found = []
     if before.get("model") and before["model"] != spec.model.requested:
         found.append(("base model", before["model"], spec.model.requested, f"--model_name_or_path {before['model']}"))
+    if before.get("training method", spec.method) != spec.method:
+        found.append(
+            ("training method", before["training method"], spec.method, f"--method {before['training method']}")
+        )
     method = _method(spec.lora, spec.model.quantization)
     if "method" in before and before["method"] != method:
         found.append(("method", before["method"], method, ""))

@@ -46,6 +46,10 @@ class ModelSpec:
     quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
     chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
     revision: str | None = None  # the model's branch, tag or commit (--model_revision)
+    adapter: str | None = None  # a trained adapter's folder the policy starts from (--adapter), absolute
+    # DPO/KTO's reference: "base" (the base model: a fresh adapter's start) or "adapter" (a frozen copy of the
+    # starting adapter); on the sharded path it is the frozen "ref" adapter either way (worker/loading/reference.py)
+    reference: str = "base"
 
 
 @dataclass(frozen=True)

@@ -8,22 +8,47 @@ from typing import Any
 from fsdp_tune.launch.spec import DataSpec
 from fsdp_tune.sources.formats import TEXT, Format
 
+# TRL's packing strategies (SFTConfig.packing_strategy), as the plan says them
+PACKING = {
+    "bfd": "best-fit decreasing: whole sequences share rows of up to {n} tokens, a longer one is cut",
+    "bfd_split": "best-fit decreasing: sequences share rows of up to {n} tokens, a longer one is split across rows",
+    "wrapped": "the sequences are concatenated and cut into rows of {n} tokens, across their boundaries",
+}
 
-def plan_lines(data: DataSpec) -> list[str]:
+
+def plan_lines(data: DataSpec, packing_strategy: str | None = None) -> list[str]:
     """One line per source: its format (detected here, or on rank 0 for a Hub dataset), what is in the loss,
-    its share of a mixture and its held-out split."""
+    its share of a mixture, its held-out split and what the pre-flight's tokenizing found; then packing."""
     lines = []
+    weighted = any(s.weight is not None for s in data.sources)
     for s in data.sources:
         fmt = Format.from_dict(s.detected) if s.detected else None
         what = fmt.describe() if fmt else "format detected on rank 0 (a Hub dataset)"
         loss = "every token" if s.train_on_prompt or (fmt and fmt.kind == TEXT) else "the answers"
         share = next((f", {k} {getattr(s, k):g}" for k in ("fraction", "weight", "samples") if getattr(s, k)), "")
+        if weighted and not share:
+            share = ", weight 1 (unset)"
         held = f", eval on [{s.eval_split}]" if s.eval_split else ""
-        lines.append(f"  dataset: {s.label}: {what}; loss on {loss}{share}{held}")
+        lines.append(f"  dataset: {s.label}: {what}; loss on {loss}{share}{held}{_tokenized(s.tokenized)}")
         lines += [f"    note: {n}" for n in (fmt.notes if fmt else ())]
     if data.test_split_size:
         lines.append(f"  eval: {data.test_split_size:.0%} of the training rows held out")
+    if data.packing:
+        strategy = packing_strategy or "bfd"
+        how = PACKING.get(strategy, "{n} tokens a row").format(n=data.max_seq_len)
+        lines.append(f"  packing: {strategy}, {how} (TRL's); the summary counts the packed rows")
     return lines
+
+
+def _tokenized(found: dict[str, Any] | None) -> str:
+    """What the pre-flight's tokenizing said about a source (sources/tokencheck.py), for its plan line."""
+    if not found:
+        return ""
+    if found.get("why_not"):
+        return f"; not tokenized before launch ({found['why_not']})"
+    part = "every row" if found["rows"] == found["of"] else f"{found['rows']:,} of {found['of']:,} rows"
+    skipped = f"{found['skipped']:,} would be skipped" if found["skipped"] else "none skipped"
+    return f"; tokenized here: {part}, {skipped}"
 
 
 def summary_lines(report: dict[str, Any] | None) -> list[str]:
@@ -39,8 +64,20 @@ def summary_lines(report: dict[str, Any] | None) -> list[str]:
         )
         for reason, seen in s["skipped"].items():
             lines.append(f"    skipped {seen['count']} row(s): {reason} ({', '.join(seen['rows'][:3])})")
+        clipped = s.get("clipped") or {}
+        if clipped.get("count"):
+            lines.append(
+                f"    cut before tokenizing, {clipped['count']} row(s): far longer than max_seq_len, only the text "
+                f"within its reach was rendered ({', '.join(clipped['rows'][:3])})"
+            )
         for note, count in s.get("template_notes", {}).items():
             lines.append(f"    chat template, {count} sequence(s): {note}")
+    packed = report.get("packed")
+    if packed:
+        lines.append(
+            f"  data: packed ({packed['strategy']}): {packed['sequences']} sequences -> {packed['rows']} rows of up "
+            f"to {packed['max_seq_len']} tokens"
+        )
     if report.get("loss_share") is not None:
         lines.append(f"  data: {report['loss_share']:.1%} of the {report['tokens']} training tokens are in the loss")
     held = report.get("eval")

@@ -84,8 +84,11 @@ def _default(path: str) -> Any:
     from fsdp_tune.config.schema import section_fields, training_fields
 
     section, name = path.split(".", 1)
-    if section == "training":
-        return (training_fields().get(name) or {}).get("default")
+    if section == "training":  # SFTConfig's default, else that of the first method whose config has the field
+        from fsdp_tune.config.methods import methods_taking
+
+        taking = methods_taking(name)
+        return (training_fields(taking[0] if taking else "sft").get(name) or {}).get("default")
     if section == "peft":
         return (lora_fields().get(name) or {}).get("default")
     f = section_fields(section)[name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fsdp_tune.config.methods import METRICS, TITLE, WITH_REFERENCE
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch import loading
 from fsdp_tune.launch.spec import RankSpec
@@ -17,14 +18,10 @@ def format_summary(s: RunSummary) -> str:
         if s.loss_first is not None and s.loss_last is not None
         else "not logged (logging_steps > steps)"
     )
+    lines = [_done(s, loss), *method_summary(s)]
     ranks = ", ".join(f"rank {i}: {r.peak_rss_mib:.0f} MiB" for i, r in enumerate(s.per_rank))
     units = ", ".join(f"{n} x {k}" for k, n in s.fsdp_units.items())
-    lines = [
-        f"done: {s.steps} steps in {s.train_runtime_s:.1f} s, loss {loss}"
-        + (f", {s.tokens_per_s:.0f} tokens/s" if s.tokens_per_s else ""),
-        f"  peak memory (RSS): {ranks}",
-        f"  FSDP units: {units or '-'}",
-    ]
+    lines += [f"  peak memory (RSS): {ranks}", f"  FSDP units: {units or '-'}"]
     if s.mesh:
         # accelerate shards over the flattened dp_shard x cp dim, named dp_shard_cp, whatever cp is
         flat = " (dp_shard x cp, as accelerate names it)" if "dp_shard_cp" in s.mesh else ""
@@ -41,6 +38,10 @@ def format_summary(s: RunSummary) -> str:
     cut = s.truncated_sequences or {}
     if cut.get("cut"):
         lines.append(f"  data: {cut['cut']} of {cut['total']} sequences were cut at max_seq_len {cut['max_seq_len']}")
+    if cut.get("dropped"):
+        lines.append(
+            f"  data: the trainer left out {cut['dropped']} rows that do not fit max_seq_len {cut['max_seq_len']}"
+        )
     lines += summary_lines(s.data)
     gpu = [r for r in s.per_rank if r.peak_gpu_reserved_mib is not None]
     if gpu:
@@ -52,6 +53,23 @@ def format_summary(s: RunSummary) -> str:
     else:
         lines.append(f"  saved to: {s.adapter_dir}")
     return "\n".join(lines)
+
+
+def _done(s: RunSummary, loss: str) -> str:
+    tokens = f", {s.tokens_per_s:.0f} tokens/s" if s.tokens_per_s else ""
+    return f"done: {s.steps} steps in {s.train_runtime_s:.1f} s, loss {loss}{tokens}"
+
+
+def method_summary(s: RunSummary) -> list[str]:
+    """The method's own metrics, first and last logged (DPO: reward accuracy 0.50 -> 1.00, ...)."""
+    if not s.method_metrics:
+        return []
+    shown = [
+        f"{label} {s.method_metrics[key]['first']:.3g} -> {s.method_metrics[key]['last']:.3g}"
+        for key, label in METRICS.get(s.method, ())
+        if key in s.method_metrics
+    ]
+    return [f"  {s.method}: " + ", ".join(shown)]
 
 
 def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
@@ -68,6 +86,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         f"plan: {w.world_size} rank{'s' if w.world_size > 1 else ''} on {w.nnodes} machine"
         f"{'s' if w.nnodes > 1 else ''} ({w.nproc_per_node} per machine, this is machine {w.node_rank}), "
         f"{spec.device.upper() if spec.device == 'cpu' else 'GPU'}, {spec.backend}",
+        *method_lines(spec),
         "  torchrun: " + " ".join(command),
         f"  fsdp: FSDP{spec.fsdp_version}, reshard_after_forward={show(f['reshard_after_forward'])}, "
         f"cpu_offload={show(f['cpu_offload'])}, wrap {wrap}",
@@ -96,7 +115,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         )
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
-    lines += plan_lines(d)
+    lines += plan_lines(d, spec.trainer_args.get("packing_strategy"))
     lines.append(f"  loading: {loading.describe(spec.loading)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
@@ -105,6 +124,20 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     )
     lines += [f"  note: {n}" for n in spec.notes]
     return "\n".join(lines)
+
+
+def method_lines(spec: RankSpec) -> list[str]:
+    """The training method (none for SFT, the default), and for DPO/KTO what the policy is compared with; a
+    starting adapter."""
+    m = spec.model
+    lines = [] if spec.method == "sft" else [f"  method: {TITLE.get(spec.method, spec.method)}"]
+    if spec.method in WITH_REFERENCE:
+        ref = "a frozen copy of the starting adapter" if m.reference == "adapter" else "the base model"
+        how = 'a frozen "ref" adapter inside FSDP\'s units' if spec.loading.path == "sharded" else "TRL's"
+        lines.append(f"  reference: {ref} ({how}; no grad, nothing saved for backward)")
+    if m.adapter:
+        lines.append(f"  start: the adapter in {m.adapter} (its LoRA shape, its weights)")
+    return lines
 
 
 _CHECKPOINTING = {

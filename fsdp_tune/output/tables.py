@@ -19,9 +19,20 @@ def format_rows(rows: list[dict]) -> str:
             f"{r['run'][-40:]:<{width}} {r['status']:<11} {r['steps']:>6} {f(r['loss_last'], '.4f'):>8} "
             f"{f(r['eval_loss_last'], '.4f'):>9} {f(r['tokens_per_s'], '.0f'):>8} "
             f"{f(r['time_to_first_step_s'], '.1f'):>10} {f(r['train_runtime_s'], '.1f'):>8} "
-            f"{f(r['peak_memory_mib'], '.0f'):>9}"
+            f"{f(r['peak_memory_mib'], '.0f'):>9}" + _method(r)
         )
     return "\n".join(lines)
+
+
+def _method(row: dict) -> str:
+    """A preference run's method and its own last metrics (`  dpo: rewards/accuracies 1.000, ...`); nothing for
+    SFT."""
+    if row.get("method", "sft") == "sft":
+        return ""
+    shown = [
+        f"{m['key']} {m['last']:.3f}" for m in (row.get("metric_1"), row.get("metric_2")) if m and m["last"] is not None
+    ]
+    return f"  {row['method']}: " + ", ".join(shown)
 
 
 def format_info(info: dict) -> str:

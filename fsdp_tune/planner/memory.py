@@ -17,6 +17,8 @@ from fsdp_tune.config.derived import cp_degree, mesh_active, mesh_sizes, model_d
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.planner import gathered, host
 from fsdp_tune.planner.adapters import expert_copy_bytes
+from fsdp_tune.planner.method import REFERENCE_PHASE, loss_terms, reference_phase, step_of
+from fsdp_tune.planner.method import note as method_note
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack, stack_of
 from fsdp_tune.planner.terms import (
@@ -81,12 +83,14 @@ class Estimate:
 
 
 def micro_tokens(cfg: RunConfig) -> int:
-    """Tokens of one micro-batch on one rank: context parallelism gives each rank 1/cp of every sequence."""
-    return int(cfg.training.get("per_device_train_batch_size") or 8) * cfg.data.max_seq_len // cp_degree(cfg)
+    """Tokens of one micro-batch on one rank that keep activations: context parallelism gives each rank 1/cp of
+    every sequence; DPO and reward models run chosen and rejected rows together (planner/method.py)."""
+    rows = int(cfg.training.get("per_device_train_batch_size") or 8) * step_of(cfg).rows_with_grad
+    return rows * cfg.data.max_seq_len // cp_degree(cfg)
 
 
 def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -> dict[str, dict[str, float]]:
-    """Every phase's transient components (bytes). Long because it is one account of a step, phase by
+    """Every phase's transient components (bytes), long because it is one account of a step, phase by
     phase: splitting it would scatter the terms that must add up."""
     ad = adapters_of(cfg)
     n_lora = lora_params(cfg, shape)
@@ -108,7 +112,7 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
     resident, edge, held_output = gathered.edges(st, shape, u, resharded, fsdp2)
     always = 0.0 if units == 2 else units * u["layer"]
     head_trains = ad.full
-    fwd_loss, bwd_loss = loss_bytes(tokens, shape, st, head_trains)
+    fwd_loss, bwd_loss = loss_terms(cfg, tokens, shape.hidden_size, loss_bytes(tokens, shape, st, head_trains))
     act = "activations (every layer)" if st.checkpointing == "none" else "activations kept (checkpointed layers)"
     phases = {
         PHASES[0]: {act: kept, "gathered FSDP units": edge + always + held_output, "logits and loss": fwd_loss},
@@ -125,6 +129,9 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
         },
         PHASES[3]: {},
     }
+    ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, lambda n: loss_bytes(n, shape, st)[0])
+    if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
+        phases[REFERENCE_PHASE] = ref
     copies = expert_copy_bytes(cfg, shape, st)
     if copies:  # LoRA on fused experts: W + BA per MoE layer, saved for backward (planner/adapters.py)
         held = 0.0 if st.checkpointing != "none" else shape.n_layers * copies
@@ -214,7 +221,7 @@ def estimate(
                 f"{est.gpu_loading / GiB:.1f} GiB before FSDP shards the model"
             )
     _host(cfg, shape, st, est, on_cpu, loading, static)
-    est.notes += mesh_notes(cfg)
+    est.notes += [n for n in (method_note(cfg),) if n] + mesh_notes(cfg)
     return est
 
 

@@ -136,6 +136,7 @@ def memory_plan(
     est = estimate(cfg, shape, on_cpu=on_cpu, stack=stack, loading=loading)
     st = stack or stack_of(cfg, on_cpu)
     result = {
+        "method": cfg.run.method,
         "model": {
             "name": name,
             "source": shape.source,

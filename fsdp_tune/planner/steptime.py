@@ -9,6 +9,7 @@ from fsdp_tune.config.derived import cp_degree, gradient_checkpointing, shard_gr
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.memory import GiB
+from fsdp_tune.planner.method import step_of
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import stack_of
 from fsdp_tune.planner.weights import lora_on_rank
@@ -40,17 +41,19 @@ def parse_memory(text: str) -> float:
     return value * {"gib": 1, "g": 1, "gb": 1e9 / GiB, "mib": 1 / 1024, "mb": 1e6 / GiB}[unit]
 
 
-def fsdp2_gathered(cfg: RunConfig, shape: ModelShape, world: int) -> float:
+def fsdp2_gathered(cfg: RunConfig, shape: ModelShape, world: int, no_grad_forwards: int = 0) -> float:
     """Bytes one micro-batch all-gathers under FSDP2, as the trace counts them (`plan --trace`): every layer in the
     forward and again in the backward when resharded, the input embedding likewise (layer 0's backward prefetches
     it), lm_head's weight once (TRL's fused head: full_tensor); 4-bit layers packed, LoRA as FSDP2 pads it, the
-    embedding and head in the compute dtype."""
+    embedding and head in the compute dtype. A no-grad forward (DPO's reference, KTO's KL) gathers every layer,
+    the embedding and the head once more (not traced: the trace runs SFT's step)."""
     from fsdp_tune.planner import gathered
 
     u = gathered.units(cfg, shape, stack_of(cfg), max(world, 2))
     times = 2 if gathered.resharded(cfg) else 1
     edges = u["embed"] if shape.tied_head else times * u["embed"] + u["head"]
-    return times * shape.n_layers * u["layer"] + edges
+    forward = shape.n_layers * u["layer"] + u["embed"] + (0 if shape.tied_head else u["head"])
+    return times * shape.n_layers * u["layer"] + edges + no_grad_forwards * forward
 
 
 def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
@@ -58,7 +61,8 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     world = shard_group(cfg)  # all-gathers and reduce-scatters run within a shard group
     micro = int(cfg.training.get("per_device_train_batch_size") or 8)
     accum = int(cfg.training.get("gradient_accumulation_steps") or 1)
-    tokens = micro * cfg.data.max_seq_len * accum // cp_degree(cfg)
+    step = step_of(cfg)  # DPO and reward models: chosen and rejected rows; DPO/KTO: no-grad forwards besides
+    tokens = micro * step.rows_with_grad * cfg.data.max_seq_len * accum // cp_degree(cfg)
     n = shape.active_params  # MoE: a token runs its top-k experts, not all of them
     lora = cfg.lora.use_peft_lora
     # forward 2N; backward 2N for activation gradients, + 2N weight gradients when every weight trains;
@@ -66,14 +70,15 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     per_token = 2 * n + 2 * n + (0 if lora else 2 * n)
     if cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg):
         per_token += 2 * n
+    per_token += 2 * n * step.no_grad_forwards * step.no_grad_rows / step.rows_with_grad  # reference, KL forwards
     attention = 4 * shape.n_layers * shape.hidden_size * cfg.data.max_seq_len * (3 if not lora else 2.5)
     flops = tokens * (per_token + attention)
     total = shape.total_params  # every expert is all-gathered, routed to or not
     weight_bytes = total * 2 if not cfg.quantization.use_4bit_quantization else total * 0.53
-    gathers = (2 if cfg.fsdp.reshard_after_forward else 1) * accum
+    gathers = ((2 if cfg.fsdp.reshard_after_forward else 1) + step.no_grad_forwards) * accum
     gathered = weight_bytes * gathers
     if cfg.fsdp.version == 2:
-        gathered = fsdp2_gathered(cfg, shape, world) * accum
+        gathered = fsdp2_gathered(cfg, shape, world, step.no_grad_forwards) * accum
     comm = gathered * (world - 1) / world if world > 1 else 0.0
     if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered
         grads = lora_on_rank(cfg, shape, world)[1] * shape.n_layers * stack_of(cfg).compute_bytes

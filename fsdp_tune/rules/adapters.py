@@ -38,7 +38,7 @@ def _values(cfg: RunConfig) -> Iterator[Finding]:
     """Values PEFT would refuse in get_peft_model, on every rank, after loading the model."""
     p = cfg.peft
     task = p.args.get("task_type")
-    if task is not None and str(task).upper() != "CAUSAL_LM":
+    if task is not None and str(task).upper() != "CAUSAL_LM" and cfg.run.method != "reward":  # reward: FT119
         yield error(
             cfg,
             "FT064",

@@ -26,4 +26,16 @@ def catalog() -> list[tuple[str, str, str]]:
 
 
 def _load_families() -> None:
-    from fsdp_tune.rules import adapters, data, fsdp, launch, lora, model, parallelism, quant, training  # noqa: F401
+    from fsdp_tune.rules import (  # noqa: F401
+        adapters,
+        data,
+        fsdp,
+        launch,
+        lora,
+        method,
+        model,
+        parallelism,
+        preference,
+        quant,
+        training,
+    )

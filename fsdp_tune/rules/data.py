@@ -79,6 +79,8 @@ def split_names(cfg: RunConfig) -> Iterator[Finding]:
 @rule("FT103", "data", "TRL's loss switches, read as --train_on_prompt")
 def trl_loss_switches(cfg: RunConfig) -> Iterator[Finding]:
     everything = train_on_prompt(cfg)
+    if cfg.run.method != "sft":
+        return  # SFTConfig's own switches: another method's config refuses them (FT110)
     for name in TRL_LOSS_FLAGS:
         if not cfg.training.is_set(name) or cfg.training.get(name) is None:
             continue

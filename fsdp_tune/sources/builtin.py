@@ -62,13 +62,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FSDP_TUNE_CACHE", "~/.cache/fsdp-tune")).expanduser() / "models"
 
 
+def target(name: str) -> Path:
+    """Where builtin model `name` is cached once built."""
+    return cache_dir() / f"{name}-v{VERSION}"
+
+
 def materialize(name: str) -> Path:
     """The folder of builtin model `name`, built on first use (in a subprocess: the launcher stays torch-free)."""
-    target = cache_dir() / f"{name}-v{VERSION}"
-    if not target.is_dir():
-        target.parent.mkdir(parents=True, exist_ok=True)
+    folder = target(name)
+    if not folder.is_dir():
+        folder.parent.mkdir(parents=True, exist_ok=True)
         built = subprocess.run(
-            [sys.executable, "-m", "fsdp_tune.models.tiny", name, str(target)],
+            [sys.executable, "-m", "fsdp_tune.models.tiny", name, str(folder)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,  # transformers' "Writing model shards" bar: not for the console
             text=True,
@@ -76,4 +81,4 @@ def materialize(name: str) -> Path:
         if built.returncode != 0:
             sys.stderr.write(built.stderr)  # the builder's own report, when it failed
             built.check_returncode()
-    return target
+    return folder

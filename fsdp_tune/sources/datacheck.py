@@ -12,31 +12,42 @@ from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.sources import preference_check
 from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
 from fsdp_tune.sources.mixture import Source, slice_rows, split_name
 from fsdp_tune.sources.model import offline
 from fsdp_tune.sources.rowcheck import Problem, check_row
-from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS, Sample, read_sample
+from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS, SCAN_SECONDS, Sample, read_sample
+from fsdp_tune.sources.tokencheck import TokenCheck, token_findings
+from fsdp_tune.sources.tokencheck import listed as _listed
 
 DETECT_ROWS = 100  # rows detection looks at
-LISTED = 5  # rows named in one finding
 COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (launch/batch.py compares it with a step)
 
 
 def settle(
-    sources: tuple[Source, ...], text_field: str, peft_text_field: str | None, eval_wanted: bool
+    sources: tuple[Source, ...],
+    text_field: str,
+    peft_text_field: str | None,
+    eval_wanted: bool,
+    tokens: TokenCheck | None = None,
+    method: str = "sft",
 ) -> tuple[tuple[Source, ...], list[Finding]]:
-    """(the sources with what their files say, findings). `eval_wanted`: read each source's held-out split."""
+    """(the sources with what their files say, findings). `eval_wanted`: read each source's held-out split;
+    `tokens`: tokenize their rows as rank 0 will (train's pre-flight; sources/tokencheck.py); `method`: the
+    training method (a preference method's data is checked by sources/preference_check.py)."""
     if not sources:
         hint = "--dataset_name data/train.jsonl (a file, a folder, a Hub name), or a `datasets:` list"
         return sources, [Finding("PF010", Severity.ERROR, "--dataset_name", "command line", "no dataset given", hint)]
     settled: list[Source] = []
     findings: list[Finding] = []
     for source in sources:
-        one, found = settle_source(source, text_field, peft_text_field, eval_wanted)
+        one, found = settle_source(source, text_field, peft_text_field, eval_wanted, tokens, method)
         settled.append(one)
         findings += found
+    if method != "sft" and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
+        findings.append(_error("PF077", "datasets", settled[0].path, why, "train on one kind of source"))
     return tuple(settled), findings
 
 
@@ -45,7 +56,12 @@ def _error(rule: str, key: str, where: str, message: str, hint: str = "") -> Fin
 
 
 def settle_source(
-    source: Source, text_field: str, peft_text_field: str | None, eval_wanted: bool
+    source: Source,
+    text_field: str,
+    peft_text_field: str | None,
+    eval_wanted: bool,
+    tokens: TokenCheck | None = None,
+    method: str = "sft",
 ) -> tuple[Source, list[Finding]]:
     """long because it is the pre-flight's story for one source, step by step: where, which splits, readable,
     consistent, which format, which rows."""
@@ -78,6 +94,7 @@ def settle_source(
     problems = [_error(p[0], split_name(s), p[1], p[2], p[3]) for s in splits for x in samples[s] if (p := x.problem)]
     problems += [_consistency(split_name(s), samples[s]) for s in splits if len(samples[s]) > 1]
     problems = [p for p in problems if p is not None]
+    findings += [_unscanned(split_name(s), x) for s in splits for x in samples[s] if x.unscanned]
     empty = [s for s in splits if not any(x.rows or x.problem for x in samples[s])]
     problems += [
         _error("PF013", split_name(s), files[split_name(s)][0], f"the {split_name(s)} split is empty", "add rows")
@@ -87,22 +104,73 @@ def settle_source(
         return source, findings + problems
     first = samples[source.split][0]
     rows = [r for x in samples[source.split] for _, r in x.rows]
+    if method != "sft":
+        return _settle_preference(source, splits, samples, findings, located, method)
     try:
         fmt = detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source, text_field)
     except FormatError as e:
         return source, findings + [_error("PF014", split_name(source.split), first.path, str(e), e.hint)]
-    for s in splits:
-        findings += check_rows(split_name(s), sliced(s, [r for x in samples[s] for r in x.rows]), fmt, source.roles)
-    train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
     fmt, as_text = renders_to_text(fmt, first.columns, peft_text_field)
+    train_all = source.train_on_prompt or as_text
+    tokenized: dict[str, Any] | None = None
+    usable = None
+    for s in splits:
+        rows = sliced(s, [r for x in samples[s] for r in x.rows])
+        findings += check_rows(split_name(s), rows, fmt, source.roles)
+        found = tokens.check(rows, fmt, source.roles, train_all) if tokens else None
+        if found is not None:
+            findings += token_findings(split_name(s), found, tokens.encoder.reach, tokens.max_seq_len)
+        if s == source.split:
+            tokenized = found.as_dict() if found is not None else {"why_not": tokens.why_not} if tokens else None
+            every = found is not None and found.rows == found.of < COUNTED_ROWS
+            usable = found.kept if every else _usable(rows, fmt, source.roles)
     settled = replace(
         source,
         eval_split=eval_split,
         loader=located.loader,
         files=files,
         detected=fmt.as_dict(),
-        train_on_prompt=source.train_on_prompt or as_text,
-        rows_checked=_usable(train_rows, fmt, source.roles),
+        train_on_prompt=train_all,
+        rows_checked=usable,
+        tokenized=tokenized,
+    )
+    return settled, findings
+
+
+def _unscanned(split: str, sample: Sample) -> Finding:
+    message = (
+        f"{sample.path}: its lines were parsed up to line {sample.unscanned:,} within {SCAN_SECONDS:.0f} s; "
+        "a malformed line past it is found by rank 0 only"
+    )
+    return Finding("PF072", Severity.NOTE, split, f"{sample.path}:{sample.unscanned}", message, "")
+
+
+def _settle_preference(
+    source: Source, splits: list[str], samples: dict, findings: list[Finding], located, method: str
+) -> tuple[Source, list[Finding]]:
+    """settle_source's format and row checks for a preference method (sources/preference_check.py)."""
+    first = samples[source.split][0]
+    rows = [r for x in samples[source.split] for _, r in x.rows]
+    try:
+        head = [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)]
+        fmt = preference_check.detect(first.columns, head, source, method)
+    except FormatError as e:
+        return source, findings + [_error("PF014", split_name(source.split), first.path, str(e), e.hint)]
+    where = samples[source.split][0].rows[0][0] if samples[source.split][0].rows else first.path
+    findings += preference_check.method_findings(split_name(source.split), where, fmt, method)
+    for s in splits:
+        split_rows = sliced(s, [r for x in samples[s] for r in x.rows])
+        by_code, first_problem = preference_check.check_rows(split_name(s), split_rows, fmt)
+        findings += _row_findings(split_name(s), by_code, first_problem, len(split_rows))
+    train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
+    counted = preference_check.usable(train_rows, fmt, method) if len(train_rows) < COUNTED_ROWS else None
+    settled = replace(
+        source,
+        eval_split=splits[1] if len(splits) > 1 else None,
+        loader=located.loader,
+        files={split_name(s): located.files[split_name(s)] for s in splits},
+        detected=fmt.as_dict(),
+        rows_checked=counted,
     )
     return settled, findings
 
@@ -212,14 +280,3 @@ def _row_findings(split: str, by_code: dict[str, list[str]], first: dict[str, Pr
             )
         findings.append(Finding("PF017" if skip else "PF018", severity, split, wheres[0], message, hint))
     return findings
-
-
-def _listed(wheres: list[str]) -> str:
-    """'x.jsonl:4, :9, :17 and 3 more': the file once, then the lines."""
-    prefix = wheres[0].rsplit(":", 1)[0] + ":" if ":" in wheres[0] else None
-    shown = [
-        w if i == 0 or not prefix or not w.startswith(prefix) else ":" + w[len(prefix) :]
-        for i, w in enumerate(wheres[:LISTED])
-    ]
-    more = f" and {len(wheres) - LISTED} more" if len(wheres) > LISTED else ""
-    return ", ".join(shown) + more

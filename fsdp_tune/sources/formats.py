@@ -43,7 +43,11 @@ FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     SHAREGPT: {"conversations": ("conversations",), "system": ("system",), "tools": ("tools",)},
 }
-ALL_FIELDS = frozenset(f for kind in KINDS for f in FIELDS[kind])  # what --dataset_columns may name
+# preference data (sources/preference.py): its kinds and the fields --dataset_columns may name for them
+PREFERENCE_KINDS = ("preference", "preference_implicit", "unpaired", "ranked")
+PREFERENCE_FIELDS = frozenset({"prompt", "chosen", "rejected", "completion", "label", "answer_a", "answer_b", "winner"})
+# what --dataset_columns may name
+ALL_FIELDS = frozenset(f for kind in KINDS for f in FIELDS[kind]) | PREFERENCE_FIELDS
 REQUIRED = {
     TEXT: ("text",),
     MESSAGES: ("messages",),

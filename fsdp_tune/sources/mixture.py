@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_tune.sources.formats import AUTO, KINDS
+from fsdp_tune.sources.formats import AUTO, KINDS, PREFERENCE_KINDS
 
 TRL_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 OUR_KEYS = ("weight", "samples", "format", "roles")
@@ -40,6 +40,7 @@ class Source:
     files: dict[str, list[str]] = field(default_factory=dict)  # split name -> local files
     detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it
     rows_checked: int | None = None  # training rows the pre-flight found usable; None: not counted (many, or Hub)
+    tokenized: dict[str, Any] | None = None  # train's pre-flight tokenizing: {rows, of, skipped} or {why_not}
 
     @property
     def label(self) -> str:
@@ -71,8 +72,8 @@ def entry_problems(entry: Any) -> list[str]:
         value = entry[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             problems.append(f"{key} must be a positive number, got {value!r}")
-    if entry.get("format", AUTO) not in (AUTO, *KINDS):
-        problems.append(f"format {entry['format']!r} is not one of {AUTO}, {', '.join(KINDS)}")
+    if entry.get("format", AUTO) not in (AUTO, *KINDS, *PREFERENCE_KINDS):
+        problems.append(f"format {entry['format']!r} is not one of {AUTO}, {', '.join(KINDS + PREFERENCE_KINDS)}")
     columns, roles = entry.get("columns"), entry.get("roles")
     if columns is not None and not isinstance(columns, (Mapping, list)):
         problems.append("columns must be a list (the columns to keep) or a mapping (field: column)")
@@ -115,7 +116,9 @@ def plan_counts(sizes: list[int], sources: list[Source]) -> list[int]:
     fraction (TRL's get_dataset): shares normalised to 1 and the largest total that needs no source to repeat
     rows. samples: exactly that many, repeating rows of a smaller source (LLaMA-Factory's num_samples).
     weight: shares of the weighted sources' total size (weights re-balance, they do not grow the data),
-    repeating rows of small sources as needed. A source with none of them is taken whole.
+    repeating rows of small sources as needed; once any entry has a weight, an entry with neither weight nor
+    samples weighs 1 (so `weight: 2` on one entry doubles it against the others). A source with none of them,
+    in a mixture without weights, is taken whole.
     """
     if any(s.fraction is not None for s in sources):
         total_fraction = sum(s.fraction or 0 for s in sources)
@@ -123,12 +126,12 @@ def plan_counts(sizes: list[int], sources: list[Source]) -> list[int]:
         total = min(n / w for n, w in zip(sizes, shares, strict=True) if w > 0)
         return [round(w * total) for w in shares]
     counts = [s.samples if s.samples is not None else n for s, n in zip(sources, sizes, strict=True)]
-    weighted = [i for i, s in enumerate(sources) if s.weight is not None]
-    if weighted:
-        total_weight = sum(sources[i].weight or 0 for i in weighted)
-        pool = sum(sizes[i] for i in weighted)
-        for i in weighted:
-            counts[i] = round(pool * (sources[i].weight or 0) / total_weight)
+    if any(s.weight is not None for s in sources):
+        weights = {i: s.weight or 1 for i, s in enumerate(sources) if s.samples is None}
+        total_weight = sum(weights.values())
+        pool = sum(sizes[i] for i in weights)
+        for i, weight in weights.items():
+            counts[i] = round(pool * weight / total_weight)
     return counts
 
 

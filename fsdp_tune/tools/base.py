@@ -37,3 +37,19 @@ def resize_as_trained(model, tokenizer) -> None:
     """A vocabulary the run grew for its chat template: the base resized as the run resized it."""
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8, mean_resizing=False)
+
+
+def is_reward_adapter(adapter_dir: Path) -> bool:
+    """A reward model's adapter (PEFT task_type SEQ_CLS: LoRA and the trained score head)."""
+    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    return str(config.get("task_type") or "").upper() == "SEQ_CLS"
+
+
+def model_class(adapter_dir: Path):
+    """(the transformers class the adapter's base loads as, its extra from_pretrained arguments): a sequence
+    classifier with one score for a reward model's adapter, a causal LM otherwise."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    if is_reward_adapter(adapter_dir):
+        return AutoModelForSequenceClassification, {"num_labels": 1}
+    return AutoModelForCausalLM, {}

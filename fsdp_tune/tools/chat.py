@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fsdp_tune.errors import UsageError
 from fsdp_tune.launch.spec import RankSpec, read_from
-from fsdp_tune.tools.base import check_adapter_folder, recorded_base, resize_as_trained
+from fsdp_tune.tools.base import check_adapter_folder, is_reward_adapter, recorded_base, resize_as_trained
 from fsdp_tune.tools.quiet import libraries_quiet, quiet_transformers
 
 
@@ -45,6 +45,12 @@ def load(run: str, base: str | None = None, device: str | None = None) -> Chat:
     the output: no loading bars, deprecation notes or bitsandbytes' backend notes)."""
     run_dir = Path(run)
     check_adapter_folder(run_dir, "a finished run's folder")
+    if is_reward_adapter(run_dir):
+        raise UsageError(
+            f"{run} is a reward model (a sequence classifier that scores text with one number): it does not generate",
+            f"fsdp-tune merge --adapter {run} -o {run_dir.name}-merged gives an AutoModelForSequenceClassification "
+            "to score with",
+        )
     with libraries_quiet():
         return _load(run_dir, base, device)
 

@@ -25,7 +25,13 @@ from pathlib import Path
 from fsdp_tune.errors import FsdpTuneError, UsageError
 from fsdp_tune.launch.spec import read_from
 from fsdp_tune.runfiles import RESOLVED_NAME
-from fsdp_tune.tools.base import check_adapter_folder, recorded_base, resize_as_trained
+from fsdp_tune.tools.base import (
+    check_adapter_folder,
+    is_reward_adapter,
+    model_class,
+    recorded_base,
+    resize_as_trained,
+)
 from fsdp_tune.tools.quiet import quiet_transformers
 
 DTYPES = {
@@ -100,7 +106,7 @@ def merge(
     into = _into(into, quantized, adapter)
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     quiet_transformers()  # the result lines are the output
     dtype_name, dtype_source = (DTYPES[dtype], "as --dtype asked") if dtype else own_dtype(base)
@@ -111,11 +117,16 @@ def merge(
     load = _dequantized if into == "dequantized" else _unquantized
     model, reference, tolerance = load(base, adapter_dir, tokenizer, torch_dtype, device, inputs)
     merged = model.merge_and_unload()
+    if is_reward_adapter(adapter_dir):  # a sequence classifier pools at the last token that is not padding
+        merged.config.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
     merged.save_pretrained(out, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(out)
     del merged, model
     gc.collect()
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch_dtype).to(device).eval()
+    auto, _ = model_class(adapter_dir)  # a reward model's: AutoModelForSequenceClassification
+    reloaded = auto.from_pretrained(out, dtype=torch_dtype).to(device).eval()
     with torch.no_grad():
         got = reloaded(input_ids=inputs).logits.float().cpu()
     rel = ((got - reference).abs().max() / reference.abs().max().clamp_min(1e-6)).item()
@@ -183,9 +194,9 @@ def _unquantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
     """The 16-bit base in `torch_dtype` with the adapter; the reference is that model's logits."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype, low_cpu_mem_usage=True).to(device)
+    auto, extra = model_class(adapter_dir)
+    model = auto.from_pretrained(base, dtype=torch_dtype, low_cpu_mem_usage=True, **extra).to(device)
     resize_as_trained(model, tokenizer)
     model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     with torch.no_grad():
@@ -198,17 +209,18 @@ def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
     Then the same 4-bit weights dequantized to `torch_dtype`, with the adapter again, to merge."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from fsdp_tune.worker.loading.pretrained import quantization_config
 
     spec = read_from(adapter_dir)
     q = spec.model.quantization
-    model = AutoModelForCausalLM.from_pretrained(
+    auto, extra = model_class(adapter_dir)
+    model = auto.from_pretrained(
         base,
         dtype=getattr(torch, spec.model.dtype),
         quantization_config=quantization_config(spec),
         device_map={"": device},
+        **extra,
     )
     resize_as_trained(model, tokenizer)
     trained = _as_in_training(PeftModel.from_pretrained(model, str(adapter_dir)).eval())

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.runfiles import METRICS_NAME
+from fsdp_tune.config.methods import METRICS, SFT
+from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
@@ -26,16 +27,36 @@ def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return steps, [by_step[s] for s in steps]
 
 
+def method_of(run_dir: str | Path) -> str:
+    """The run's training method, from the rank spec it ran (read as JSON: a spec of another fsdp-tune version
+    still says it), else its summary's, else SFT."""
+    try:
+        spec = json.loads((Path(run_dir) / RESOLVED_NAME).read_text()).get("spec") or {}
+    except (OSError, ValueError, AttributeError):
+        spec = {}
+    if isinstance(spec, dict) and spec.get("method"):
+        return str(spec["method"])
+    s = run_summary.read(run_dir)
+    return s.method if isinstance(s, run_summary.RunSummary) else SFT
+
+
 def figure(run_dirs: list[str | Path]):
     """One figure for all runs: each run's training loss (a line) and eval loss (dashed, with points) in the
-    run's own colour above, its learning rate below."""
+    run's own colour above, its learning rate below; for preference runs, their own two metrics between (DPO's
+    reward accuracy and margin, KTO's KL and margin, a reward model's accuracy and margin)."""
     # matplotlib's object API without pyplot: half the import time, and no GUI backend is ever touched
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 6))
+    methods = [method_of(r) for r in run_dirs]
+    extra = any(METRICS.get(m) for m in methods)
+    fig = Figure(figsize=(8, 9 if extra else 6))
     FigureCanvasAgg(fig)
-    ax_loss, ax_lr = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    ratios = [3, 2, 2, 1] if extra else [3, 1]
+    axes = fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
+    ax_loss, ax_lr = axes[0], axes[-1]
+    if extra:
+        _method_panels(axes[1:3], run_dirs, methods)
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels(run_dirs), strict=True)):
         colour = f"C{i % 10}"
         records = load_metrics(run_dir)
@@ -54,6 +75,21 @@ def figure(run_dirs: list[str | Path]):
     ax_lr.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None:
+    """Each preference run's first two metrics (config/methods.py METRICS), one panel each, in the run's colour."""
+    names: list[set[str]] = [set(), set()]
+    for i, (run_dir, label, method) in enumerate(zip(run_dirs, labels(run_dirs), methods, strict=True)):
+        records = load_metrics(run_dir)
+        for ax, (key, name), seen in zip(axes, METRICS.get(method, ())[:2], names, strict=False):
+            steps, values = series(records, key)
+            if steps:
+                ax.plot(steps, values, color=f"C{i % 10}", marker="." if len(steps) < 50 else None, label=label)
+                seen.add(name)
+    for ax, seen in zip(axes, names, strict=True):
+        ax.set_ylabel(" / ".join(sorted(seen)) or "-", fontsize="small")
+        ax.grid(alpha=0.3)
 
 
 def labels(run_dirs: list[str | Path]) -> list[str]:
@@ -89,6 +125,17 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
                 "time_to_first_step_s": finished.time_to_first_step_s if finished else None,
                 "train_runtime_s": finished.train_runtime_s if finished else None,
                 "peak_memory_mib": max(peaks) if peaks else None,
+                "method": method_of(run_dir),
+                **_method_values(records, method_of(run_dir)),
             }
         )
     return rows
+
+
+def _method_values(records: list[dict], method: str) -> dict:
+    """The last logged value of the method's first two metrics, under neutral names for the table."""
+    out = {}
+    for column, (key, _) in zip(("metric_1", "metric_2"), METRICS.get(method, ())[:2], strict=False):
+        _, values = series(records, key)
+        out[column] = {"key": key, "last": values[-1] if values else None}
+    return out

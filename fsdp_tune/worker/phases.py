@@ -60,6 +60,8 @@ def show_data(seconds: float, trainer: Any, rows: dict[str, int | None]) -> None
         count = rows.get(name)
         tokens = _tokens(ds)
         text = f"{count:,} {name} rows" if count is not None else f"{name} (streamed)"
+        if getattr(trainer.args, "packing", False) and name == "train" and hasattr(ds, "__len__"):
+            text += f" packed into {len(ds):,}"
         if tokens is not None:
             text += f", {tokens:,} tokens"
         parts.append(text)

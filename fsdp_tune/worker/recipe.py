@@ -18,10 +18,12 @@ from fsdp_tune import summary as run_summary
 from fsdp_tune.launch.checkpoints import latest_complete
 from fsdp_tune.launch.spec import RankSpec, from_dict
 from fsdp_tune.worker import faults, phases, process
-from fsdp_tune.worker.data.lengths import truncated_rows
+from fsdp_tune.worker.data.lengths import packed, truncated_rows
+from fsdp_tune.worker.data.preference_lengths import preference_truncation
 from fsdp_tune.worker.data.prepare import Prepared
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.build import Loaded, load
+from fsdp_tune.worker.loading.reference import REF, reset_to_base
 from fsdp_tune.worker.loading.report import FirstStepMemory
 from fsdp_tune.worker.loading.tokenizer import load_tokenizer
 from fsdp_tune.worker.logs import console
@@ -89,7 +91,7 @@ class Recipe:
             data = self.prepare_data(tokenizer)
         loaded = self.load_model(tokenizer, args)
         built = self.build_trainer(loaded, tokenizer, data)
-        truncation = self.report_truncation(built.trainer)
+        truncation = self.report_truncation(built.trainer, len(data.train) if hasattr(data.train, "__len__") else None)
         result = self.train(built.trainer)
         if built.stopper.stopped_at is not None:
             self.finish_interrupted(built)
@@ -133,7 +135,12 @@ class Recipe:
             stopper = StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device)
             sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
             progress = ProgressCallback(
-                spec.device, spec.world.world_size, self.phases, spec.console == "live", self.method.metrics
+                spec.device,
+                spec.world.world_size,
+                self.phases,
+                spec.console == "live",
+                self.method.metrics,
+                self.method.progress,
             )
             trainer = fsdp_trainer(self.method.trainer_class)(
                 model=loaded.model,
@@ -152,16 +159,28 @@ class Recipe:
                     self.run_id,
                 ),
             )
+            if (
+                spec.model.reference == "base"
+                and spec.model.adapter
+                and REF in getattr(trainer.model, "peft_config", {})
+            ):
+                reset_to_base(trainer.model)  # --reference base: TRL copied the starting adapter into "ref"
         if is_main():  # reading the data and TRL's tokenizing (in the trainer's constructor), as one phase
             seconds = self.phases.took["build_data"] + self.phases.took["build_trainer"]
             phases.show_data(seconds, trainer, data.rows())
         return Built(trainer, metrics, nan_guard, stopper)
 
-    def report_truncation(self, trainer) -> dict | None:
-        """Say how much of the data TRL cuts at max_seq_len, which it does without a word."""
+    def report_truncation(self, trainer, rows_in: int | None = None) -> dict | None:
+        """Say how much of the data TRL cuts at max_seq_len (and, for preference data, drops), which it does
+        without a word. `rows_in`: the training rows before the trainer tokenized them."""
         max_len = self.spec.data.max_seq_len
         try:
-            cut, total = truncated_rows(trainer.train_dataset, max_len, self.spec.data.packing)
+            if self.spec.method != "sft":
+                found = preference_truncation(trainer.train_dataset, rows_in or 0, max_len, self.spec.method)
+                cut, total = found["cut"], found["total"]
+            else:
+                cut, total = truncated_rows(trainer.train_dataset, max_len, self.spec.data.packing)
+                found = {"cut": cut, "total": total, "max_seq_len": max_len}
         except (TypeError, KeyError, AttributeError):  # an iterable (streamed) dataset: not counted
             return None
         if cut and is_main():
@@ -169,7 +188,18 @@ class Recipe:
                 f"warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
                 f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)"
             )
-        return {"cut": cut, "total": total, "max_seq_len": max_len}
+        what = "chosen or rejected sequence is longer than" if self.spec.method == "reward" else "prompt alone reaches"
+        if rows_in and found.get("dropped") == rows_in:
+            raise ValueError(
+                f"no training row fits max_seq_len {max_len}: the trainer left out all {rows_in}, whose {what} it; "
+                "raise --max_seq_len"
+            )
+        if found.get("dropped") and is_main():
+            console().line(
+                f"warning: the trainer left out {found['dropped']} of {rows_in} training rows whose {what} "
+                f"max_seq_len {max_len} (raise --max_seq_len to keep them)"
+            )
+        return found
 
     def train(self, trainer):
         with self.phases.timed("train"):
@@ -218,6 +248,11 @@ class Recipe:
 
     def write_summary(self, built: Built, result, truncation, saved: dict, data: Prepared, loaded: Loaded) -> None:
         loading = loaded.report.summary()  # a collective, as collect is
+        trainer, d = built.trainer, self.spec.data
+        if d.packing:  # the sequences TRL packed, into how many rows (#25: "50 rows -> 50 sequences" said nothing)
+            data.report["packed"] = packed(
+                trainer.train_dataset, len(data.train), trainer.args.packing_strategy, d.max_seq_len
+            )
         summary = collect(
             built.trainer,
             self.spec,

@@ -80,7 +80,12 @@ def test_mixture_of_every_format_and_source_with_eval(train, tmp_path) -> None:
         "alpaca"
     ] * 2 + ["sharegpt"]
     assert [s["loss"] for s in data["sources"]] == ["answers"] * 4 + ["all"] + ["answers"] * 4
-    assert [s["used"] for s in data["sources"]] == [12, 40, 40, 20, 40, 8, 8, 4, 10]
+    # weight 1 on two entries: the entries without a share weigh 1 too (#25), so the 150 rows of those five split
+    # evenly; samples stay exact
+    assert [s["used"] for s in data["sources"]] == [12, 30, 30, 30, 30, 8, 8, 4, 30]
+    packed = data["packed"]  # #25: packing is counted, not "N rows -> N sequences" alone
+    assert packed["strategy"] == "bfd" and packed["sequences"] == data["sequences"] == 145, packed
+    assert 0 < packed["rows"] < 145
     assert 0 < data["loss_share"] < 1 and 0 < data["eval"]["loss_tokens"] < data["eval"]["tokens"]  # answers only
     eval_losses = [
         json.loads(x)["eval_loss"]
@@ -92,6 +97,8 @@ def test_mixture_of_every_format_and_source_with_eval(train, tmp_path) -> None:
     assert state["best_metric"] == pytest.approx(min(eval_losses)) and state["best_model_checkpoint"]
     console = run.proc.stdout
     assert "dataset: acme/qa [train[:10]]: format detected on rank 0 (a Hub dataset)" in console
+    assert "  packing: bfd, best-fit decreasing" in console and "weight 1 (unset)" in console
+    assert f"data: packed (bfd): 145 sequences -> {packed['rows']} rows of up to 96 tokens" in console
     assert "data: acme/qa [train[:10]]: sharegpt" in console and "loss on " in console
 
 

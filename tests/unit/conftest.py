@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from fsdp_tune.launch import torchrun
+from fsdp_tune.sources import tokencheck
 from tests.unit.fake_ranks import FakeRanks
 
 HEAVY = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
@@ -19,6 +20,13 @@ def _no_heavy_imports():
     yield
     heavy = [m for m in HEAVY if m in sys.modules and m not in before]
     assert not heavy, f"a unit test imported {heavy}; move it to tests/dist or keep the import lazy"
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_tokenizer(monkeypatch):
+    """train's pre-flight tokenizes the rows with transformers' tokenizer (sources/tokencheck.py): not in this
+    layer; tests/lib tests it."""
+    monkeypatch.setattr(tokencheck, "load_tokenizer", lambda model: (None, "not loaded in the unit tests"))
 
 
 @pytest.fixture

@@ -192,6 +192,9 @@ def test_mixture_entries_and_counts() -> None:
     assert plan_counts([100, 20], [Source("a", samples=10), Source("b", samples=50)]) == [10, 50]  # b repeats
     assert plan_counts([100, 20], [Source("a", weight=3), Source("b", weight=1)]) == [90, 30]
     assert plan_counts([100, 20], [Source("a"), Source("b", samples=5)]) == [100, 5]
+    # #25: an entry without a weight weighs 1 once any entry has one, so `weight: 2` doubles that source
+    assert plan_counts([100, 20], [Source("a"), Source("b", weight=2)]) == [40, 80]
+    assert plan_counts([60, 20, 9], [Source("a"), Source("b", weight=2), Source("c", samples=3)]) == [27, 53, 3]
     source = from_entry(
         {"path": "x.jsonl", "split": "train[:5%]", "columns": {"prompt": "q"}, "format": "alpaca"}, False
     )

@@ -228,3 +228,28 @@ def test_every_loraconfig_field_reaches_loraconfig_or_a_rule(name: str, tmp_path
 def test_every_trl_model_config_flag_is_taken(name: str) -> None:
     """TRL's ModelConfig flags (trl/scripts/sft.py's command line) are fsdp-tune flags that set one setting each."""
     assert flag_table()[name] == TRL_MODEL_CONFIG[name]
+
+
+# Each preference method's own config fields (DPOConfig, KTOConfig, RewardConfig beyond SFTConfig's), on a LoRA run.
+METHOD_FIELDS = sorted(
+    (method, name)
+    for method in ("dpo", "kto", "reward")
+    for name, spec in training_fields(method).items()
+    if training_fields().get(name) != spec and spec["kind"] in ("bool", "int", "float") and spec["default"] is not None
+)
+
+
+@pytest.mark.parametrize("method,name", METHOD_FIELDS, ids=[f"{m}.{n}" for m, n in METHOD_FIELDS])
+def test_method_argument_reaches_its_config(method: str, name: str) -> None:
+    """A field of the method's own TRL config passes to the ranks' config as given, or a rule speaks for it."""
+    spec = training_fields(method)[name]
+    default = spec["default"]
+    value = (not default) if spec["kind"] == "bool" else (default + 1 if spec["kind"] == "int" else default / 2 + 0.01)
+    changed = check(None, [*BASE, "--use_peft_lora", "--method", method, f"--{name}", str(value)])
+    said = {f.rule for f in changed.findings if f.severity.value in ("error", "warning") and f.key == f"--{name}"}
+    assert not (changed.errors and not said), changed.findings  # refused, if at all, for this setting
+    if said:
+        return
+    after = decide(changed.config, GPUS)
+    assert after.method == method
+    assert after.trainer_args.get(name) == changed.config.training.get(name), f"--{name} does not reach {method}"

@@ -71,3 +71,27 @@ def test_the_figure_has_each_runs_loss_curve_and_eval_points(tmp_path) -> None:
 def test_report_without_metrics(tmp_path) -> None:
     r = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert r.exit_code == 2 and "no metrics.jsonl" in r.output
+
+
+def test_a_preference_runs_own_metrics_are_printed_and_plotted(tmp_path) -> None:
+    """A DPO run (its summary says so) beside an SFT run: its reward accuracy and margin in the table, and two
+    panels for them in the figure, with the DPO run's lines."""
+    from fsdp_tune.output.tables import format_rows
+    from fsdp_tune.tools.report import figure, summary_rows
+
+    sft = _run(tmp_path, "sft", [3.0, 2.0])
+    dpo = _run(tmp_path, "dpo", [0.69, 0.3])
+    with open(dpo / "metrics.jsonl", "a") as f:
+        for step, (acc, margin) in enumerate(((0.5, 0.1), (1.0, 2.5)), 1):
+            f.write(json.dumps({"step": step, "rewards/accuracies": acc, "rewards/margins": margin}) + "\n")
+    (dpo / "fsdp_tune_summary.json").write_text(
+        json.dumps({"kind": "interrupted", "interrupted_at_step": 2, "checkpoint_saved": False})
+    )
+    (dpo / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": {"method": "dpo"}}))  # read for its method only
+    rows = summary_rows([sft, dpo])
+    assert [r["method"] for r in rows] == ["sft", "dpo"]
+    table = format_rows(rows).splitlines()
+    assert table[2].endswith("dpo: rewards/accuracies 1.000, rewards/margins 2.500") and "dpo:" not in table[1]
+    axes = figure([sft, dpo]).axes
+    assert len(axes) == 4 and [len(ax.lines) for ax in axes[1:3]] == [1, 1]
+    assert axes[1].lines[0].get_ydata().tolist() == [0.5, 1.0] and axes[2].get_ylabel() == "reward margin"

@@ -47,6 +47,7 @@ def finished_run(tmp_path, fake_ranks):  # noqa: F811
             "--lora_target_modules all-linear",
         ),
         (("--lora_r", "16", "--lora_alpha", "32", "--use_rslora"), "use_rslora false (this launch: true)", ""),
+        (("--lora_r", "16", "--lora_alpha", "32", "--method", "kto"), "training method sft (this launch: kto)", ""),
     ],
 )
 def test_a_resume_whose_adapter_differs_is_refused_before_launch(finished_run, fake_ranks, flags, said, fix) -> None:  # noqa: F811

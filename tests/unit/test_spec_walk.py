@@ -81,17 +81,19 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "quantization": (RANK, "worker/loading/pretrained.py"),
         "chat_template": (RANK, "worker/loading/tokenizer.py"),
         "revision": (RANK, "worker/loading/pretrained.py"),
+        "adapter": (RANK, "worker/loading/build.py"),  # the starting adapter (sharded.py loads it there too)
+        "reference": (RANK, "worker/recipe.py"),  # --reference base: the reference adapter reset to the base
     },
     DataSpec: {
         "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
         "splits": (PLAN, PLAN_TEXT),
         "text_field": (RANK, "worker/data/prepare.py"),
-        "max_seq_len": (RANK, "worker/data/prepare.py"),
-        "packing": (RANK, "worker/data/prepare.py"),
+        "max_seq_len": (RANK, "worker/data/encode.py"),
+        "packing": (RANK, "worker/data/encode.py"),
         "seed": (RANK, "worker/data/prepare.py"),
         "sources": (RANK, "worker/data/prepare.py"),
         "test_split_size": (RANK, "worker/data/prepare.py"),
-        "mask_fallback": (RANK, "worker/data/prepare.py"),
+        "mask_fallback": (RANK, "worker/data/encode.py"),
         "peft_text_field": (RANK, "worker/data/prepare.py"),
     },
     Source: {
@@ -113,6 +115,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "files": (RANK, "worker/data/splits.py"),
         "detected": (RANK, "worker/data/splits.py"),
         "rows_checked": (PREFLIGHT, "launch/batch.py"),  # rows per step against world size x batch (PF064)
+        "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
@@ -164,6 +167,9 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.formats",
     "fsdp_tune.sources.mixture",
     "fsdp_tune.sources.rowcheck",
+    "fsdp_tune.sources.preference",  # preference rows: detected and converted as the launcher checks them
+    "fsdp_tune.sources.preference_rows",
+    "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
 }
 
 
@@ -196,7 +202,7 @@ def test_each_reader_reads_its_field(cls, name: str) -> None:
     expected = {
         RANK: RANK_SIDE,
         TORCHRUN: ("launch/torchrun.py",),
-        PLAN: (PLAN_TEXT,),
+        PLAN: (PLAN_TEXT, "output/data.py"),  # run.py's data lines, kept there
         AFTER: ("tools/",),
         PREFLIGHT: ("launch/",),
     }[how]

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from fsdp_tune.launch.spec import DataSpec
 from fsdp_tune.sources.convert import tool_calls_as_text
+from fsdp_tune.worker.data.clip import Reach, TooLarge, clip, row_chars
 from fsdp_tune.worker.data.masking import (
     Encoded,
     Renderer,
@@ -27,9 +29,50 @@ class Encoder:
     fallback: str = "split"  # --mask_fallback
     eos_token: str | None = None  # SFTConfig's eos_token, else the tokenizer's
     keep_end: bool = False  # --truncation_mode keep_end
+    seq_len: int | None = None  # max_seq_len, which bounds the work per row even when max_len is None (clip.py)
+
+    @classmethod
+    def for_run(cls, tokenizer, data: DataSpec, trainer_args: dict[str, Any]) -> Encoder:
+        """Cut at max_seq_len as TRL would, here, so the rows whose answer is cut away are counted, not dropped
+        silently; TRL's packing strategies that keep every token (bfd_split, wrapped) get whole sequences."""
+        packs_whole = data.packing and trainer_args.get("packing_strategy", "bfd") != "bfd"
+        return cls(
+            tokenizer,
+            None if packs_whole else data.max_seq_len,
+            fallback=data.mask_fallback,
+            eos_token=trainer_args.get("eos_token"),
+            keep_end=trainer_args.get("truncation_mode") == "keep_end",
+            seq_len=data.max_seq_len,
+        )
 
     def encode(self, row: dict[str, Any], train_all: bool) -> list[Encoded]:
-        """Sequences of one row, cut at max_len (rows whose answer is cut away are the caller's to skip)."""
+        """Sequences of one row, cut at max_len (rows whose answer is cut away are the caller's to skip); a row
+        far longer than max_seq_len is cut before rendering, or refused (TooLarge) when it cannot be."""
+        row, clipped = self.fit(row)
+        out = self.sequences(row, train_all)
+        for e in out:
+            e.clipped = clipped
+        return out
+
+    @cached_property
+    def reach(self) -> Reach | None:
+        limit = self.max_len or self.seq_len
+        return Reach.of(self.tokenizer, limit) if limit else None
+
+    def fit(self, row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(the row as rendered, whether text past max_seq_len's reach was left out of it)."""
+        reach = self.reach
+        size = row_chars(row) if reach else 0
+        if reach is None or size <= reach.chars:
+            return row, False
+        clipped = clip(row, reach.chars, self.keep_end) if self.max_len is not None else None
+        if clipped is not None:
+            return clipped, True
+        if size > reach.bound:
+            raise TooLarge(f"{size:,} characters, over the per-row bound of {reach.bound:,}")
+        return row, False
+
+    def sequences(self, row: dict[str, Any], train_all: bool) -> list[Encoded]:
         if "messages" in row:
             messages = row["messages"]
             if any(m.get("tool_calls") for m in messages) and not self.renders_tool_calls:

@@ -35,3 +35,13 @@ def row_lengths(dataset, column: str = "input_ids"):
     lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in chunks] or [np.zeros(0, np.int64)])
     indices = getattr(dataset, "_indices", None)
     return lengths[indices.column(0).to_numpy()] if indices is not None else lengths
+
+
+def packed(dataset, sequences: int, strategy: str, max_len: int) -> dict | None:
+    """--packing: the rows TRL packed `sequences` into (its prepared train_dataset), for the summary; None for a
+    dataset without a length (streamed)."""
+    try:
+        rows = len(dataset)
+    except TypeError:
+        return None
+    return {"strategy": strategy, "sequences": sequences, "rows": rows, "max_seq_len": max_len}

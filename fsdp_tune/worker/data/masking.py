@@ -46,6 +46,7 @@ class Encoded:
     methods: list[str] = field(default_factory=list)  # per answer: prefix | split | locate | lost | all | ...
     truncated: bool = False
     problems: list[str] = field(default_factory=list)
+    clipped: bool = False  # text past max_seq_len's reach was left out before rendering (clip.py)
 
 
 def _ids(out) -> list[int]:
@@ -130,6 +131,9 @@ class _Turns:
         return any(t not in self.stops and self.tok.decode([t]).strip() for t in ids)
 
     def answer(self, i: int, fallback: str) -> None:
+        if i == 0:  # nothing before it: no prompt to measure it against (templates refuse an empty conversation)
+            self.located(i)
+            return
         p = self.r.ids(self.messages[:i], add_generation_prompt=True)
         e = self.full if i == len(self.messages) - 1 else self.r.ids(self.messages[: i + 1])
         start = common_prefix_length(p, self.full)
@@ -154,6 +158,10 @@ class _Turns:
             self.extra.append(Encoded(list(e), [0] * s + [1] * (end - s) + [0] * (len(e) - end), ["split"]))
             self.methods.append("split")
             return
+        self.located(i)
+
+    def located(self, i: int) -> None:
+        """Turn i trained where the sentinel diff finds it ("locate"), or reported as not trained ("lost")."""
         span = self.locate(i)
         if span is None:
             self.problems.append(f"turn {i}: not found in the rendered conversation; not trained")

@@ -30,7 +30,7 @@ from fsdp_tune.runfiles import DATA_DIR, write_atomic
 from fsdp_tune.sources.formats import TEXT, Format
 from fsdp_tune.sources.mixture import Source, plan_counts
 from fsdp_tune.worker.data.encode import Encoder
-from fsdp_tune.worker.data.rows import encode_split, loss_counts, report_source
+from fsdp_tune.worker.data.rows import CLIPPED, encode_split, loss_counts, report_source
 from fsdp_tune.worker.data.splits import format_of, load_split
 from fsdp_tune.worker.rank import local_rank
 
@@ -65,25 +65,11 @@ def prepare(spec: RankSpec, tokenizer) -> Prepared:
     return Prepared(load_from_disk(str(folder / "train")), evaluation, report)
 
 
-def encoder_of(spec: RankSpec, tokenizer) -> Encoder:
-    """Cut at max_seq_len as TRL would, here, so the rows whose answer is cut away are counted, not dropped
-    silently; TRL's packing strategies that keep every token (bfd_split, wrapped) get whole sequences."""
-    args = spec.trainer_args
-    packs_whole = spec.data.packing and args.get("packing_strategy", "bfd") != "bfd"
-    return Encoder(
-        tokenizer,
-        None if packs_whole else spec.data.max_seq_len,
-        fallback=spec.data.mask_fallback,
-        eos_token=args.get("eos_token"),
-        keep_end=args.get("truncation_mode") == "keep_end",
-    )
-
-
 def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     """Convert, encode, mix and save; the folder appears whole or not at all (other machines may share it)."""
     work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(work, ignore_errors=True)
-    encoder = encoder_of(spec, tokenizer)
+    encoder = Encoder.for_run(tokenizer, spec.data, spec.trainer_args)
     num_proc = spec.trainer_args.get("dataset_num_proc")
     trains, evals, reports = [], [], []
     for i, source in enumerate(spec.data.sources):
@@ -105,6 +91,7 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     ]
     train = concatenate_datasets(picked)
     evaluation = concatenate_datasets(evals) if evals else None
+    something_left(train, evaluation, reports)
     if spec.data.test_split_size:
         parts = train.train_test_split(test_size=spec.data.test_split_size, seed=seed)
         train, evaluation = parts["train"], parts["test"]
@@ -117,6 +104,28 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
             raise
     shutil.rmtree(work, ignore_errors=True)
     print_report(report)
+
+
+class NothingLeft(ValueError):
+    """Every training (or held-out) row was skipped: said with the reasons and the rows, where the Trainer would
+    fail on an empty dataset (an IndexError) or on a missing eval_dataset."""
+
+
+def something_left(train, evaluation, reports: list[dict]) -> None:
+    if not len(train):
+        raise NothingLeft(f"no training row is left: {_skips(reports)}")
+    if evaluation is not None and not len(evaluation):
+        held = [r["eval"] for r in reports if "eval" in r]
+        raise NothingLeft(f"no held-out row is left for --eval_strategy: {_skips(held)}")
+
+
+def _skips(reports: list[dict]) -> str:
+    said = [
+        f"{r['source']}: {seen['count']} row(s) skipped, {reason} ({', '.join(seen['rows'][:3])})"
+        for r in reports
+        for reason, seen in r["skipped"].items()
+    ]
+    return "; ".join(said) or "the data has no rows"
 
 
 def _save(train, evaluation, report: dict, work: Path) -> None:
@@ -173,6 +182,10 @@ def print_report(report: dict[str, Any]) -> None:
         for reason, seen in s["skipped"].items():
             rows = ", ".join(seen["rows"])
             print(f"fsdp-tune: warning: {seen['count']} row(s) of {s['source']} skipped: {reason} ({rows})")
+        clipped = s.get("clipped") or {}
+        if clipped.get("count"):
+            rows = ", ".join(clipped["rows"])
+            print(f"fsdp-tune: note: {clipped['count']} row(s) of {s['source']} {CLIPPED} ({rows})")
         for note, count in s["template_notes"].items():
             print(f"fsdp-tune: note: {count} sequence(s) of {s['source']}: {note}")
     if report["loss_share"] is not None:
@@ -185,8 +198,12 @@ def cache_key(spec: RankSpec, tokenizer) -> str:
     files = [f for s in spec.data.sources for group in s.files.values() for f in group]
     stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files if os.path.exists(f)]
     args = {k: spec.trainer_args.get(k) for k in ("truncation_mode", "packing_strategy", "eos_token")}
+    data = asdict(spec.data)
+    for source in data["sources"]:  # what the launcher's pre-flight counted, which changes nothing prepared here
+        source.pop("tokenized", None)
+        source.pop("rows_checked", None)
     key = {
-        "data": asdict(spec.data),
+        "data": data,
         "files": stats,
         "tokenizer": [tokenizer.name_or_path, tokenizer.chat_template, len(tokenizer), tokenizer.eos_token],
         "args": args,

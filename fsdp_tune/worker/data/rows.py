@@ -13,16 +13,39 @@ from fsdp_tune.sources.convert import to_trl
 from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.rowcheck import SKIPPED, check_row
+from fsdp_tune.worker.data.clip import ROW_BOUND, TooLarge
 from fsdp_tune.worker.data.encode import Encoder
-from fsdp_tune.worker.data.masking import RowRejected
+from fsdp_tune.worker.data.masking import Encoded, RowRejected
 
-REASONS = {
-    **SKIPPED,
+# what tokenizing finds (the rest is rowcheck's, found before launch too)
+TOKENIZED = {
     "template": "the chat template refuses it",
     "too-long": "the prompt fills max_seq_len: nothing left to learn",
+    "too-large": f"far longer than max_seq_len and it cannot be cut (over {ROW_BOUND} x max_seq_len's worth of text)",
+    "no-loss": "no answer token in the rendered text (the chat template drops the answers?)",
 }
+REASONS = {**SKIPPED, **TOKENIZED}
+CLIPPED = "far longer than max_seq_len: only the text within its reach was rendered and tokenized"
 LISTED = 5  # rows named per reason
-COLUMNS = ("input_ids", "assistant_masks", "skip", "row", "n_tokens", "n_loss", "truncated", "note")
+COLUMNS = ("input_ids", "assistant_masks", "skip", "row", "n_tokens", "n_loss", "truncated", "note", "clipped")
+
+
+def encode_row(row: dict, form: Format, roles: dict, encoder: Encoder, train_all: bool) -> tuple[str, list[Encoded]]:
+    """(why the row is skipped, or ""; its sequences with an answer left after the cut at max_seq_len). The
+    launcher's pre-flight (sources/tokencheck.py) calls it too, on the rows it reads."""
+    problems = [p for p in check_row(row, form, roles) if p.skips]
+    if problems:
+        return problems[0].code, []
+    try:
+        sequences = encoder.encode(to_trl(row, form, roles), train_all)
+    except TooLarge:
+        return "too-large", []
+    except RowRejected:
+        return "template", []
+    kept = [s for s in sequences if any(s.mask)]
+    if kept:
+        return "", kept
+    return ("too-long" if any(s.truncated for s in sequences) else "no-loss"), []
 
 
 def encode_batch(batch: dict[str, list], indices: list[int], fmt: dict, roles: dict, encoder: Encoder, train_all: bool):
@@ -31,27 +54,19 @@ def encode_batch(batch: dict[str, list], indices: list[int], fmt: dict, roles: d
     form = Format.from_dict(fmt)
     out: dict[str, list] = {c: [] for c in COLUMNS}
 
-    def emit(ids: list[int], mask: list[int], skip: str, row: int, truncated: bool = False, note: str = "") -> None:
-        values = (ids, mask, skip, row, len(ids), sum(mask), truncated, note)
+    def emit(ids: list[int], mask: list[int], skip: str, row: int, s: Encoded | None = None) -> None:
+        extra = (s.truncated, _note(s.problems), s.clipped) if s is not None else (False, "", False)
+        values = (ids, mask, skip, row, len(ids), sum(mask), *extra)
         for column, value in zip(COLUMNS, values, strict=True):
             out[column].append(value)
 
     for k, index in enumerate(indices):
         row = {column: values[k] for column, values in batch.items()}
-        problems = [p for p in check_row(row, form, roles) if p.skips]
-        if problems:
-            emit([], [], problems[0].code, index)
-            continue
-        try:
-            sequences = encoder.encode(to_trl(row, form, roles), train_all)
-        except RowRejected:
-            emit([], [], "template", index)
-            continue
-        sequences = [s for s in sequences if any(s.mask)]
-        if not sequences:
-            emit([], [], "too-long", index)
+        skip, sequences = encode_row(row, form, roles, encoder, train_all)
+        if skip:
+            emit([], [], skip, index)
         for s in sequences:
-            emit(s.input_ids, s.mask, "", index, s.truncated, _note(s.problems))
+            emit(s.input_ids, s.mask, "", index, s)
     return out
 
 
@@ -103,7 +118,9 @@ def report_source(source: Source, fmt: Format, train_all: bool, encoded: Encoded
     for code, count in Counter(r for r in reasons if r).items():
         listed = [f"{encoded.where} {row + 1}" for reason, row in zip(reasons, rows, strict=True) if reason == code]
         skipped[REASONS.get(code, code)] = {"count": count, "rows": listed[:LISTED]}
+    clipped = sorted({row for row, cut in zip(encoded.kept["row"], encoded.kept["clipped"], strict=True) if cut})
     return {
+        "clipped": {"count": len(clipped), "rows": [f"{encoded.where} {r + 1}" for r in clipped[:LISTED]]},
         "source": source.label,
         "format": fmt.describe(),
         "kind": fmt.kind,

@@ -18,10 +18,8 @@ def load_split(source: Source, split: str):
         dataset = _sliced(_from_disk(source.files[name][0], name), split, name)
     elif source.loader:
         files = source.files[name]
-        tsv = all(f.lower().endswith(".tsv") for f in files)
-        dataset = load_dataset(
-            source.loader, data_files={name: files}, split=split, **({"delimiter": "\t"} if tsv else {})
-        )
+        kwargs = _as_text(files) if source.loader == "csv" else {}
+        dataset = load_dataset(source.loader, data_files={name: files}, split=split, **kwargs)
     else:
         dataset = load_dataset(
             source.path, name=source.name, data_dir=source.data_dir, data_files=source.data_files, split=split
@@ -29,6 +27,22 @@ def load_split(source: Source, split: str):
     if source.columns:
         dataset = dataset.select_columns(list(source.columns))
     return dataset
+
+
+def _as_text(files: list[str]) -> dict:
+    """CSV/TSV cells read as text, as the launcher's pre-flight reads them (csv.DictReader): an answer `2` stays
+    "2" (pandas would make the column int, and every row would be skipped as prompt and completion of
+    different kinds), and `NA` or an empty cell stays that text. The columns are the first file's header (the
+    files of a split share them: PF019)."""
+    import csv
+
+    from datasets import Features, Value
+
+    delimiter = "\t" if all(f.lower().endswith(".tsv") for f in files) else ","
+    with open(files[0], newline="", encoding="utf-8-sig") as f:
+        header = next(csv.reader(f, delimiter=delimiter), [])
+    features = Features({column: Value("string") for column in header})
+    return {"delimiter": delimiter, "features": features, "keep_default_na": False}
 
 
 def _from_disk(folder: str, name: str):

@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from peft import get_peft_model
+from transformers import set_seed
 
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.files import FallbackRequired
 from fsdp_tune.worker.loading.pretrained import load_model
+from fsdp_tune.worker.loading.reference import load_start_adapter
 from fsdp_tune.worker.loading.report import LoadReport
 from fsdp_tune.worker.loading.sharded import build_sharded_model
 
@@ -29,11 +33,12 @@ class Loaded:
     path: str  # the path this rank took: "sharded" | "transformers"
     vocab_grew_from: int | None  # the checkpoint's vocabulary when the chat template's tokens grew it, else None
     report: LoadReport
+    peft_applied: bool = False  # on the transformers path: a starting adapter made the PEFT model here
 
     @property
     def prebuilt(self) -> bool:
-        """Sharded loading applied LoRA already: the trainer gets no peft_config."""
-        return self.path == "sharded"
+        """Sharded loading applied LoRA already (or a starting adapter did): the trainer gets no peft_config."""
+        return self.path == "sharded" or self.peft_applied
 
 
 def load(spec: RankSpec, tokenizer, args, fallback_args: Callable[[], Any]) -> Loaded:
@@ -60,5 +65,10 @@ def load(spec: RankSpec, tokenizer, args, fallback_args: Callable[[], Any]) -> L
             report.model_ready()
             return Loaded(built.model, args, "sharded", built.vocab_grew_from, report)
     model, grew_from = load_model(spec, len(tokenizer))
+    started = spec.model.adapter is not None and spec.lora is not None
+    if started:  # the PEFT model with the starting adapter's weights; TRL adds DPO/KTO's reference copy itself
+        set_seed(spec.seed)
+        model = get_peft_model(model, lora_config(spec))
+        load_start_adapter(model, spec.model.adapter)
     report.model_ready()
-    return Loaded(model, args, "transformers", grew_from, report)
+    return Loaded(model, args, "transformers", grew_from, report, peft_applied=started)

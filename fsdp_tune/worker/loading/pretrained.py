@@ -1,10 +1,11 @@
 """The transformers path: the base model through from_pretrained on every rank (dtype, attention, QLoRA's
-BitsAndBytesConfig), as the rank spec says; accelerate's fully_shard then shards it in the Trainer."""
+BitsAndBytesConfig), as the rank spec says; accelerate's fully_shard then shards it in the Trainer. A reward model
+is a sequence classifier with one score (its head is new: from_pretrained initialises it)."""
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BitsAndBytesConfig
 
 from fsdp_tune.launch.spec import ModelSpec, RankSpec
 
@@ -30,7 +31,10 @@ def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]
         kwargs["revision"] = m.revision
     if m.quantization:
         kwargs["quantization_config"] = quantization_config(spec)
-    model = AutoModelForCausalLM.from_pretrained(m.name_or_path, **kwargs)
+    if spec.method == "reward":  # RewardTrainer's own choice for a model it loads by name: one score
+        model = AutoModelForSequenceClassification.from_pretrained(m.name_or_path, num_labels=1, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(m.name_or_path, **kwargs)
     grew_from = None
     if vocab > model.get_input_embeddings().weight.shape[0]:
         # mean_resizing reads the weights, which sit on the meta device on ranks > 0 under

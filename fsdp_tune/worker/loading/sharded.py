@@ -32,6 +32,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, set_seed
 from transformers.quantizers import AutoHfQuantizer
 
+from fsdp_tune.config.methods import WITH_REFERENCE
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.worker.loading import units
 from fsdp_tune.worker.loading.adapter import lora_config
@@ -39,6 +40,7 @@ from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpo
 from fsdp_tune.worker.loading.files import rank_fallback_reason as _config_reason
 from fsdp_tune.worker.loading.four_bit import pack_meta_weights
 from fsdp_tune.worker.loading.pretrained import quantization_config
+from fsdp_tune.worker.loading.reference import add_reference_adapter, load_start_adapter
 
 
 @dataclass
@@ -187,17 +189,22 @@ def _with_lora(model, spec: RankSpec, quantized: bool, upcast: bool, seed: int):
     """get_peft_model as SFTTrainer runs it (right after its set_seed(args.seed): a vocabulary resize before it
     draws from the same RNG), with the dtype changes that follow it on the transformers path: SFTTrainer's bf16
     adapters for a quantized model, accelerate's fp32 upcast of trainable parameters under mixed precision
-    (fsdp2_prepare_model; not with 4-bit weights)."""
+    (fsdp2_prepare_model; not with 4-bit weights). A starting adapter's weights go into it; DPO and KTO get their
+    reference adapter beside it (worker/loading/reference.py)."""
     if spec.lora is None:
         return model
     set_seed(seed)
     with _adapters_stay_real():
         model = get_peft_model(model, lora_config(spec))
-    for name, p in model.named_parameters():
-        if quantized and p.requires_grad and "lora_magnitude_vector" not in name:
-            p.data = p.data.to(torch.bfloat16)
-        elif upcast and p.requires_grad and p.dtype != torch.float32:
-            p.data = p.data.to(torch.float32)
+        if spec.model.adapter:  # the policy starts from a trained adapter (--adapter)
+            load_start_adapter(model, spec.model.adapter)
+        for name, p in model.named_parameters():
+            if quantized and p.requires_grad and "lora_magnitude_vector" not in name:
+                p.data = p.data.to(torch.bfloat16)
+            elif upcast and p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.to(torch.float32)
+        if spec.method in WITH_REFERENCE:  # DPO/KTO's frozen reference adapter, inside FSDP's units (reference.py)
+            add_reference_adapter(model)
     return model
 
 

@@ -38,9 +38,18 @@ class ProgressCallback(TrainerCallback):
     """`timings`: the recipe's Phases (when the rank and the train step started); `metrics`: the method's
     evaluation metrics (training/methods.py)."""
 
-    def __init__(self, device: str, world_size: int, timings: phases.Phases, live: bool, metrics: tuple[Metric, ...]):
+    def __init__(
+        self,
+        device: str,
+        world_size: int,
+        timings: phases.Phases,
+        live: bool,
+        metrics: tuple[Metric, ...],
+        shown: tuple[Metric, ...] = (),
+    ):
         self.device, self.world_size, self.timings, self.live = device, world_size, timings, live
-        self.metrics = metrics
+        self.metrics, self.shown = metrics, shown  # evaluation's, the progress line's (a method's own)
+        self.values: dict[str, float] = {}
         self.started = timings.started.get("rank")
         self.began = self.drawn = 0.0
         self.first_at: float | None = None
@@ -81,6 +90,7 @@ class ProgressCallback(TrainerCallback):
             return
         now = time.time()
         self.loss, self.lr = _float(logs.get("loss")), _float(logs.get("learning_rate"))
+        self.values.update({m.key: v for m in self.shown if (v := _float(logs.get(m.key))) is not None})
         tokens = _float(logs.get("num_tokens"))
         if tokens is not None:
             then, before = self._tokens_seen or (self.began, 0.0)
@@ -120,6 +130,7 @@ class ProgressCallback(TrainerCallback):
         parts = [f"step {self.step}/{self.total}"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.3f}")
+        parts += [f"{m.label} {self.values[m.key]:{m.fmt}}" for m in self.shown if m.key in self.values]
         if self.lr is not None:
             parts.append(f"lr {self.lr:.1e}")
         if self.tokens_per_s is not None:

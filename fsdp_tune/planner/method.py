@@ -1,0 +1,75 @@
+"""What a training method changes in a step, for the memory plan and the step time (pure, read from TRL 1.16).
+
+    sft     B rows per micro-batch, forward with gradients, backward
+    dpo     chosen and rejected rows concatenated: 2B rows with gradients (dpo_trainer.py _compute_loss); then a
+            reference forward on the same 2B rows under no_grad (the "ref" adapter, or adapters off), while the
+            policy's activations are kept: one more all-gather pass per step, nothing saved for backward
+    kto     B rows with gradients; a KL forward of the policy before it and the reference's KL and main forwards
+            after it, each B rows under no_grad (kto_trainer.py forward / compute_ref_log_probs): three more passes
+    reward  chosen and rejected: 2B rows with gradients through a one-number score head (no vocabulary logits;
+            the model has no LM head)
+
+The no-grad forwards free each layer's tensors as the next one consumes them: at most one layer's worth is alive
+at once (bounded here by what the layer saves for backward, an upper bound) beside the kept activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdp_tune.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class MethodStep:
+    rows_with_grad: int  # sequences per micro-batch row whose activations are kept for backward
+    no_grad_forwards: int  # forwards without gradients per step (reference, KL)
+    no_grad_rows: int  # sequences per micro-batch row in each of them
+    lm_head: bool = True  # the loss goes through the vocabulary (TRL's fused head); False: reward's score head
+    describe: str = ""
+
+
+STEPS = {
+    "sft": MethodStep(1, 0, 0),
+    "dpo": MethodStep(
+        2, 1, 2, describe="2 sequences per example (chosen, rejected) with gradients, and a reference forward on them"
+    ),
+    "kto": MethodStep(1, 3, 1, describe="1 sequence per example with gradients, 3 forwards without (KL, reference)"),
+    "reward": MethodStep(
+        2, 0, 0, lm_head=False, describe="2 sequences per example (chosen, rejected) through a one-number score head"
+    ),
+}
+REFERENCE_PHASE = "reference forward (no grad)"
+
+
+def step_of(cfg: RunConfig) -> MethodStep:
+    return STEPS.get(cfg.run.method, STEPS["sft"])
+
+
+def note(cfg: RunConfig) -> str | None:
+    """One line for the plan naming the method's step (None for SFT)."""
+    step = step_of(cfg)
+    return f"{cfg.run.method}: {step.describe}" if step.describe else None
+
+
+def loss_terms(cfg: RunConfig, tokens: int, hidden: int, fused: tuple[float, float]) -> tuple[float, float]:
+    """(end of forward, start of backward) bytes of the loss: TRL's fused head (`fused`, from terms.loss_bytes) or,
+    for a reward model, the final norm's fp32 input and the score head's (tokens x 1) output only."""
+    if step_of(cfg).lm_head:
+        return fused
+    final_norm = 4 * tokens * hidden
+    return final_norm + 4 * tokens, final_norm + 8 * tokens
+
+
+def reference_phase(cfg: RunConfig, phase: dict[str, float], tokens_with_grad: int, layer_bytes: float, loss_fwd):
+    """The no-grad forwards' phase (None for methods without one): the forward's kept activations and gathered
+    units (`phase`: the end of the forward's components), one layer's tensors for the no-grad rows
+    (`layer_bytes` per token) and the reference's loss forward (`loss_fwd(tokens)`)."""
+    step = step_of(cfg)
+    if not step.no_grad_forwards:
+        return None
+    tokens = tokens_with_grad // step.rows_with_grad * step.no_grad_rows
+    out = {k: v for k, v in phase.items() if k != "logits and loss"}
+    out["reference forward: one layer (no grad)"] = tokens * layer_bytes
+    out["reference forward: its log-probs"] = loss_fwd(tokens)
+    return out

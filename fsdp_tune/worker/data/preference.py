@@ -1,0 +1,154 @@
+"""Preference data for DPO, KTO and reward models, converted once: rank 0 of each machine reads every source, turns
+each row into TRL's own columns (sources/preference_rows.py: {prompt, chosen, rejected} or {prompt, completion,
+label}), skips and counts the rows that cannot be trained on, mixes the sources and saves the result; every other
+rank reads that result (memory-mapped), as SFT's data is prepared (worker/data/prepare.py).
+
+TRL tokenizes these columns itself in the trainer's constructor (its DPO and KTO trainers take no pre-tokenized
+rows), rank 0 first and the others from its cache. KTO's rows are shuffled once with the data seed: KTOTrainer
+samples in order (its KL term pairs neighbouring rows), and pairs unpaired into two rows would otherwise sit next
+to each other, or TRL's own unpairing would put a whole block of desirable rows before the undesirable ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, concatenate_datasets, load_from_disk
+
+from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.runfiles import DATA_DIR, write_atomic
+from fsdp_tune.sources.formats import Format
+from fsdp_tune.sources.mixture import Source, plan_counts
+from fsdp_tune.sources.preference import PAIRED, detect_preference
+from fsdp_tune.sources.preference_rows import canonical, unpair
+from fsdp_tune.worker.data.prepare import REPORT, Prepared, cache_key, check_template, take
+from fsdp_tune.worker.data.rows import LISTED, where
+from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
+from fsdp_tune.worker.rank import local_rank
+
+KTO = "kto"
+
+
+def prepare_preference(spec: RankSpec, tokenizer) -> Prepared:
+    """(train, eval or None, the data report): TRL's preference columns, converted once by rank 0 of each machine."""
+    key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:{spec.method}".encode()).hexdigest()[:16]
+    folder = Path(spec.output_dir) / DATA_DIR / key
+    if not (folder / REPORT).exists():
+        if local_rank() != 0:
+            raise RuntimeError(f"rank 0 did not prepare the data in {folder}: see logs/rank-0.log")
+        build(spec, tokenizer, folder)
+    report = json.loads((folder / REPORT).read_text())
+    evaluation = load_from_disk(str(folder / "eval")) if (folder / "eval").exists() else None
+    return Prepared(load_from_disk(str(folder / "train")), evaluation, report)
+
+
+def format_of(source: Source, dataset) -> Format:
+    """The launcher's detection, or rank 0's for a Hub dataset."""
+    if source.detected is not None:
+        return Format.from_dict(source.detected)
+    rows = dataset.select(range(min(DETECT_ROWS, len(dataset)))).to_list()
+    return detect_preference(dataset.column_names, rows, forced=source.format, column_map=source.column_map)
+
+
+def convert(raw, fmt: Format, method: str, named: str) -> tuple[list[dict], dict[str, Any]]:
+    """(TRL's rows, the split's report part): every row converted, pairs unpaired for KTO, problems counted."""
+    out: list[dict] = []
+    skipped: dict[str, dict[str, Any]] = {}
+    for index, row in enumerate(raw):
+        converted, problem = canonical(row, fmt)
+        if problem is not None:
+            seen = skipped.setdefault(problem.reason, {"count": 0, "rows": []})
+            seen["count"] += 1
+            if len(seen["rows"]) < LISTED:
+                seen["rows"].append(f"{named} {index + 1}")
+            continue
+        out += unpair(converted) if method == KTO and fmt.kind in PAIRED else [converted]
+    return out, {"rows": len(raw), "sequences": len(out), "skipped": skipped}
+
+
+def _split(raw, source: Source, split: str, fmt: Format, method: str) -> tuple[Any, dict[str, Any]]:
+    rows, part = convert(raw, fmt, method, where(source, split))
+    if not rows:
+        reasons = "; ".join(f"{seen['count']} row(s): {r}" for r, seen in part["skipped"].items())
+        raise ValueError(f"{source.label}: no row of the {split} split can be trained on ({reasons or 'no rows'})")
+    return Dataset.from_list(rows), part
+
+
+def build(spec: RankSpec, tokenizer, folder: Path) -> None:
+    """Convert, mix, shuffle for KTO and save; the folder appears whole or not at all."""
+    work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    trains, evals, reports = [], [], []
+    for source in spec.data.sources:
+        raw = load_split(source, source.split)
+        fmt = format_of(source, raw)
+        if fmt.conversational:
+            check_template(tokenizer, Format("messages", {}), source)
+        train, part = _split(raw, source, source.split, fmt, spec.method)
+        trains.append(train)
+        reports.append(_report(source, fmt, part))
+        if source.eval_split:
+            held, held_part = _split(load_split(source, source.eval_split), source, source.eval_split, fmt, spec.method)
+            evals.append(held)
+            reports[-1]["eval"] = _report(source, fmt, held_part)
+    seed = spec.data.seed
+    counts = plan_counts([len(d) for d in trains], list(spec.data.sources))
+    picked = [
+        take(d, n, s, seed + k) for k, (d, n, s) in enumerate(zip(trains, counts, spec.data.sources, strict=True))
+    ]
+    train = concatenate_datasets(picked)
+    evaluation = concatenate_datasets(evals) if evals else None
+    if spec.data.test_split_size:
+        parts = train.train_test_split(test_size=spec.data.test_split_size, seed=seed)
+        train, evaluation = parts["train"], parts["test"]
+    if spec.method == KTO:  # sequential sampling: mix desirable and undesirable rows once, with the seed
+        train = train.shuffle(seed=seed)
+        evaluation = evaluation.shuffle(seed=seed) if evaluation is not None else None
+    for report, used in zip(reports, counts, strict=True):
+        report["used"] = used
+    report = {"sources": reports, "sequences": len(train), "tokens": None, "loss_tokens": None, "loss_share": None}
+    if evaluation is not None:
+        report["eval"] = {"sequences": len(evaluation), "tokens": 0, "loss_tokens": 0}
+    _save(train, evaluation, report, work / "out")
+    try:
+        os.replace(work / "out", folder)
+    except OSError:  # another machine sharing the folder finished first: its result is the same
+        if not (folder / REPORT).exists():
+            raise
+    shutil.rmtree(work, ignore_errors=True)
+    print_report(report, spec.method)
+
+
+def _report(source: Source, fmt: Format, part: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "source": source.label,
+        "format": fmt.describe(),
+        "kind": fmt.kind,
+        "notes": list(fmt.notes),
+        "loss": "answers",
+        "truncated": 0,
+        "template_notes": {},
+        **part,
+    }
+
+
+def _save(train, evaluation, report: dict, out: Path) -> None:
+    train.flatten_indices().save_to_disk(str(out / "train"))
+    if evaluation is not None and len(evaluation):
+        evaluation.flatten_indices().save_to_disk(str(out / "eval"))
+    write_atomic(out / REPORT, json.dumps(report, indent=2))
+
+
+def print_report(report: dict[str, Any], method: str) -> None:
+    """What rank 0 says about the data before training (the summary repeats it)."""
+    what = "rows (prompt, completion, label)" if method == KTO else "pairs (prompt, chosen, rejected)"
+    for s in report["sources"]:
+        print(f"fsdp-tune: data: {s['source']}: {s['format']}, {s['rows']} rows -> {s['sequences']} {what}")
+        for reason, seen in s["skipped"].items():
+            rows = ", ".join(seen["rows"])
+            print(f"fsdp-tune: warning: {seen['count']} row(s) of {s['source']} skipped: {reason} ({rows})")

@@ -1,0 +1,178 @@
+"""Preference tuning on 2 CPU ranks, every method in one torchrun launch (tests/dist/recipes_in_one_group.py; the
+rank specs come from the launcher's own plan_run): DPO on a preference probe (random prompts, one constant preferred
+and one constant rejected answer), from plain pairs and from conversations whose prompt is their common turns; KTO
+on unpaired rows; a reward model, scored on held-out prompts, merged into a sequence classifier; and DPO continuing
+the reference run's SFT adapter, which is both the policy's start and the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import FIXTURES, REPO
+from tests.datafiles import jsonl
+from tests.dist.conftest import TIMEOUT
+
+GOOD, BAD = "I am glad to help with that.", "Go away, I will not answer."
+WORDS = "the cat dog sun moon tree river house car blue red green small big fast slow happy old new".split()
+STEPS = ("--max_steps", "10", "--learning_rate", "0.01", "--per_device_train_batch_size", "4")
+
+
+def prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) for _ in range(n)]
+
+
+def probe(tmp_path: Path) -> dict[str, Path]:
+    """The probe's files: plain pairs, conversations, unpaired rows."""
+    asked = prompts(48, 0)
+    return {
+        "pairs": jsonl(
+            tmp_path / "pairs.jsonl",
+            [{"prompt": f"Question: {p}\nAnswer:", "chosen": f" {GOOD}", "rejected": f" {BAD}"} for p in asked],
+        ),
+        "chats": jsonl(
+            tmp_path / "chats.jsonl",
+            [
+                {
+                    "chosen": [{"role": "user", "content": p}, {"role": "assistant", "content": GOOD}],
+                    "rejected": [{"role": "user", "content": p}, {"role": "assistant", "content": BAD}],
+                }
+                for p in asked
+            ],
+        ),
+        "unpaired": jsonl(
+            tmp_path / "kto.jsonl",
+            [
+                {"prompt": f"Question: {p}\nAnswer:", "completion": f" {a}", "label": a == GOOD}
+                for p in asked
+                for a in (GOOD, BAD)
+            ],
+        ),
+    }
+
+
+def resolved(tmp_path: Path, name: str, *flags: str) -> tuple[str, object]:
+    from fsdp_tune.launch import torchrun
+    from fsdp_tune.launch.train import plan_run
+
+    out = tmp_path / name
+    planned = plan_run(str(FIXTURES / "tiny_lora.yaml"), [*flags, "--output_dir", str(out)], lambda m: None)
+    assert not [f for f in planned.machine_findings if f.severity.value == "error"], planned.machine_findings
+    return torchrun.prepare(planned.config, planned.spec, planned.run_id).resolved_path, planned.spec
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "fsdp_tune_summary.json").read_text())
+
+
+def test_dpo_kto_reward_and_dpo_from_an_sft_run(tmp_path, model_cache, reference_run, monkeypatch) -> None:
+    env = {"FSDP_TUNE_CACHE": str(model_cache), "HF_DATASETS_CACHE": str(model_cache / "datasets")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # plan_run materialises the builtin model where the ranks read it
+    data = probe(tmp_path)
+    sft = reference_run.output_dir  # LoRA r 8 on all linears, 6 SFT steps on the demo chats
+    runs = {
+        "dpo": resolved(tmp_path, "dpo", "--method", "dpo", "--dataset_name", str(data["pairs"]), *STEPS),
+        "dpo-chats": resolved(tmp_path, "dpo-chats", "--method", "dpo", "--dataset_name", str(data["chats"]), *STEPS),
+        "kto": resolved(tmp_path, "kto", "--method", "kto", "--dataset_name", str(data["unpaired"]), *STEPS),
+        "reward": resolved(tmp_path, "reward", "--method", "reward", "--dataset_name", str(data["pairs"]), *STEPS),
+        "from-sft": resolved(
+            tmp_path,
+            "from-sft",
+            "--method",
+            "dpo",
+            "--adapter",
+            str(sft),
+            "--dataset_name",
+            str(data["chats"]),
+            "--max_steps",
+            "6",
+            "--learning_rate",
+            "0.001",
+        ),  # fmt: skip
+    }
+    specs = {name: spec for name, (_, spec) in runs.items()}
+    assert [specs[n].loading.path for n in runs] == ["sharded", "sharded", "sharded", "transformers", "sharded"]
+    assert specs["from-sft"].model.adapter == str(sft) and specs["from-sft"].lora["r"] == 8
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["-m", "tests.dist.recipes_in_one_group", *(path for path, _ in runs.values())]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * TIMEOUT, env={**os.environ, **env}, cwd=REPO)
+    logs = "".join(
+        (tmp_path / n / "logs" / "rank-0.log").read_text()[-3000:] for n in runs if (tmp_path / n / "logs").is_dir()
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:] + logs
+    shown = {n: (tmp_path / n / "logs" / "rank-0.log").read_text() for n in ("dpo", "kto", "reward")}
+    for name, said in (("dpo", "  reward acc 1.00  margin "), ("kto", "  kl "), ("reward", "  acc 1.00  margin ")):
+        assert "fsdp-tune: step 10/10  loss " in shown[name] and said in shown[name], name  # the progress line
+
+    for name in ("dpo", "dpo-chats"):
+        s = summary(tmp_path / name)
+        metrics = s["method_metrics"]
+        assert s["method"] == "dpo" and s["adapter_check"]["ok"] and s["adapter_check"]["lora_tensors"] == 56, s
+        assert metrics["rewards/accuracies"]["last"] >= 0.9 and metrics["rewards/margins"]["last"] > 0, metrics
+        assert metrics["rewards/margins"]["first"] == 0  # step 1: the policy is its reference (a fresh adapter)
+    kinds = {n: summary(tmp_path / n)["data"]["sources"][0] for n in ("dpo", "dpo-chats", "kto")}
+    assert [kinds[n]["kind"] for n in kinds] == ["preference", "preference_implicit", "unpaired"]
+    assert "(conversational)" in kinds["dpo-chats"]["format"]
+
+    kto = summary(tmp_path / "kto")
+    assert kto["loss_last"] < kto["loss_first"] and kto["method_metrics"]["rewards/margins"]["last"] > 0, kto
+    assert "kl" in kto["method_metrics"] and kto["adapter_check"]["ok"]
+
+    _check_reward_model(tmp_path / "reward", tmp_path)
+    _check_the_start_and_the_reference(tmp_path / "from-sft", sft)
+
+
+def _scores(model, tok, texts: list[str]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        return [model(**tok(t, return_tensors="pt")).logits[0, 0].item() for t in texts]
+
+
+def _check_reward_model(run: Path, tmp_path: Path) -> None:
+    """The reward model scores the preferred answer higher on prompts it never saw; merged, it is a sequence
+    classifier that scores the same."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from fsdp_tune.tools.merge import merge
+
+    s = summary(run)
+    assert s["method"] == "reward" and s["adapter_check"]["ok"] and s["method_metrics"]["accuracy"]["last"] >= 0.9, s
+    config = json.loads((run / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_CLS" and "score" in config["modules_to_save"]
+    tok = AutoTokenizer.from_pretrained(str(run))
+    base = AutoModelForSequenceClassification.from_pretrained(config["base_model_name_or_path"], num_labels=1)
+    base.config.pad_token_id = tok.pad_token_id
+    model = PeftModel.from_pretrained(base, str(run)).eval()
+    held = [f"Question: {p}\nAnswer:" for p in prompts(12, 99)]
+    end = tok.eos_token  # TRL appends it to every text answer: the score is read there
+    good, bad = (_scores(model, tok, [f"{p} {a}{end}" for p in held]) for a in (GOOD, BAD))
+    assert all(g > b for g, b in zip(good, bad, strict=True)), (good, bad)
+    merged = merge(str(run), None, str(tmp_path / "rm-merged"), None, "5GB", "cpu", False)
+    assert merged["max_rel_logit_diff"] <= merged["tolerance"]
+    classifier = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm-merged")).eval()
+    assert type(classifier).__name__ == "LlamaForSequenceClassification"
+    again = _scores(classifier, tok, [f"{p} {GOOD}{end}" for p in held])
+    assert max(abs(a - g) for a, g in zip(again, good, strict=True)) < 1e-4
+
+
+def _check_the_start_and_the_reference(run: Path, sft: Path) -> None:
+    """DPO from the SFT adapter: at step 1 the policy equals its reference (both the SFT adapter); the saved adapter
+    is the policy, a few small steps away from the SFT adapter (not from a fresh one), and holds no reference."""
+    from safetensors.torch import load_file
+
+    s = summary(run)
+    assert s["adapter_check"]["ok"] and s["method_metrics"]["rewards/margins"]["first"] == 0, s
+    start, end = load_file(str(sft / "adapter_model.safetensors")), load_file(str(run / "adapter_model.safetensors"))
+    assert end.keys() == start.keys() and not any(".ref." in k for k in end)
+    b = [k for k in start if "lora_B" in k]
+    moved = sum((end[k] - start[k]).norm().item() ** 2 for k in b) ** 0.5
+    size = sum(start[k].norm().item() ** 2 for k in b) ** 0.5
+    assert size > 0 and 0 < moved < 0.5 * size, (moved, size)  # a fresh start would be `size` away from it
