@@ -108,16 +108,23 @@ def _preflight_report(findings: list, dry_run: bool) -> None:
 def plan_cmd(
     ctx: typer.Context,
     config: Optional[str] = ConfigOpt,
-    gpu: str = typer.Option("h100", "--gpu", help="h100 | h200 | a100 | 4090 (memory, TFLOP/s, link)."),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", help="h100 | h200 | a100 | 4090 (memory, TFLOP/s, link); default: this machine's GPU, else h100."
+    ),
     gpu_memory: Optional[str] = typer.Option(None, "--gpu_memory", "--gpu-memory", help="e.g. 80GiB, 24GB."),
     cpu: bool = typer.Option(False, "--cpu", help="Plan a CPU run (host memory per rank)."),
     trace: bool = typer.Option(
         False, "--trace", help="Also execute one step at the run's sizes in fake mode (torch; ~10-60 s) and compare."
     ),
     as_json: bool = typer.Option(False, "--json"),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when the launch as given does not fit (for scripts)."),
     debug: bool = DebugOpt,
 ) -> None:
     """Predict per-GPU and host memory and step time before launch, and what would make it fit.
+
+    Exit codes: 0 it fits (or an option listed fits), 1 it does not fit and nothing fsdp-tune tried does (with
+    --check: the launch as given does not fit), 2 bad config. Host RAM is judged against this machine when the
+    plan is for it (--cpu, or no --gpu/--gpu_memory on a machine with NVIDIA GPUs: its smallest GPU is planned).
 
     Planned on the loading path the run would take (--loading auto|sharded|transformers, as for train).
     --trace runs the real model, PEFT, FSDP2 and TRL code of one step on fake tensors at the run's world size
@@ -135,7 +142,9 @@ def plan_cmd(
 
             guard.check_settings(cfg, on_cpu=cpu)
             guard.check_versions(cfg.quantization.use_4bit_quantization)
-        result = memory_plan(cfg, gpu, gpu_memory, on_cpu=cpu or cfg.launch.use_cpu)
+        on_cpu = cpu or cfg.launch.use_cpu
+        gpu_key, memory, host_gib = _plan_target(gpu, gpu_memory, on_cpu)
+        result = memory_plan(cfg, gpu_key, memory, on_cpu=on_cpu, host_gib=host_gib)
         text = None if as_json else format_plan(result)
         if trace:
             from fsdp_tune.output.trace import compare, format_trace
@@ -145,8 +154,32 @@ def plan_cmd(
             result["trace"]["comparison"] = compare(result, result["trace"])
             text = text and text + "\n" + format_trace(result["trace"])
         typer.echo(json.dumps(result, indent=2) if as_json else text)
+        if not (result["fits"] and result["host_fits"] is not False) and (check or not result["advice"]):
+            raise typer.Exit(DOES_NOT_FIT)
 
     guard(run, debug)
+
+
+DOES_NOT_FIT = 1  # plan's exit code: the launch does not fit, and nothing proposed fits (or --check)
+
+
+def _plan_target(gpu: str | None, gpu_memory: str | None, on_cpu: bool) -> tuple[str, str | None, float | None]:
+    """(the GPU to plan, its memory, this machine's available RAM when the plan is for this machine): a CPU run
+    is; a GPU plan is when no --gpu/--gpu_memory names another card and this machine has NVIDIA GPUs (the
+    smallest is planned, as train's memory pre-flight does)."""
+    from fsdp_tune.launch.machine import available_ram_gib, probe
+    from fsdp_tune.launch.memory_check import gpu_key
+
+    if on_cpu:
+        return gpu or "h100", gpu_memory, available_ram_gib()
+    if gpu or gpu_memory:
+        return gpu or "h100", gpu_memory, None
+    machine = probe()
+    cards = list(zip(machine.gpu_names, machine.gpu_memory_mib, strict=False))
+    if not cards:
+        return "h100", None, None
+    name, mib = min(cards, key=lambda c: c[1])
+    return gpu_key(name), f"{mib}MiB", available_ram_gib()
 
 
 def _plot(output_dir: str) -> None:

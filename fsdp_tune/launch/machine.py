@@ -81,6 +81,18 @@ def probe() -> Machine:
     )
 
 
+def available_ram_gib(meminfo: str = "/proc/meminfo") -> float | None:
+    """RAM a new run can take on this machine (MemAvailable, GiB); None where the kernel does not say."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def needs_nccl_p2p_off(machine: Machine) -> bool:
     """accelerate's check_cuda_p2p_ib_support (utils/environment.py): RTX 40-series cards with a driver older
     than 550.40.07 cannot use NCCL's P2P/IB paths; every rank's PartialState refuses to start on such a host

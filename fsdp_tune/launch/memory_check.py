@@ -51,6 +51,10 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
     if plan["fits"] and not plan["at_capacity"]:
         return []
     low, high = plan["range_gib"]
+    advice = plan["advice"]
+    first = ""
+    if advice:
+        first = f"{advice[0]['flags']} (plans {advice[0]['range_gib'][0]}-{advice[0]['range_gib'][1]} GiB)"
     if plan["fits"]:
         return [
             Finding(
@@ -60,15 +64,11 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
                 "this machine",
                 f"at the card's capacity: the plan needs {low:.1f}-{high:.1f} GiB per GPU at {plan['peak_phase']} "
                 f"on a {card}; the allocator's cache may not leave room",
-                "`fsdp-tune plan` shows where the memory goes and what would leave room",
+                (f"{first} would leave room; " if first else "")
+                + "`fsdp-tune plan` shows where the memory goes and what would leave room",
             )
         ]
-    advice = plan["advice"]
-    fix = (
-        f"{advice[0]['change']} (plans {advice[0]['per_gpu_memory_gib']} GiB)"
-        if advice
-        else "nothing fsdp-tune tried fits"
-    )
+    fix = first or "nothing fsdp-tune tried fits"
     return [
         Finding(
             "PF050",

@@ -16,14 +16,12 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
     ]
     if plan["per_gpu_memory_gib"] is not None:
-        verdict = (
-            ("fits, at the card's capacity" if plan.get("at_capacity") else "fits") if plan["fits"] else "does NOT fit"
-        )
         low, high = plan["range_gib"]
         lines.append(
-            f"per-GPU memory: {plan['per_gpu_memory_gib']:.1f} GiB (range {low:.1f}-{high:.1f}) of "
-            f"{plan['gpu_memory_gib']:.1f} GiB: {verdict}\n  peak allocated {plan['peak_allocated_gib']:.1f} GiB "
-            f"({plan['peak_phase']}), reserved ~{plan['peak_reserved_gib']:.1f} GiB; the step's peak, "
+            f"per-GPU memory: needs {low:.1f}-{high:.1f} GiB (likely {plan['per_gpu_memory_gib']:.1f}) of "
+            f"{plan['gpu_memory_gib']:.1f} GiB: {_verdict(plan)}\n"
+            f"  peak allocated {plan['peak_allocated_gib']:.1f} GiB ({plan['peak_phase']}), "
+            f"reserved ~{plan['peak_reserved_gib']:.1f} GiB; the step's peak, "
             f"{plan['training_peak_gib']:.1f} GiB:"
         )
     else:
@@ -34,7 +32,11 @@ def format_plan(plan: dict[str, Any]) -> str:
     host = f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB at peak"
     if plan["host_memory_gib_per_node_steady"] < plan["host_memory_gib_per_node"] - 0.05:
         host += f", {plan['host_memory_gib_per_node_steady']:.1f} GiB once training runs"
-    lines.append(host + " (the larger of the loading and training phases)")
+    host += " (the larger of the loading and training phases)"
+    if plan.get("host_ram_gib") is not None:
+        verdict = "fits" if plan["host_fits"] else "does NOT fit"
+        host += f"; {plan['host_ram_gib']:.1f} GiB available on this machine: {verdict}"
+    lines.append(host)
     for name, gib in plan["host_components"].items():
         if gib:
             lines.append(f"  {name:<46} {gib:8.2f} GiB")
@@ -52,10 +54,40 @@ def format_plan(plan: dict[str, Any]) -> str:
             f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
         )
     lines += [f"note: {n}" for n in plan.get("notes", [])] + [f"assumed: {a}" for a in plan.get("assumptions", [])]
-    if plan["advice"]:
-        lines.append("cheapest changes that make it fit:")
-        for a in plan["advice"]:
-            lines.append(f"  - {a['change']}: {a['per_gpu_memory_gib']:.1f} GiB")
-    elif plan["per_gpu_memory_gib"] is not None and not plan["fits"]:
-        lines.append("no single change makes it fit: combine them, or use more GPUs")
-    return "\n".join(lines)
+    return "\n".join(lines + _advice(plan))
+
+
+def _verdict(plan: dict[str, Any]) -> str:
+    """Plain words on what the range means for the card: the allocated peak and the CUDA context must fit (the
+    allocator frees its cache before it fails); the rest of the range is cache it may or may not keep."""
+    low, high = plan["range_gib"]
+    if not plan["fits"]:
+        return f"does NOT fit (the allocated peak and CUDA context alone take {low:.1f} GiB)"
+    if plan.get("at_capacity"):
+        return (
+            f"fits only if the allocator's cache stays under {plan['gpu_memory_gib'] - low:.1f} GiB (the allocated "
+            f"peak and CUDA context take {low:.1f} GiB)"
+        )
+    return "fits, with room for the allocator's cache"
+
+
+def _advice(plan: dict[str, Any]) -> list[str]:
+    """The options the planner found, one line each: its step time, its memory, the flags to add."""
+    launch_fits = plan["fits"] and plan.get("host_fits") is not False
+    if plan["per_gpu_memory_gib"] is None or (launch_fits and not plan.get("at_capacity")):
+        return []
+    if not plan["advice"]:
+        if launch_fits:
+            return []
+        return [
+            f"nothing fsdp-tune tried fits ({plan.get('advice_searched', 0)} variants: micro-batch and accumulation, "
+            "checkpointing, offload, sharded loading, 2-4x the GPUs, QLoRA, half the sequence length): a larger card"
+        ]
+    head = "to leave the allocator room" if launch_fits else "does not fit as it stands; what fits"
+    lines = [f"{head}, cheapest first by the planner's step time (add the flags to this command):"]
+    for a in plan["advice"]:
+        low, high = a["range_gib"]
+        note = f"  ({a['note']})" if a["note"] else ""
+        room = " at capacity" if a["at_capacity"] else ""
+        lines.append(f"  ~{a['step_s']:.1f} s/step  {low:.1f}-{high:.1f} GiB{room}  {a['flags']}{note}")
+    return lines

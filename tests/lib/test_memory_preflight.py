@@ -50,7 +50,7 @@ def test_refusal_names_phase_figures_card_and_the_cheapest_fix() -> None:
     (f,) = _findings(TWO_4090, "--fsdp_version", "1")
     assert "loading (before FSDP shards the model)" in f.message and "24.0 GiB NVIDIA GeForce RTX 4090" in f.message
     assert "the smallest of 2 GPUs" in f.message
-    assert f.hint.startswith("FSDP2 with sharded loading") and "--skip_memory_check" in f.hint
+    assert f.hint.startswith("--fsdp_version 2 (plans ") and "--skip_memory_check" in f.hint
 
 
 def test_the_smallest_card_the_ranks_use_decides() -> None:

@@ -84,7 +84,7 @@ def test_seed_qlora_on_two_24gb_cards_tells_the_truth_about_loading() -> None:
     hf = memory_plan(tight, gpu_key="4090")
     assert not hf["fits"] and hf["peak_phase"].startswith("loading") and hf["peak_allocated_gib"] > 33.5
     assert hf["loading"] == "transformers" and "FSDP1" in hf["loading_note"]
-    assert hf["advice"][0]["change"].startswith("FSDP2 with sharded loading")
+    assert hf["advice"][0]["flags"] == "--fsdp_version 2"  # FSDP2 then loads sharded
     fsdp2 = memory_plan(_seed("run_peft_qlora_fsdp.sh", "--fsdp_version", "2"), gpu_key="4090")
     assert fsdp2["loading"] == "sharded" and fsdp2["fits"] and fsdp2["peak_allocated_gib"] < 20
     sharded = memory_plan(tight, gpu_key="4090", loading="sharded")
@@ -164,9 +164,10 @@ def test_offload_moves_weights_to_host_and_advice_makes_it_fit() -> None:
         _seed("run_peft_qlora_fsdp.sh", "--fsdp_offload_params", "false", "--fsdp_version", "1"), gpu_memory="24GiB"
     )
     assert not tight["fits"] and tight["advice"]
-    assert all(a["change"].startswith("--loading sharded") or "sharded loading" in a["change"] for a in tight["advice"])
-    # "fits" is the allocated peak plus context within the card; the point adds the allocator's cache
-    assert tight["advice"][0]["per_gpu_memory_gib"] <= 24 and "twice the GPUs" in tight["advice"][0]["change"]
+    assert all("--fsdp_version 2" in a["flags"] for a in tight["advice"])  # every option loads sharded
+    # the cheapest on these GPUs: offload (the planner's step is compute-bound: the host copies overlap)
+    assert tight["advice"][0]["flags"] == "--fsdp_offload_params true --fsdp_version 2"
+    assert tight["advice"][0]["range_gib"][1] <= 24 and not tight["advice"][0]["at_capacity"]
 
 
 def test_cpu_full_fine_tuning_matches_the_memory_benchmark() -> None:
