@@ -19,6 +19,12 @@ def train(
     verbose: bool = typer.Option(
         False, "--verbose", help="Show everything the libraries print, live (it always goes to logs/rank-K.log)."
     ),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", help="With --dry_run: preview on a simulated GPU node, h100 | h200 | a100 | 4090."
+    ),
+    gpus: Optional[int] = typer.Option(
+        None, "--gpus", help="With --gpu: the simulated node's GPUs (default: the run's processes per machine)."
+    ),
     debug: bool = DebugOpt,
 ) -> None:
     """Validate, check this machine, then train through torchrun (same flags as validate-config).
@@ -26,30 +32,41 @@ def train(
     The console shows the plan, each phase with its time, one progress line, evaluation results and the
     summary; everything the libraries print goes to OUTPUT_DIR/logs/rank-K.log (--verbose: also here).
 
+    `--dry_run --gpu h100 [--gpus 8]` previews the launch on a simulated GPU node from any machine.
     Also: --resume_from_checkpoint latest|PATH, --overwrite_output_dir, --max_restarts N, --ddp_timeout S,
     --save_on_interrupt false. Exit codes: 0 trained, 1 training failed, 2 bad config or pre-flight,
     3 internal error, 130/143 interrupted.
     """
     config, args = split_config(config, list(ctx.args))
-    guard(lambda: _train(config, args, dry_run=dry_run, as_json=as_json, verbose=verbose), debug)
+    node = (gpu, gpus)
+    guard(lambda: _train(config, args, dry_run=dry_run, as_json=as_json, verbose=verbose, node=node), debug)
 
 
-def _train(config: str | None, args: list[str], dry_run: bool, as_json: bool, verbose: bool) -> None:
-    """Plan the run (validate, pre-flight, the rank spec), show it, then launch it unless this is a dry run."""
+def _train(
+    config: str | None, args: list[str], dry_run: bool, as_json: bool, verbose: bool, node: tuple = (None, None)
+) -> None:
+    """Plan the run (validate, pre-flight, the rank spec), show it, then launch it unless this is a dry run;
+    `node`: (--gpu, --gpus), a simulated GPU node to preview on."""
     import sys
 
+    from fsdp_tune.launch import simulate
     from fsdp_tune.launch.decide import console_mode
     from fsdp_tune.launch.train import execute, plan_run
     from fsdp_tune.output.run import format_summary
 
+    gpu, gpus = node
+    simulate.refuse_without_dry_run(gpu, gpus, dry_run)
+    machine = (lambda cfg: simulate.gpu_node(gpu, gpus or cfg.launch.nproc_per_node)) if gpu else None
     console = console_mode(verbose, sys.stdout.isatty())
-    planned = plan_run(config, args, lambda m: typer.echo(m, err=True), console=console)
+    planned = plan_run(config, args, lambda m: typer.echo(m, err=True), machine=machine, console=console)
     if as_json and dry_run:
-        typer.echo(json.dumps(_plan_json(planned), indent=2))
+        typer.echo(json.dumps(_plan_json(planned, simulated=bool(gpu)), indent=2))
         return
     _show_plan(config, planned)
+    if gpu:
+        echo_out(simulate.describe(planned.machine))
     if dry_run:
-        _dry_run(planned)
+        _dry_run(planned, simulated=bool(gpu))
         return
     _preflight_report(planned.machine_findings, dry_run=False)  # its errors: execute() refuses to start
     summary = execute(planned, lambda m: typer.echo(m, err=True))
@@ -59,16 +76,20 @@ def _train(config: str | None, args: list[str], dry_run: bool, as_json: bool, ve
         _plot(planned.spec.output_dir)
 
 
-def _plan_json(planned) -> dict:
-    """`--dry_run --json`: the rank spec, torchrun's command, what pre-flight found on this machine, the run id."""
+def _plan_json(planned, simulated: bool = False) -> dict:
+    """`--dry_run --json`: the rank spec, torchrun's command, what pre-flight found on this machine, the run id;
+    the simulated node (`--gpu`) it was decided for."""
+    from dataclasses import asdict
+
     from fsdp_tune.launch import torchrun
 
-    return {
+    out = {
         "spec": planned.spec.as_dict(),
         "torchrun": torchrun.command(planned.spec),
         "preflight": [f.as_dict() for f in planned.machine_findings],
         "run_id": planned.run_id,
     }
+    return dict(out, simulated_machine=asdict(planned.machine)) if simulated else out
 
 
 def _show_plan(config: str | None, planned) -> None:
@@ -83,14 +104,15 @@ def _show_plan(config: str | None, planned) -> None:
     echo_out(f"  run id: {planned.run_id}")
 
 
-def _dry_run(planned) -> None:
-    """The memory plan, and what would stop this machine from starting the run; nothing is started."""
-    _dry_run_memory(planned.config, planned.spec.loading.path)
-    _preflight_report(planned.machine_findings, dry_run=True)
+def _dry_run(planned, simulated: bool = False) -> None:
+    """The memory plan, and what would stop this machine (or the simulated node) from starting the run; nothing
+    is started."""
+    _dry_run_memory(planned, simulated)
+    _preflight_report(planned.machine_findings, dry_run=True, simulated=simulated)
     typer.echo("dry run: nothing was started")
 
 
-def _preflight_report(findings: list, dry_run: bool) -> None:
+def _preflight_report(findings: list, dry_run: bool, simulated: bool = False) -> None:
     """The pre-flight's warnings and notes (PF017 skipped rows, PF018, ...), for a real run as for a dry run
     (#26: `train` printed none); its errors too on a dry run (a real run stops on them with the full report)."""
     from fsdp_tune.errors import Severity
@@ -99,7 +121,8 @@ def _preflight_report(findings: list, dry_run: bool) -> None:
     errors = [f for f in findings if f.severity is Severity.ERROR]
     advisories = [f for f in findings if f.severity is not Severity.ERROR]
     if dry_run and errors:
-        typer.echo("this machine could not start it as it stands:", err=True)
+        where = "the simulated node (with this machine's files and libraries)" if simulated else "this machine"
+        typer.echo(f"{where} could not start it as it stands:", err=True)
         typer.echo(format_findings("this launch", errors, style).split("\n", 1)[-1], err=True)
     if advisories:
         typer.echo(format_findings("this launch", advisories, style), err=True)
@@ -195,16 +218,26 @@ def _plot(output_dir: str) -> None:
         )
 
 
-def _dry_run_memory(cfg, loading: str) -> None:
-    """The planner's memory summary for a dry run, on the rank spec's loading path; a model it cannot see is a
-    note, not a failure."""
+def _dry_run_memory(planned, simulated: bool) -> None:
+    """The planner's memory summary for a dry run, on the rank spec's loading path and the GPUs the ranks will use
+    (the smallest, as train's memory pre-flight plans), host RAM judged when the machine is this one; a model it
+    cannot see is a note, not a failure."""
     from fsdp_tune.errors import UsageError
+    from fsdp_tune.launch.machine import available_ram_gib
+    from fsdp_tune.launch.memory_check import gpu_key, ranks_gpus
     from fsdp_tune.output.plan import format_plan
     from fsdp_tune.planner.plan import memory_plan
 
+    cfg, spec = planned.config, planned.spec
+    # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan (an H100's)
+    cards = ranks_gpus(spec, planned.machine) if spec.device == "cuda" and planned.machine else []
+    key, memory = "h100", None
+    if cards:
+        name, mib = min(cards, key=lambda g: g[1])
+        key, memory = gpu_key(name), f"{mib}MiB"
+    host = None if simulated or not (cards or cfg.launch.use_cpu) else available_ram_gib()
     try:
-        # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan
-        result = memory_plan(cfg, on_cpu=cfg.launch.use_cpu, loading=loading)
+        result = memory_plan(cfg, key, memory, on_cpu=cfg.launch.use_cpu, loading=spec.loading.path, host_gib=host)
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")
         return

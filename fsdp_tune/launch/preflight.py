@@ -156,8 +156,9 @@ def _quantization(cfg: RunConfig) -> list[Finding]:
 def _gpus(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
     findings = []
     w = spec.world
-    visible = spec.env.get("CUDA_VISIBLE_DEVICES", machine.cuda_visible_devices)
-    gpus = None if spec.device == "cpu" else visible_gpus(visible)
+    # the machine's own count (probed, or a simulated node's), unless the rank spec narrows it (gpu_ids)
+    narrowed = spec.env.get("CUDA_VISIBLE_DEVICES")
+    gpus = None if spec.device == "cpu" else visible_gpus(narrowed) if narrowed is not None else machine.gpus
     if gpus is not None and gpus < w.nproc_per_node:
         findings.append(
             _err(

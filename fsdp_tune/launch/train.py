@@ -32,6 +32,7 @@ class Planned:
     machine_findings: list[Finding]  # pre-flight: what this machine and these files say about the launch
     run_id: str = ""  # the run this launch is: the folder's run when it resumes it, a new one otherwise
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # for the ranks' environment, no file
+    machine: Machine | None = None  # what the spec was decided for
 
     @property
     def config(self) -> RunConfig:
@@ -134,15 +135,20 @@ def _damaged(path: Path, problem: str, hint: str) -> Finding:
 
 
 def plan_run(
-    config: str | None, argv: list[str], echo: Echo, machine: Machine | None = None, console: str = "lines"
+    config: str | None,
+    argv: list[str],
+    echo: Echo,
+    machine: Machine | Callable[[RunConfig], Machine] | None = None,
+    console: str = "lines",
 ) -> Planned:
     """Everything decided before a process starts; nothing is written. `console`: what rank 0 shows
-    (decide.console_mode)."""
+    (decide.console_mode); `machine`: the machine to decide for (a function of the config for a simulated node
+    sized by it, `train --dry_run --gpu`), this one by default."""
     from fsdp_tune.launch.preflight import check_data, check_machine
 
     checked = load(config, argv)
     cfg = checked.config
-    machine = machine or probe()
+    machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
     spec, findings = check_data(decide(cfg, machine, resume, console))
     spec, secret_env = _token_out(spec)
@@ -154,7 +160,7 @@ def plan_run(
     findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
-    return Planned(checked, spec, findings, run_id, secret_env)
+    return Planned(checked, spec, findings, run_id, secret_env, machine)
 
 
 def _token_out(spec: RankSpec) -> tuple[RankSpec, dict[str, str]]:

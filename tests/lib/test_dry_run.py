@@ -100,3 +100,41 @@ def test_accelerate_nd_example_shows_its_mesh(tmp_path) -> None:
     }
     if data["spec"]["device"] == "cpu":
         assert "PF026" in [f["rule"] for f in data["preflight"]]
+
+
+def test_gpu_node_preview_from_a_cpu_machine(tmp_path, monkeypatch) -> None:
+    """#25.8: `--dry_run --gpu h100 --num_processes 8` shows the launch and memory plan an 8 x H100 node would get
+    (this CPU machine alone decides a CPU/gloo run of the same config); --json carries the node."""
+    monkeypatch.chdir(tmp_path)
+    config, flags = seed_flags("run_peft_fsdp.sh")
+    args = ("--config", str(REPO / config), *flags, "--dry_run", "--num_processes", "8")
+    here = train(*args)
+    assert here.exit_code == 0 and "CPU, gloo" in here.output
+    r = train(*args, "--gpu", "h100")
+    assert r.exit_code == 0, r.output
+    assert "8 ranks on 1 machine (8 per machine, this is machine 0), GPU, nccl" in r.output
+    assert "--nproc_per_node=8" in r.output
+    assert "machine: simulated, 8 x NVIDIA H100 80GB HBM3 (79.6 GiB each)" in r.output
+    assert "8 ranks on H100 80GB SXM" in r.output and "fits, with room for the allocator's cache" in r.output
+    spec = train(*args, "--gpu", "h100", "--json")
+    assert spec.exit_code == 0, spec.output
+    import json
+
+    out = json.loads(spec.output[spec.output.index("{") :])
+    assert out["spec"]["device"] == "cuda" and out["simulated_machine"]["gpus"] == 8
+    assert not any(tmp_path.iterdir())
+
+
+def test_gpu_node_preview_shows_what_the_node_would_refuse(tmp_path, monkeypatch) -> None:
+    """The seed's QLoRA as FSDP1 on 2 x 4090: the memory pre-flight the node would run (PF050, with the cheapest
+    flags that fit) and too few GPUs for the processes (PF025), under the simulated node's heading."""
+    monkeypatch.chdir(tmp_path)
+    config, flags = seed_flags("run_peft_qlora_fsdp.sh")
+    args = ("--config", str(REPO / config), *flags, "--dry_run", "--fsdp_version", "1", "--gpu", "4090")
+    r = train(*args)
+    assert r.exit_code == 0, r.output
+    assert "2 ranks on RTX 4090 24GB" in r.output and "does NOT fit" in r.output
+    assert "the simulated node (with this machine's files and libraries) could not start it" in r.output
+    assert "PF050" in r.output and "--fsdp_version 2 (plans" in r.output
+    few = train(*args, "--gpus", "1")
+    assert "PF025" in few.output and "2 processes per machine, but the ranks would see 1 GPU(s)" in few.output
