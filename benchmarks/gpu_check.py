@@ -1,5 +1,5 @@
 """The GPU check: one prepared command for a lent GPU machine (scripts/gpu_check.sh installs the carried wheels
-and runs this). README "Benchmarks and the GPU check" says how to run and rehearse it.
+and runs this). DESIGN.md "Benchmarks and the GPU check" says how to run and rehearse it.
 
 In order: the time budget; the compatibility probe (benchmarks/gpu_probe.py: versions, every import and member
 fsdp-tune uses, then every scenario's rank spec decided on this machine and its SFTConfig built: seconds, no

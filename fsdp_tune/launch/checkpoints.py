@@ -168,3 +168,23 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def restart_checkpoint(output_dir: str | Path) -> str | None:
+    """The checkpoint an elastic restart (torchrun --max_restarts) resumes: the newest complete one of this run,
+    held to the same check as the launcher's resume, since the launcher never saw it (it was written, or
+    planted, after launch; a marker rewritten to match proves nothing). Raises Unsafe, naming PF060, rather
+    than passing over it for an older one: a planted pickle is not an accident."""
+    from fsdp_tune.launch.pickles import Unsafe, check_checkpoint
+
+    best, _ = latest_complete(output_dir)
+    if best is None:
+        return None
+    unsafe = check_checkpoint(best.path)
+    if unsafe is not None:
+        raise Unsafe(
+            unsafe.file,
+            f"PF060 {unsafe.what}; the restart would load it on every rank (a pickle runs what it names): "
+            f"not resumed. Move {best.path} away and resume another (--resume_from_checkpoint PATH)",
+        )
+    return str(best.path)

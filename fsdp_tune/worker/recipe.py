@@ -15,7 +15,7 @@ from typing import Any
 from transformers import set_seed
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.launch.checkpoints import latest_complete
+from fsdp_tune.launch.checkpoints import restart_checkpoint
 from fsdp_tune.launch.spec import RankSpec, from_dict
 from fsdp_tune.worker import faults, phases, process
 from fsdp_tune.worker.data.lengths import packed, truncated_rows
@@ -209,10 +209,10 @@ class Recipe:
         """The launcher's choice; after an elastic restart (torchrun --max_restarts), the newest complete
         checkpoint of this run, so a restarted attempt continues instead of starting over."""
         if restart_count():
-            best, _ = latest_complete(self.spec.output_dir)
+            best = restart_checkpoint(self.spec.output_dir)  # checked as the launcher checks a resume (PF060)
             if best is not None:
-                console().line(f"restart {restart_count()}: resuming from {best.path}")
-                return str(best.path)
+                console().line(f"restart {restart_count()}: resuming from {best}")
+                return best
         return self.spec.resume_from_checkpoint
 
     def finish_interrupted(self, built: Built) -> None:

@@ -162,3 +162,22 @@ def test_training_args_is_not_read_because_no_resume_loads_it(tmp_path) -> None:
     assert check_checkpoint(folder) is None
     (folder / "optimizer.pt").write_bytes(args)
     assert "transformers.training_args.TrainingArguments" in check_checkpoint(folder).what
+
+
+def test_an_elastic_restart_checks_the_checkpoint_it_resumes(tmp_path, fake_ranks) -> None:
+    """#26: after an elastic restart (torchrun --max_restarts) each rank picks the newest checkpoint itself,
+    one the launcher never checked (written, or planted, after launch). It is held to the launcher's check:
+    refused with PF060, not loaded and not passed over for an older one."""
+    from fsdp_tune.launch.checkpoints import restart_checkpoint
+    from fsdp_tune.launch.pickles import Unsafe
+
+    out = tmp_path / "o"
+    older = write_checkpoint(out, 2, None)
+    newest = write_checkpoint(out, 4, None)
+    assert restart_checkpoint(out) == str(newest)
+    pwned = tmp_path / "pwned"
+    _plant(newest, "pytorch_model_fsdp_0/.metadata", pickle.dumps(RunsCommand(f"touch {pwned}"), protocol=2))
+    with pytest.raises(Unsafe) as err:
+        restart_checkpoint(out)
+    assert "PF060" in str(err.value) and "posix.system" in str(err.value) and str(newest) in str(err.value)
+    assert not pwned.exists() and older.is_dir()
