@@ -54,6 +54,7 @@ def test_dry_run_on_demo_writes_nothing(tmp_path) -> None:
     assert "2 ranks on 1 machine" in r.output and "CPU, gloo" in r.output and "--standalone" in r.output
     assert not (tmp_path / "o").exists()
     assert "memory plan (fsdp-tune plan):" in r.output and "per-rank peak host memory" in r.output
+    assert "GiB available on this machine: fits" in r.output  # a CPU run's host RAM, judged against this machine
 
 
 def test_dry_run_reports_previous_run(tmp_path) -> None:

@@ -73,3 +73,12 @@ def test_train_refuses_before_launch(tmp_path) -> None:
     out = ["--output_dir", str(tmp_path / "run"), "--fsdp_version", "1"]
     planned = plan_run(str(REPO / config), [*flags, *out], lambda _: None, machine=TWO_4090)
     assert "PF050" in {f.rule for f in planned.machine_findings if f.severity.value == "error"}
+
+
+def test_at_capacity_warning_names_the_flags_that_leave_room() -> None:
+    """8B QLoRA at micro-batch 8 x 4096 on 2 x 24 GB fits only at the card's capacity: the warning gives the
+    cheapest complete flags that leave the allocator room (#25.4; it said only `fsdp-tune plan`)."""
+    eight_b = ("--model_name_or_path", "meta-llama/Meta-Llama-3-8B", "--per_device_train_batch_size", "8")
+    (f,) = _findings(TWO_4090, *eight_b, "--max_seq_len", "4096")
+    assert f.severity.value == "warning" and "at the card's capacity" in f.message
+    assert f.hint.startswith("--per_device_train_batch_size 4 --gradient_accumulation_steps 4 (plans ")
