@@ -35,15 +35,26 @@ def _plan_cli(*extra: str):
 @pytest.mark.parametrize("extra", [EIGHT_B, ("--fsdp_offload_params", "false", "--fsdp_version", "1")])
 def test_every_option_pasted_after_the_command_plans_as_listed(extra: tuple) -> None:
     """The 8B run fits 2 x 24 GB only at the card's capacity (it offered nothing); the 70B FSDP1 run does not fit.
-    Each option's flags, added to the command, make the run the planner
-    found fitting, as listed; the first with room."""
-    plan = memory_plan(_cfg(*extra), gpu_key="4090")
-    assert plan["advice"], plan
+    Each option's flags, added to the command, make the run the planner found fitting, as listed."""
+    _pasted_as_listed(lambda *more: _cfg(*extra, *more), "4090")
+
+
+def test_qlora_and_more_nodes_pasted_plan_as_listed() -> None:
+    """70B LoRA with the defaults on 8 x 80 GB (100 GiB): QLoRA's four flags, more nodes (--num_machines)."""
+    flags = ["--model_name_or_path", "meta-llama/Llama-2-70b-hf", "--num_processes", "8", "--use_peft_lora", "true"]
+    options = _pasted_as_listed(lambda *more: check(None, [*flags, *more]).config, "h100")
+    assert any("--use_4bit_quantization true --use_nested_quant true" in o["flags"] for o in options)
+    assert any("--num_processes 32 --num_machines 4" in o["flags"] for o in options)
+
+
+def _pasted_as_listed(make, gpu: str) -> list[dict]:
+    plan = memory_plan(make(), gpu_key=gpu)
+    assert plan["advice"] and not plan["advice"][0]["at_capacity"], plan
     for option in plan["advice"]:
-        pasted = memory_plan(_cfg(*extra, *option["flags"].split()), gpu_key="4090")
+        pasted = memory_plan(make(*option["flags"].split()), gpu_key=gpu)
         assert pasted["fits"] and pasted["range_gib"] == option["range_gib"], option
         assert pasted["at_capacity"] == option["at_capacity"]
-    assert not plan["advice"][0]["at_capacity"]
+    return plan["advice"]
 
 
 def test_eight_b_at_capacity_gets_the_same_training_with_a_smaller_micro_batch_first() -> None:
