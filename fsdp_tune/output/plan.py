@@ -72,7 +72,8 @@ def _verdict(plan: dict[str, Any]) -> str:
 
 
 def _advice(plan: dict[str, Any]) -> list[str]:
-    """The options the planner found, one line each: its step time, its memory, the flags to add."""
+    """The options the planner found, one line each: its step time, its memory, what else it changes, and last
+    (to copy to the end of the line) the flags to add."""
     launch_fits = plan["fits"] and plan.get("host_fits") is not False
     if plan["per_gpu_memory_gib"] is None or (launch_fits and not plan.get("at_capacity")):
         return []
@@ -87,7 +88,7 @@ def _advice(plan: dict[str, Any]) -> list[str]:
     lines = [f"{head}, cheapest first by the planner's step time (add the flags to this command):"]
     for a in plan["advice"]:
         low, high = a["range_gib"]
-        note = f"  ({a['note']})" if a["note"] else ""
+        note = f"({a['note']})  " if a["note"] else ""
         room = " at capacity" if a["at_capacity"] else ""
-        lines.append(f"  ~{a['step_s']:.1f} s/step  {low:.1f}-{high:.1f} GiB{room}  {a['flags']}{note}")
+        lines.append(f"  ~{a['step_s']:.1f} s/step  {low:.1f}-{high:.1f} GiB{room}  {note}{a['flags']}")
     return lines
