@@ -129,9 +129,6 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
         },
         PHASES[3]: {},
     }
-    ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, lambda n: loss_bytes(n, shape, st)[0])
-    if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
-        phases[REFERENCE_PHASE] = ref
     copies = expert_copy_bytes(cfg, shape, st)
     if copies:  # LoRA on fused experts: W + BA per MoE layer, saved for backward (planner/adapters.py)
         held = 0.0 if st.checkpointing != "none" else shape.n_layers * copies
@@ -147,6 +144,11 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
         phases[PHASES[2]]["unsharded grads, reduce-scatter buffer"] = 2 * grad_bytes * u["layer"] / st.compute_bytes
     if fsdp2:
         phases.update(gathered.fsdp2_phases(phases, PHASES[2], act, u, shape, resharded))
+    head = shape.vocab_size * shape.hidden_size * st.compute_bytes  # TRL's fused head: lm_head.full_tensor()
+    loss_fwd = lambda n: loss_bytes(n, shape, st)[0]  # noqa: E731
+    ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, loss_fwd, head, phases.get(gathered.LAST_FORWARD))
+    if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
+        phases[REFERENCE_PHASE] = ref
     if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)
         trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
         phases[PHASES[3]]["AdamW foreach temporaries"] = trainable * st.trainable_bytes / 4 / world

@@ -61,15 +61,34 @@ def loss_terms(cfg: RunConfig, tokens: int, hidden: int, fused: tuple[float, flo
     return final_norm + 4 * tokens, final_norm + 8 * tokens
 
 
-def reference_phase(cfg: RunConfig, phase: dict[str, float], tokens_with_grad: int, layer_bytes: float, loss_fwd):
-    """The no-grad forwards' phase (None for methods without one): the forward's kept activations and gathered
-    units (`phase`: the end of the forward's components), one layer's tensors for the no-grad rows
-    (`layer_bytes` per token) and the reference's loss forward (`loss_fwd(tokens)`)."""
+def reference_phase(
+    cfg: RunConfig,
+    phase: dict[str, float],
+    tokens_with_grad: int,
+    layer_bytes: float,
+    loss_fwd,
+    head_bytes: float,
+    layer_forward: dict[str, float] | None = None,
+):
+    """The no-grad forwards' phase (None for methods without one): the larger of two moments, each while the
+    policy's forward waits for its backward (its kept activations, and TRL's fused head has saved lm_head's
+    gathered weight, `head_bytes`, for it). Held to `plan --trace` (BENCHMARKS section 9):
+    - in a layer: as the policy's own last-layer forward (`layer_forward`: FSDP2's three units at the copy-out,
+      the layer's tensors for as many rows) plus that saved weight; without FSDP2's phases, the end of the
+      forward without its loss plus one layer's tensors for the no-grad rows (`layer_bytes` per token);
+    - at the head: the end of the policy's forward (`phase`), lm_head's weight gathered again beside the saved
+      copy, and the reference's log-probs (`loss_fwd(tokens)`)."""
     step = step_of(cfg)
     if not step.no_grad_forwards:
         return None
     tokens = tokens_with_grad // step.rows_with_grad * step.no_grad_rows
-    out = {k: v for k, v in phase.items() if k != "logits and loss"}
-    out["reference forward: one layer (no grad)"] = tokens * layer_bytes
-    out["reference forward: its log-probs"] = loss_fwd(tokens)
-    return out
+    if layer_forward is not None:
+        in_layer = dict(layer_forward)
+        in_layer["lm_head's weight, saved for the policy's backward"] = head_bytes
+    else:
+        in_layer = {k: v for k, v in phase.items() if k != "logits and loss"}
+        in_layer["reference forward: one layer (no grad)"] = tokens * layer_bytes
+    at_head = dict(phase)
+    at_head["reference forward: lm_head's weight gathered again"] = head_bytes
+    at_head["reference forward: its log-probs"] = loss_fwd(tokens)
+    return max(in_layer, at_head, key=lambda moment: sum(moment.values()))

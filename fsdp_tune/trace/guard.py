@@ -110,8 +110,8 @@ def check_settings(cfg: RunConfig, on_cpu: bool = False) -> None:
         reasons.append(("parallelism_config", "tensor, context or sequence parallelism is not traced", "dp only"))
     if cfg.quantization.use_8bit_quantization:
         reasons.append(("use_8bit_quantization", "8-bit (LLM.int8) weights are not traced", "4-bit or none"))
-    if cfg.run.method != "sft":  # the traced step is SFTTrainer's; plan --method models the others' step
-        reasons.append(("method", f"{cfg.run.method}: only the SFT step is traced", "--method sft"))
+    if cfg.run.method == "reward":  # the trace builds a causal LM; a reward model is a sequence classifier
+        reasons.append(("method", "reward: a sequence classifier's score head is not traced", "--method dpo or sft"))
     if reasons:
         key, message, fix = reasons[0]
         raise refusal("TR002", key, "--trace", message, f"trace a variant with {fix}, or plan without --trace")

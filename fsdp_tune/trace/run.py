@@ -10,11 +10,17 @@ import time
 from dataclasses import dataclass, field
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.planner.method import step_of
 from fsdp_tune.trace import build as builder
 from fsdp_tune.trace import guard
 
 GiB = 2**30
 DEPTHS = (3, 4)  # the fewest layers with a first, a middle and a last one, and one more
+STEP_NOTE = (
+    "the policy's forward, then its no-grad forwards (DPO's reference; KTO's KL forward before it and two after) with "
+    "the adapter off (a fresh adapter is the base; fsdp-tune's frozen 'ref' adapter is of the same size), the "
+    "method's loss on each sequence's log-probabilities, the backward"
+)
 MAX_MICRO_BATCHES = 2  # a third micro-batch of an accumulated step repeats the second's memory
 
 
@@ -57,6 +63,8 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
             traces[0].notes.append(f"the decoder layers differ in size: all {full} traced, nothing extrapolated")
             break
     result = extrapolate(traces, full)
+    if cfg.run.method != "sft":  # the step of TRL's DPOTrainer / KTOTrainer, with what stands in for the reference
+        result["notes"] = [*result["notes"], f"{cfg.run.method}: {STEP_NOTE}"]
     result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
     result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
     return result
@@ -92,22 +100,24 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
     accumulation = int(args.get("gradient_accumulation_steps") or 1)
     micro_batches = min(accumulation, MAX_MICRO_BATCHES)
     clip = float(args.get("max_grad_norm", 1.0) or 0.0)
+    method = cfg.run.method
+    rows = micro * step_of(cfg).rows_with_grad  # DPO: the chosen and rejected rows, concatenated
     with FakeTensorMode(allow_non_fake_inputs=True):
         builder.materialize(built)
         model = built.model
-        step.fused_head(model)
+        step.fused_head(model, method)
         model.train()
         opt = step.optimizer(model, str(args.get("optim") or "adamw_torch_fused"))
         vocab = model.get_input_embeddings().weight.shape[0]
-        inputs = step.batch(vocab, micro, spec.data.max_seq_len)
+        inputs = step.batch(vocab, rows, spec.data.max_seq_len)
         with cuda_paths():
-            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip)
+            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, method=method)
         tracker = PhaseTracker(model, opt, built.layer_classes, built.offload, model.get_input_embeddings())
         tracker.count(built.quant_tensors)
         tracker.track_inputs((inputs,))
         executed = step.Executed()
         with tracker, cuda_paths(), executed:  # the counters see bitsandbytes' matmul before its stand-in
-            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, phase=tracker.mark)
+            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, phase=tracker.mark, method=method)
     scale = accumulation / micro_batches  # per optimizer step
     return Trace(
         layers=built.layers,

@@ -1,5 +1,6 @@
-"""One optimizer step as SFTTrainer runs it on a rank (transformers 5.24 Trainer.training_step, TRL 1.16
-SFTTrainer.compute_loss), and what it executed: FLOPs (the formulas of torch's FlopCounterMode, per op) and the bytes
+"""One optimizer step as TRL's trainer of the run's method runs it on a rank (transformers 5.24
+Trainer.training_step; TRL 1.16 SFTTrainer.compute_loss, DPOTrainer._compute_loss, KTOTrainer._compute_loss), and
+what it executed: FLOPs (the formulas of torch's FlopCounterMode, per op) and the bytes
 each collective moved.
 
 The batch is `per_device_train_batch_size` sequences of `max_seq_len` tokens, every one full length (no padding:
@@ -13,15 +14,21 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-FUSED_OUTPUTS = ("log_probs", "entropy", "is_top1")  # what SFTTrainer asks of the fused head (sft_trainer.py)
+FUSED_OUTPUTS = {  # what each trainer asks of the fused head (sft_trainer.py, dpo_trainer.py, kto_trainer.py)
+    "sft": ("log_probs", "entropy", "is_top1"),
+    "dpo": ("log_probs", "entropy", "mean_logits", "is_top1"),
+    "kto": ("log_probs", "entropy", "mean_logits"),
+}
+REFERENCE = "reference forward (no grad)"  # planner/method.py REFERENCE_PHASE: the same phase, by name
+NO_GRAD_FORWARDS = {"dpo": (0, 1), "kto": (1, 2)}  # (before the policy's forward, after it): KTO's KL forward first
 
 
-def fused_head(model) -> None:
-    """SFTTrainer.__init__: add_fused_lm_head on the base model (after FSDP wrapped it, on the sharded path)."""
+def fused_head(model, method: str = "sft") -> None:
+    """The trainer's __init__: add_fused_lm_head on the base model (after FSDP wrapped it, on the sharded path)."""
     from trl.trainer.utils import add_fused_lm_head
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    add_fused_lm_head(base, outputs=FUSED_OUTPUTS)
+    add_fused_lm_head(base, outputs=FUSED_OUTPUTS[method])
 
 
 def optimizer(model, optim: str):
@@ -37,19 +44,34 @@ def batch(vocab: int, micro_batch: int, seq_len: int) -> dict:
     return {"input_ids": input_ids, "labels": input_ids.clone()}
 
 
-def train_step(model, opt, inputs: dict, micro_batches: int, precision: str, max_grad_norm: float, phase=None):
+def train_step(
+    model, opt, inputs: dict, micro_batches: int, precision: str, max_grad_norm: float, phase=None, method="sft"
+):
     """Forward (TRL's fused head, under the mixed-precision autocast accelerate wraps the forward in), backward,
-    for each micro-batch; then gradient clipping, AdamW, zero_grad(set_to_none). `phase(name)` marks where the step
-    is for the tracker."""
-    mark = phase or (lambda name: None)
+    for each micro-batch; then gradient clipping, AdamW, zero_grad(set_to_none). DPO and KTO add their no-grad
+    forwards where their trainers run them: DPO's reference after the policy's forward (on its chosen and rejected
+    rows, `inputs` holding both), KTO's KL forward of the policy before it and the reference's KL and main
+    forwards after it, while the policy's activations wait for the backward. `phase(name, new_micro_batch)` marks
+    where the step is for the tracker."""
+    mark = phase or (lambda name, new_micro_batch=True: None)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+    before, after = NO_GRAD_FORWARDS.get(method, (0, 0))
     for _ in range(micro_batches):
         mark("forward")
+        _no_grad_forwards(model, inputs, autocast, before, mark, policy=True)
+        if before:
+            mark("forward")  # the policy's forward: what its backward reads is counted from here
         with autocast:
             out = model(**inputs, fused_lm_head=True, use_cache=False)
-        loss = -out.log_probs.float().sum() / out.label_mask.sum().clamp(min=1)
+        if method == "sft":
+            loss = -out.log_probs.float().sum() / out.label_mask.sum().clamp(min=1)
+        else:  # the methods' losses are functions of each sequence's summed log-probabilities
+            loss = -torch.nn.functional.logsigmoid(0.1 * out.log_probs.float().sum(-1)).mean()
         del out
+        if after:
+            _no_grad_forwards(model, inputs, autocast, after, mark, policy=False)
+            mark("forward", False)  # back to the layers' phases for the backward
         (loss / micro_batches).backward()
         del loss
     params = [p for p in model.parameters() if p.requires_grad]
@@ -59,6 +81,20 @@ def train_step(model, opt, inputs: dict, micro_batches: int, precision: str, max
     mark("optimizer step")
     opt.step()
     model.zero_grad(set_to_none=True)
+
+
+def _no_grad_forwards(model, inputs: dict, autocast, n: int, mark, policy: bool) -> None:
+    """`n` forwards without gradients (TRL: torch.no_grad(); the reference with the policy's adapter off: a fresh
+    adapter is the base, and on the sharded path fsdp-tune's frozen "ref" adapter of the same shape stands in)."""
+    if not n:
+        return
+    mark(REFERENCE, False)
+    adapters_off = contextlib.nullcontext() if policy else model.disable_adapter()
+    with torch.no_grad(), autocast, adapters_off:
+        for _ in range(n):
+            out = model(**inputs, fused_lm_head=True, use_cache=False)
+            out.log_probs.float().sum(-1)
+            del out
 
 
 class Executed(TorchDispatchMode):

@@ -15,7 +15,11 @@ leaves them out."""
 
 from __future__ import annotations
 
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+from functools import wraps
+
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _FSDPState
+
+from fsdp_tune.trace.step import REFERENCE
 
 TOTAL = "Total"
 HOST_WHEN_OFFLOADED = (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT)
@@ -54,6 +58,26 @@ class PhaseTracker(FSDPMemTracker):
         for t in tensors:
             self._update_and_maybe_create_winfos(t, category)
 
+    def _fsdp_state_pre_forward(self, fsdp_mod, orig):
+        """The tracker's instrumentation, except for a no-grad forward within the same step (DPO's reference, KTO's
+        KL and reference forwards): the tracker takes a second forward of the root for the next step and refuses
+        it. There FSDP's own pre-forward runs and the unsharded parameters are counted, as the tracker does."""
+        tracked = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+
+        @wraps(orig)
+        def inner(*args, **kwargs):
+            if self.step_phase != REFERENCE or fsdp_mod not in self.memory_tracking:
+                return tracked(*args, **kwargs)
+            self._fsdp_state = _FSDPState.PRE_FW
+            args, kwargs = orig(*args, **kwargs)
+            group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+            for fsdp_param in group.fsdp_params if group else ():
+                self._update_and_maybe_create_winfos(fsdp_param.unsharded_param, _FSDPRefType.UNSHARDED_PARAM)
+            self._fsdp_state = _FSDPState.FW
+            return args, kwargs
+
+        return inner
+
     def _fsdp_param_group_pre_backward(self, fsdp_mod, orig):
         return self._if_forward_ran(fsdp_mod, orig, super()._fsdp_param_group_pre_backward(fsdp_mod, orig))
 
@@ -70,9 +94,9 @@ class PhaseTracker(FSDPMemTracker):
 
         return inner
 
-    def mark(self, step_phase: str) -> None:
+    def mark(self, step_phase: str, new_micro_batch: bool = True) -> None:
         self.step_phase = step_phase
-        if step_phase == "forward":  # a new micro-batch (the tracker refuses a second forward with old stats)
+        if step_phase == "forward" and new_micro_batch:  # the tracker refuses a second forward with old stats
             self.layers_seen = {False: False, True: False}
             self.reset_mod_stats()
 

@@ -18,11 +18,13 @@ CASES = trace_grid.grid() if os.environ.get("FSDP_TUNE_TRACE_GRID") == "full" el
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_the_plan_is_within_5_percent_of_the_trace(case) -> None:
-    """The step's peak; and the step-time inputs: all-gather and reduce-scatter bytes within 2% (counted alike),
-    FLOPs within 10% (the plan counts the input embedding as a matmul and attention its own way)."""
+    """The step's peak (SFT's, and DPO's and KTO's with their no-grad forwards); and the step-time inputs:
+    all-gather and reduce-scatter bytes within 2% (counted alike; 3% for the preference steps, see
+    trace_grid.COMM_TOLERANCE), FLOPs within 10% (the plan counts the input embedding as a matmul and attention
+    its own way)."""
     row = trace_grid.compare(case)
     assert abs(row["error"]) <= trace_grid.TOLERANCE, row
-    assert row["plan_comm_gb"] == pytest.approx(row["trace_comm_gb"], rel=0.02), row
+    assert row["plan_comm_gb"] == pytest.approx(row["trace_comm_gb"], rel=trace_grid.COMM_TOLERANCE[case.method]), row
     assert row["plan_tflops"] == pytest.approx(row["trace_tflops"], rel=0.10), row
 
 
@@ -31,3 +33,4 @@ def test_the_ci_subset_covers_every_axis_and_every_place_the_peak_sits() -> None
     assert {c.model for c in ci} == set(trace_grid.MODELS) and {c.world for c in ci} == set(trace_grid.WORLDS)
     assert {c.qlora for c in ci} == {True, False} and {c.batch for c in ci} == set(trace_grid.BATCHES)
     assert any(c.offload for c in ci) and any(c.hsdp for c in ci)
+    assert {c.method for c in ci} == {"sft", "dpo", "kto"}

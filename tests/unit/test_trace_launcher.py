@@ -44,7 +44,7 @@ def test_bitsandbytes_is_checked_only_for_4bit_runs(monkeypatch) -> None:
     [
         (["--fsdp_version", "1"], "fsdp_version"),
         (["--fsdp_auto_wrap_policy", "SIZE_BASED_WRAP"], "fsdp_auto_wrap_policy"),
-        (["--method", "dpo"], "method"),  # the trace runs SFT's step; DPO's reference forward would be missed
+        (["--method", "reward"], "method"),  # the trace builds a causal LM, not a sequence classifier
     ],
 )
 def test_settings_the_trace_does_not_build_are_refused(flags, key) -> None:
