@@ -80,3 +80,12 @@ def fsdp2_phases(phases: dict, last_backward: str, kept_name: str, u: dict, shap
         LAST_FORWARD: {kept_name: kept, GATHERED: held + in_flight},
         FIRST_BACKWARD: {**bw, kept_name: one, GATHERED: layer + embed},
     }
+
+
+def no_grad_forwards(phases: dict, kept_name: str, kept: float, n_layers: int, scale: float) -> list[dict]:
+    """FSDP2's forward moments (the embedding's forward, the first and the last layer's copy-out) in a no-grad
+    forward that runs while the policy's activations wait for its backward (DPO's reference, KTO's reference and
+    KL): each with all of those activations, and one layer's hidden states of the no-grad rows (`scale`: their
+    rows per row with gradients)."""
+    one = kept / n_layers * scale
+    return [{**phases[name], kept_name: kept + one} for name in (EMBEDDING, FIRST_FORWARD, LAST_FORWARD)]

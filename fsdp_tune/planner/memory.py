@@ -146,7 +146,10 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
         phases.update(gathered.fsdp2_phases(phases, PHASES[2], act, u, shape, resharded))
     head = shape.vocab_size * shape.hidden_size * st.compute_bytes  # TRL's fused head: lm_head.full_tensor()
     loss_fwd = lambda n: loss_bytes(n, shape, st)[0]  # noqa: E731
-    ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, loss_fwd, head, phases.get(gathered.LAST_FORWARD))
+    step = step_of(cfg)
+    scale = step.no_grad_rows / step.rows_with_grad
+    again = gathered.no_grad_forwards(phases, act, kept, shape.n_layers, scale) if fsdp2 and step.no_grad_rows else []
+    ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, loss_fwd, head, again)
     if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
         phases[REFERENCE_PHASE] = ref
     if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)

@@ -68,27 +68,28 @@ def reference_phase(
     layer_bytes: float,
     loss_fwd,
     head_bytes: float,
-    layer_forward: dict[str, float] | None = None,
+    forwards: list[dict[str, float]] = (),
 ):
-    """The no-grad forwards' phase (None for methods without one): the larger of two moments, each while the
-    policy's forward waits for its backward (its kept activations, and TRL's fused head has saved lm_head's
-    gathered weight, `head_bytes`, for it). Held to `plan --trace` (BENCHMARKS section 9):
-    - in a layer: as the policy's own last-layer forward (`layer_forward`: FSDP2's three units at the copy-out,
-      the layer's tensors for as many rows) plus that saved weight; without FSDP2's phases, the end of the
+    """The no-grad forwards' phase (None for methods without one): the largest of their moments, each while the
+    policy's forward waits for its backward (`phase`: its end, with the kept activations and the loss), beside
+    the copy of lm_head's gathered weight TRL's fused head saved for that backward (`head_bytes`). Held to
+    `plan --trace` (BENCHMARKS section 9):
+    - FSDP2's forward moments again (`forwards`: the embedding's forward, the first and the last layer's
+      copy-out, already with the policy's kept activations), plus that saved weight; without them, the end of the
       forward without its loss plus one layer's tensors for the no-grad rows (`layer_bytes` per token);
-    - at the head: the end of the policy's forward (`phase`), lm_head's weight gathered again beside the saved
-      copy, and the reference's log-probs (`loss_fwd(tokens)`)."""
+    - at the head: the end of the policy's forward, lm_head's weight gathered again beside the saved copy, and the
+      reference's log-probs (`loss_fwd(tokens)`)."""
     step = step_of(cfg)
     if not step.no_grad_forwards:
         return None
     tokens = tokens_with_grad // step.rows_with_grad * step.no_grad_rows
-    if layer_forward is not None:
-        in_layer = dict(layer_forward)
-        in_layer["lm_head's weight, saved for the policy's backward"] = head_bytes
-    else:
+    saved = "lm_head's weight, saved for the policy's backward"
+    moments = [{**moment, saved: head_bytes} for moment in forwards]
+    if not moments:
         in_layer = {k: v for k, v in phase.items() if k != "logits and loss"}
         in_layer["reference forward: one layer (no grad)"] = tokens * layer_bytes
+        moments.append(in_layer)
     at_head = dict(phase)
     at_head["reference forward: lm_head's weight gathered again"] = head_bytes
     at_head["reference forward: its log-probs"] = loss_fwd(tokens)
-    return max(in_layer, at_head, key=lambda moment: sum(moment.values()))
+    return max([*moments, at_head], key=lambda moment: sum(moment.values()))
