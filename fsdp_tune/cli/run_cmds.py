@@ -191,7 +191,7 @@ def _plan_target(gpu: str | None, gpu_memory: str | None, on_cpu: bool) -> tuple
     is; a GPU plan is when no --gpu/--gpu_memory names another card and this machine has NVIDIA GPUs (the
     smallest is planned, as train's memory pre-flight does)."""
     from fsdp_tune.launch.machine import available_ram_gib, probe
-    from fsdp_tune.launch.memory_check import gpu_key
+    from fsdp_tune.launch.memory_check import planned_gpu
 
     if on_cpu:
         return gpu or "h100", gpu_memory, available_ram_gib()
@@ -201,8 +201,7 @@ def _plan_target(gpu: str | None, gpu_memory: str | None, on_cpu: bool) -> tuple
     cards = list(zip(machine.gpu_names, machine.gpu_memory_mib, strict=False))
     if not cards:
         return "h100", None, None
-    name, mib = min(cards, key=lambda c: c[1])
-    return gpu_key(name), f"{mib}MiB", available_ram_gib()
+    return (*planned_gpu(cards), available_ram_gib())
 
 
 def _plot(output_dir: str) -> None:
@@ -224,17 +223,14 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     cannot see is a note, not a failure."""
     from fsdp_tune.errors import UsageError
     from fsdp_tune.launch.machine import available_ram_gib
-    from fsdp_tune.launch.memory_check import gpu_key, ranks_gpus
+    from fsdp_tune.launch.memory_check import planned_gpu, ranks_gpus
     from fsdp_tune.output.plan import format_plan
     from fsdp_tune.planner.plan import memory_plan
 
     cfg, spec = planned.config, planned.spec
     # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan (an H100's)
     cards = ranks_gpus(spec, planned.machine) if spec.device == "cuda" and planned.machine else []
-    key, memory = "h100", None
-    if cards:
-        name, mib = min(cards, key=lambda g: g[1])
-        key, memory = gpu_key(name), f"{mib}MiB"
+    key, memory = planned_gpu(cards) if cards else ("h100", None)
     host = None if simulated or not (cards or cfg.launch.use_cpu) else available_ram_gib()
     try:
         result = memory_plan(cfg, key, memory, on_cpu=cfg.launch.use_cpu, loading=spec.loading.path, host_gib=host)

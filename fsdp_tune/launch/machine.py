@@ -83,10 +83,15 @@ def probe() -> Machine:
 
 def available_ram_gib(meminfo: str = "/proc/meminfo") -> float | None:
     """RAM a new run can take on this machine (MemAvailable, GiB); None where the kernel does not say."""
+    return ram_gib("MemAvailable", meminfo)
+
+
+def ram_gib(field: str, meminfo: str = "/proc/meminfo") -> float | None:
+    """A /proc/meminfo field (MemTotal, MemAvailable) in GiB; None where the kernel does not say."""
     try:
         with open(meminfo) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 2**20  # kB
     except (OSError, ValueError, IndexError):
         return None

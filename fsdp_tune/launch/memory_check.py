@@ -21,6 +21,12 @@ def gpu_key(name: str) -> str:
     return next((key for part, key in _GPU_KEYS if part in name), "h100")
 
 
+def planned_gpu(cards: list[tuple[str, int]]) -> tuple[str, str]:
+    """(the planner's GPU, its memory) for the smallest of (name, MiB) cards: what a run's memory is planned on."""
+    name, mib = min(cards, key=lambda g: g[1])
+    return gpu_key(name), f"{mib}MiB"
+
+
 def ranks_gpus(spec: RankSpec, machine: Machine) -> list[tuple[str, int]]:
     """(name, MiB) of the GPUs this machine's ranks will use: CUDA_VISIBLE_DEVICES (or gpu_ids) by index when it
     names indices, else every GPU of the host."""
@@ -44,7 +50,7 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
     from fsdp_tune.planner.plan import memory_plan
 
     try:
-        plan = memory_plan(cfg, gpu_key(name), f"{mib}MiB", loading=spec.loading.path)
+        plan = memory_plan(cfg, *planned_gpu(gpus), loading=spec.loading.path)
     except UsageError as err:
         return [Finding("PF050", Severity.NOTE, "--model_name_or_path", "this machine", f"memory not checked: {err}")]
     card = f"{mib / 1024:.1f} GiB {name}" + (f" (the smallest of {len(gpus)} GPUs here)" if len(gpus) > 1 else "")

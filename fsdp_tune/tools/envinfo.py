@@ -6,17 +6,14 @@ import importlib.util
 import os
 import platform
 
+from fsdp_tune.launch.machine import ram_gib
 from fsdp_tune.launch.manifest import versions
 
 
 def collect() -> dict:
     info: dict = {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count()}
-    try:
-        with open("/proc/meminfo") as f:
-            total_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
-        info["ram_gib"] = round(total_kib / 2**20, 1)
-    except (OSError, StopIteration, ValueError):
-        info["ram_gib"] = None
+    total = ram_gib("MemTotal")
+    info["ram_gib"] = None if total is None else round(total, 1)
     info["flash_attn_installed"] = importlib.util.find_spec("flash_attn") is not None
     try:
         import torch

@@ -18,18 +18,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, concatenate_datasets, load_from_disk
+from datasets import Dataset, concatenate_datasets
 
 from fsdp_tune.launch.spec import RankSpec
-from fsdp_tune.runfiles import DATA_DIR, write_atomic
+from fsdp_tune.runfiles import write_atomic
 from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.mixture import Source, plan_counts
 from fsdp_tune.sources.preference import PAIRED, detect_preference
 from fsdp_tune.sources.preference_rows import canonical, unpair
-from fsdp_tune.worker.data.prepare import REPORT, Prepared, cache_key, check_template, take
+from fsdp_tune.worker.data.prepare import REPORT, Prepared, cache_key, check_template, load_prepared, take
 from fsdp_tune.worker.data.rows import LISTED, where
 from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
-from fsdp_tune.worker.rank import local_rank
 
 KTO = "kto"
 
@@ -37,14 +36,7 @@ KTO = "kto"
 def prepare_preference(spec: RankSpec, tokenizer) -> Prepared:
     """(train, eval or None, the data report): TRL's preference columns, converted once by rank 0 of each machine."""
     key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:{spec.method}".encode()).hexdigest()[:16]
-    folder = Path(spec.output_dir) / DATA_DIR / key
-    if not (folder / REPORT).exists():
-        if local_rank() != 0:
-            raise RuntimeError(f"rank 0 did not prepare the data in {folder}: see logs/rank-0.log")
-        build(spec, tokenizer, folder)
-    report = json.loads((folder / REPORT).read_text())
-    evaluation = load_from_disk(str(folder / "eval")) if (folder / "eval").exists() else None
-    return Prepared(load_from_disk(str(folder / "train")), evaluation, report)
+    return load_prepared(spec, tokenizer, key, build)
 
 
 def format_of(source: Source, dataset) -> Format:

@@ -55,11 +55,17 @@ class Prepared:
 def prepare(spec: RankSpec, tokenizer) -> Prepared:
     """(train, eval or None, the data report): pre-tokenized `input_ids` + `assistant_masks`, from which TRL
     builds the labels (only the tokens in the loss keep their id)."""
-    folder = Path(spec.output_dir) / DATA_DIR / cache_key(spec, tokenizer)
+    return load_prepared(spec, tokenizer, cache_key(spec, tokenizer), build)
+
+
+def load_prepared(spec: RankSpec, tokenizer, key: str, builder) -> Prepared:
+    """The datasets of folder `key` under the run's data dir, built first by rank 0 of this machine
+    (`builder(spec, tokenizer, folder)`); the other ranks read what it built."""
+    folder = Path(spec.output_dir) / DATA_DIR / key
     if not (folder / REPORT).exists():
         if local_rank() != 0:
             raise RuntimeError(f"rank 0 did not prepare the data in {folder}: see logs/rank-0.log")
-        build(spec, tokenizer, folder)
+        builder(spec, tokenizer, folder)
     report = json.loads((folder / REPORT).read_text())
     evaluation = load_from_disk(str(folder / "eval")) if (folder / "eval").exists() else None
     return Prepared(load_from_disk(str(folder / "train")), evaluation, report)
