@@ -117,6 +117,7 @@ def compare(case: Case) -> dict:
         "plan_comm_gb": c["plan_comm_gb_per_step"],
         "trace_comm_gb": round(sum(traced["comm_gb_per_step"].values()), 2),
         "trace_wall_s": round(wall, 1),
+        "trace_world_size": traced["world_size"],
         "trace_phases_gib": traced["phases_gib"],  # what a failing case shows (at the model's depth)
         "trace_notes": traced["notes"],
         "within": abs(c["peak_difference"]) <= TOLERANCE,

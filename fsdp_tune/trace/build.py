@@ -104,6 +104,33 @@ def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:
     return Built(model, classes, layers, packed, offload=offload, mesh=mesh, dtype=spec.model.dtype, notes=notes)
 
 
+def check_sharding(built: Built, world_size: int) -> str | None:
+    """What is wrong, if anything, with how the built model is sharded: the process group's size, each unit's FSDP
+    mesh (dp_shard ranks, and dp_replicate under HSDP) and a layer's local shard against the run's. One CI run
+    traced a 405B model at 512 ranks as if sharded over 4 (its plan at 4 ranks: 211 GiB; traced 210.7 GiB), which
+    no local run repeated: the trace checks what it built rather than report such a peak."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    mesh = built.mesh or {}
+    shard, replicate = int(mesh.get("dp_shard_size", world_size)), int(mesh.get("dp_replicate_size", 1))
+    if dist.get_world_size() != world_size:
+        return f"the fake process group has {dist.get_world_size()} ranks, the run {world_size}"
+    for name, module in built.model.named_modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        if group is None:
+            continue
+        info = group.mesh_info
+        sizes = (info.shard_mesh_size, getattr(info, "replicate_mesh_size", 1))
+        if sizes != (shard, replicate):
+            unit = name or "root"
+            return f"unit {unit} shards over {sizes[0]} ranks x {sizes[1]} replicas, the run's {shard} x {replicate}"
+        p = group.fsdp_params[0].sharded_param if group.fsdp_params else None
+        if p is not None and p.to_local().shape[0] != -(-p.shape[0] // shard):
+            return f"{name}: a shard of {p.to_local().shape[0]} rows of {p.shape[0]}, not 1/{shard}"
+    return None
+
+
 def _meta_model(spec: RankSpec, config):
     """worker/loading/sharded.py's _meta_model without a checkpoint folder: from_config under init_empty_weights, tied,
     4-bit modules in place with packed meta weights. Returns (model, packed)."""

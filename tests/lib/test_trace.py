@@ -187,3 +187,38 @@ def test_layers_that_differ_are_all_traced_rather_than_extrapolated(tmp_path) ->
     assert traced["layers_traced"] == [LAYERS] and not traced["extrapolated"]
     notes = " ".join(traced["notes"])
     assert "differ in size" in notes and "mixture of experts" in notes
+
+
+def test_a_build_not_sharded_as_the_run_is_found_and_built_again(model_config, monkeypatch) -> None:
+    """check_sharding reads what was built (the group's size, every unit's FSDP mesh, a layer's shard) against the
+    run; a build sharded otherwise is built once more (noted), and twice is an error, not a peak (CI once traced a
+    405B model at 512 ranks at the memory of 4)."""
+    from dataclasses import replace
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from fsdp_tune.trace import build as builder
+    from fsdp_tune.trace import run
+
+    cfg = _cfg(model_config)
+    spec = run.rank_spec(cfg)
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        built = builder.build(spec, cfg, 3)
+        assert builder.check_sharding(built, 4) is None
+        assert "shards over 4 ranks x 1 replicas, the run's 8 x 1" in builder.check_sharding(
+            replace(built, mesh={"dp_shard_size": 8}), 4
+        )
+        assert "the fake process group has 4 ranks, the run 8" in builder.check_sharding(built, 8)
+    finally:
+        dist.destroy_process_group()
+
+    answers = iter(["unit model.layers.0 shards over 4 ranks x 1 replicas, the run's 512 x 1"])
+    real = builder.check_sharding
+    monkeypatch.setattr(builder, "check_sharding", lambda b, w: next(answers, None) or real(b, w))
+    once = run.trace_at(spec, cfg, 3)
+    assert any("built twice" in n and "model.layers.0" in n for n in once.notes), once.notes
+    monkeypatch.setattr(builder, "check_sharding", lambda b, w: "unit x shards over 4 ranks")
+    with pytest.raises(RuntimeError, match="sharded unlike the run, twice: unit x shards over 4 ranks"):
+        run.trace_at(spec, cfg, 3)

@@ -25,6 +25,7 @@ def test_the_plan_is_within_5_percent_of_the_trace(case) -> None:
     its own way)."""
     row = trace_grid.compare(case)
     shown = json.dumps(row, indent=1)  # every key and phase (pytest would shorten the dict)
+    assert row["trace_world_size"] == case.world, shown
     assert abs(row["error"]) <= trace_grid.TOLERANCE, shown
     assert row["plan_comm_gb"] == pytest.approx(row["trace_comm_gb"], rel=trace_grid.COMM_TOLERANCE[case.method]), shown
     assert row["plan_tflops"] == pytest.approx(row["trace_tflops"], rel=0.10), shown
