@@ -45,18 +45,12 @@ def _rel(planned: float, traced: float) -> float | None:
     return round((planned - traced) / traced, 4) if traced else None
 
 
-def _listed(items: list) -> str:
-    words = [str(i) for i in items]
-    return " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
 def format_trace(trace: dict[str, Any]) -> str:
     """The trace's lines, after the plan's."""
     c = trace["comparison"]
     depth = (
-        f"{_listed(trace['layers_traced'])} of {trace['layers']} decoder layers traced, every phase "
+        f"{' and '.join(map(str, trace['layers_traced']))} of {trace['layers']} decoder layers traced, every phase "
         f"extrapolated linearly to {trace['layers']}"
-        + (" (the middle depth on the line)" if len(trace["layers_traced"]) > 2 else "")
         if trace["extrapolated"]
         else f"all {trace['layers']} decoder layers traced"
     )

@@ -5,9 +5,8 @@ launch/decide.py with a simulated GPU machine; worker/loading/sharded.py's and u
 QLoRA's packed weights, FSDP2 units, activation checkpointing, mixed precision, offload, the device mesh), its
 tensors become FakeTensors (shapes, dtypes, no storage) on a `cpu` fake device, a fake process group stands in for
 every other rank, and torch's FSDPMemTracker records live memory by category while one step runs: transformers'
-forward, TRL's fused LM head, backward, gradient clipping, AdamW. Three depths are traced (all layers are identical:
-the middle one must lie on the line through the others, trace/run.py off_line) and every phase of the step is
-extrapolated linearly to the model's depth.
+forward, TRL's fused LM head, backward, gradient clipping, AdamW. A few decoder layers are traced (all layers are
+identical) and every phase of the step is extrapolated linearly to the model's depth.
 
 Rank side: this package imports torch and the HF stack; `plan` imports it only when --trace is given.
 """

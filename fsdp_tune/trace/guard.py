@@ -115,18 +115,3 @@ def check_settings(cfg: RunConfig, on_cpu: bool = False) -> None:
     if reasons:
         key, message, fix = reasons[0]
         raise refusal("TR002", key, "--trace", message, f"trace a variant with {fix}, or plan without --trace")
-
-
-def not_linear(bent: list[tuple[str, list[float]]], depths: tuple[int, ...]) -> PreflightError:
-    """TR003: twice, a phase's peak at the middle depth was off the line through the outer ones. Identical decoder
-    layers add the same memory each, so the step differed between the traces: no extrapolation is given."""
-    phase, peaks = bent[0]
-    more = f" (and {len(bent) - 1} more phases)" if len(bent) > 1 else ""
-    return refusal(
-        "TR003",
-        "--trace",
-        f"{phase}{more}",
-        f"the peaks at {', '.join(map(str, depths))} decoder layers ({', '.join(f'{p:.3f}' for p in peaks)} GiB) "
-        "were not on a line, twice; extrapolating them would not give this model's peak",
-        "plan without --trace, and report it with this output",
-    )

@@ -15,11 +15,7 @@ from fsdp_tune.trace import build as builder
 from fsdp_tune.trace import guard
 
 GiB = 2**30
-# the fewest layers with a first, a middle and a last one, and two more: the middle depth checks the line
-DEPTHS = (3, 4, 5)
-# a phase's peak at the middle depth this far off the line through the outer ones: not linear (identical layers
-# add the same bytes each, and do exactly on every case of the trace grid; an error d here is d per layer there)
-OFF_LINE_BYTES = 2**20
+DEPTHS = (3, 4)  # the fewest layers with a first, a middle and a last one, and one more
 STEP_NOTE = (
     "the policy's forward, then its no-grad forwards (DPO's reference; KTO's KL forward before it and two after) with "
     "the adapter off (a fresh adapter is the base; fsdp-tune's frozen 'ref' adapter is of the same size), the "
@@ -59,26 +55,6 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
     depths = tuple(d for d in (depths or DEPTHS) if d < full) or (full,)
     if len(depths) == 1:
         depths = (full,)
-    traces = _traces(spec, cfg, depths, full)
-    bent = off_line(traces) if len(traces) == 3 else []
-    if bent:  # once more: a middle depth off the line says one of the steps was not like the others
-        traces = _traces(spec, cfg, depths, full)
-        if off_line(traces):
-            raise guard.not_linear(off_line(traces), depths)
-        phase, peaks = bent[0]
-        traces[-1].notes.append(
-            f"traced twice: the first time, {phase} at {', '.join(map(str, depths))} layers was off one line "
-            f"({', '.join(f'{p:.3f}' for p in peaks)} GiB); the second time every phase was on it"
-        )
-    result = extrapolate(traces, full)
-    if cfg.run.method != "sft":  # the step of TRL's DPOTrainer / KTOTrainer, with what stands in for the reference
-        result["notes"] = [*result["notes"], f"{cfg.run.method}: {STEP_NOTE}"]
-    result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
-    result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
-    return result
-
-
-def _traces(spec, cfg: RunConfig, depths: tuple[int, ...], full: int) -> list[Trace]:
     traces = []
     for n in depths:
         traces.append(trace_at(spec, cfg, n))
@@ -86,20 +62,12 @@ def _traces(spec, cfg: RunConfig, depths: tuple[int, ...], full: int) -> list[Tr
             traces = [trace_at(spec, cfg, full)]
             traces[0].notes.append(f"the decoder layers differ in size: all {full} traced, nothing extrapolated")
             break
-    return traces
-
-
-def off_line(traces: list[Trace]) -> list[tuple[str, list[float]]]:
-    """The phases whose peak at the middle depth is off the line through the outer two (identical layers add the
-    same memory each), with their peaks at each depth in GiB."""
-    a, b, c = traces
-    bent = []
-    for key in sorted(a.peaks.keys() | b.peaks.keys() | c.peaks.keys()):
-        values = [t.peaks.get(key, (0,))[0] for t in traces]
-        expected = _line(values[0], values[2], a.layers, c.layers, b.layers)
-        if abs(values[1] - expected) > OFF_LINE_BYTES:
-            bent.append((key, [round(v / GiB, 3) for v in values]))
-    return bent
+    result = extrapolate(traces, full)
+    if cfg.run.method != "sft":  # the step of TRL's DPOTrainer / KTOTrainer, with what stands in for the reference
+        result["notes"] = [*result["notes"], f"{cfg.run.method}: {STEP_NOTE}"]
+    result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
+    result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
+    return result
 
 
 def trace_at(spec, cfg: RunConfig, layers: int) -> Trace:
@@ -176,15 +144,14 @@ def _line(a: float, b: float, na: int, nb: int, n: int) -> float:
 
 
 def extrapolate(traces: list[Trace], full: int) -> dict:
-    """Each phase's peak and categories, and the step's FLOPs and bytes, at `full` layers: linear through the first
-    and last traces (all layers identical; a third between them was checked to be on the line), or the one trace
-    when it had every layer."""
+    """Each phase's peak and categories, and the step's FLOPs and bytes, at `full` layers: linear through the two
+    traces (all layers identical), or the one trace when it had every layer."""
     if len(traces) == 1:
         t = traces[0]
         phases = {k: (v, dict(c)) for k, (v, c) in t.peaks.items()}
         flops, comm = t.flops, dict(t.comm)
     else:
-        a, b = traces[0], traces[-1]
+        a, b = traces
         phases = {}
         for key in a.peaks.keys() & b.peaks.keys():
             (va, ca), (vb, cb) = a.peaks[key], b.peaks[key]
