@@ -126,7 +126,7 @@ def check_sharding(built: Built, world_size: int) -> str | None:
             unit = name or "root"
             return f"unit {unit} shards over {sizes[0]} ranks x {sizes[1]} replicas, the run's {shard} x {replicate}"
         p = group.fsdp_params[0].sharded_param if group.fsdp_params else None
-        if p is not None and p.to_local().shape[0] != -(-p.shape[0] // shard):
+        if p is not None and p.dim() and p.to_local().shape[0] != -(-p.shape[0] // shard):
             return f"{name}: a shard of {p.to_local().shape[0]} rows of {p.shape[0]}, not 1/{shard}"
     return None
 
