@@ -77,9 +77,9 @@ def trace_at(spec, cfg: RunConfig, layers: int) -> Trace:
 
     started = time.time()
     wrong: list[str] = []  # a second build when the first is not sharded as the run is (see check_sharding)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     while len(wrong) < 2:
-        if dist.is_initialized():
-            dist.destroy_process_group()
         dist.init_process_group("fake", rank=0, world_size=spec.world.world_size, store=FakeStore())
         try:
             built = builder.build(spec, cfg, layers)

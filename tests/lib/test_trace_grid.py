@@ -9,6 +9,7 @@ ranks: 211.1 GiB), and the case failed once in 12 local runs of test_trace.py an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -27,10 +28,8 @@ ROW = (
 
 def compare_alone(case: trace_grid.Case) -> dict:
     """trace_grid.compare(case) in a fresh process; its JSON row."""
-    fields = [case.model, case.world, case.qlora, case.batch, case.offload, case.hsdp, case.method]
-    proc = subprocess.run(
-        [sys.executable, "-c", ROW, json.dumps(fields)], cwd=REPO, capture_output=True, text=True, timeout=900
-    )
+    fields = json.dumps(dataclasses.astuple(case))  # Case's own field order, whatever fields it gains
+    proc = subprocess.run([sys.executable, "-c", ROW, fields], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
