@@ -106,10 +106,8 @@ def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:
 
 def check_sharding(built: Built, world_size: int) -> str | None:
     """What is wrong, if anything, with how the built model is sharded: the process group's size, each unit's FSDP
-    mesh (dp_shard ranks, and dp_replicate under HSDP) and a layer's local shard against the run's. One CI run
-    traced a 405B model at 512 ranks as if sharded over 4 (its plan at 4 ranks: 211 GiB; traced 210.7 GiB), after
-    other traces in the same process; alone it never does, and the leak is not found: the trace checks what it
-    built rather than report such a peak."""
+    mesh (dp_shard ranks, and dp_replicate under HSDP) and a layer's local shard against the run's. A peak traced
+    on a model sharded otherwise would be another run's: trace_at refuses to report one."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 

@@ -7,6 +7,15 @@ input embedding, of what runs outside the layers before (the backbone's edges) a
 the loss), gradient clipping, the optimizer step. A middle layer's peak is the one nearest the deep end (its
 memory grows with the layers before it), which is the same layer position at any depth >= 3.
 
+While backward passes from one decoder layer to the next, both are in ModTracker's `parents` for a moment (the
+next layer's pre-backward hook, where FSDP copies out its all-gathered parameters, fires before the previous
+layer's post-backward hook): that moment is the layer backward has reached. `parents` is a set of names, whose
+order follows the process's string hash seed (PYTHONHASHSEED, random per process): taking the first layer found
+put those moments in one phase or the other from one process to the next, and at 3 layers in another phase than
+at 4 under some seeds, a difference the extrapolation multiplies by the layers not traced. CI's 405B trace at 512
+ranks (210.7 GiB against a plan of 22.0; PYTHONHASHSEED=3 gives it in a fresh process) was layer 0's copy-out
+counted in its own backward at 4 layers and in layer 1's at 3.
+
 Two fixes to the tracker's assumptions, both from the trace's own runs: a module whose forward never runs (TRL's
 fused head reads lm_head's weight with `full_tensor()`, so lm_head's forward hooks never fire) has no stats, and
 the tracker's backward instrumentation would fail on it; its group keeps FSDP's own hooks there. Under
@@ -106,12 +115,12 @@ class PhaseTracker(FSDPMemTracker):
         bw = self._mod_tracker.is_bw
         stage = "backward" if bw else "forward"
         parents = self._mod_tracker.parents
-        for name in parents:
-            i = self.layer_index.get(name)
-            if i is not None:
-                self.layers_seen[bw] = True
-                where = "first" if i == 0 else "last" if i == self.n_layers - 1 else "middle"
-                return f"{stage}: {where} layer"
+        active = [self.layer_index[name] for name in parents if name in self.layer_index]
+        if active:  # two while backward passes from one layer to the next: the one it has reached (see above)
+            i = min(active) if bw else max(active)
+            self.layers_seen[bw] = True
+            where = "first" if i == 0 else "last" if i == self.n_layers - 1 else "middle"
+            return f"{stage}: {where} layer"
         if self.embed_name in parents:
             return f"{stage}: input embedding"
         if bw:
