@@ -1,38 +1,16 @@
 """The analytic planner held to the trace (benchmarks/trace_grid.py): the plan's step peak within 5% of the traced
-one. CI runs benchmarks.trace_grid.CI_CASES (about two minutes on 2 cores); FSDP_TUNE_TRACE_GRID=full runs the
-whole grid (84 cases, about 40 minutes; `python -m benchmarks trace` prints it as BENCHMARKS.md section 9's table).
-
-Each case runs in a process of its own, as `plan --trace` does (one command, one trace): after other traces in the
-same process, CI once traced the 405B case as if sharded over 4 ranks instead of 512 (210.7 GiB; its plan at 4
-ranks: 211.1 GiB), and the case failed once in 12 local runs of test_trace.py and two grid cases in one process
-(that output was not kept); the leak is not found yet (see trace/build.py check_sharding)."""
+one. CI runs benchmarks.trace_grid.CI_CASES in one process (about two minutes on 2 cores); FSDP_TUNE_TRACE_GRID=full
+runs the whole grid (84 cases, about 40 minutes; `python -m benchmarks trace` prints it as BENCHMARKS.md section 9's
+table)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks import trace_grid
-from tests.conftest import REPO
-
-ROW = (
-    "import json, sys; from benchmarks import trace_grid; "
-    "print(json.dumps(trace_grid.compare(trace_grid.Case(*json.loads(sys.argv[1])))))"
-)
-
-
-def compare_alone(case: trace_grid.Case) -> dict:
-    """trace_grid.compare(case) in a fresh process; its JSON row."""
-    fields = json.dumps(dataclasses.astuple(case))  # Case's own field order, whatever fields it gains
-    proc = subprocess.run([sys.executable, "-c", ROW, fields], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.lib
@@ -46,7 +24,7 @@ def test_the_plan_is_within_5_percent_of_the_trace(case) -> None:
     all-gather and reduce-scatter bytes within 2% (counted alike; 4% for the preference steps, see
     trace_grid.COMM_TOLERANCE), FLOPs within 10% (the plan counts the input embedding as a matmul and attention
     its own way)."""
-    row = compare_alone(case)
+    row = trace_grid.compare(case)
     shown = json.dumps(row, indent=1)  # every key and phase (pytest would shorten the dict)
     assert row["trace_world_size"] == case.world, shown
     assert abs(row["error"]) <= trace_grid.TOLERANCE, shown
