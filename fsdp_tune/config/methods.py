@@ -1,11 +1,12 @@
 """Training methods as the launcher knows them (no trl import): which TRL config each trains with and that
 config's fields, read from training_fields.json (scripts/gen_training_fields.py writes SFTConfig's fields whole and
-DPOConfig's, KTOConfig's and RewardConfig's as they differ from it).
+DPOConfig's, KTOConfig's, RewardConfig's and GRPOConfig's as they differ from it).
 
     sft     SFTTrainer     supervised fine-tuning (the default)
     dpo     DPOTrainer     preference pairs against a reference (the starting adapter, or the base)
     kto     KTOTrainer     unpaired desirable / undesirable answers against a reference
     reward  RewardTrainer  a sequence-classification head that scores the preferred answer higher
+    grpo    GRPOTrainer    online RL: completions generated on the ranks, scored by reward functions
 
 The ranks' side of a method (its trainer class, data preparation, metrics) is worker/training/methods.py.
 """
@@ -17,16 +18,24 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-SFT, DPO, KTO, REWARD = "sft", "dpo", "kto", "reward"
-METHODS = (SFT, DPO, KTO, REWARD)
+SFT, DPO, KTO, REWARD, GRPO = "sft", "dpo", "kto", "reward", "grpo"
+METHODS = (SFT, DPO, KTO, REWARD, GRPO)
 PREFERENCE = (DPO, KTO, REWARD)  # the methods that train on preference data (sources/preference.py)
 WITH_REFERENCE = (DPO, KTO)  # the methods that compare the policy with a reference model every step
-CONFIG_CLASS = {SFT: "SFTConfig", DPO: "DPOConfig", KTO: "KTOConfig", REWARD: "RewardConfig"}
+ONLINE = (GRPO,)  # the methods that generate their completions and score them with rewards (sources/prompts.py)
+# what each method's trainer does that the rules speak of (rules/method.py), one tuple per trait:
+TOGGLES_CHECKPOINTING = (DPO, KTO, GRPO)  # switches the Trainer's gradient checkpointing off and on every step
+FUSED_HEAD = (DPO, KTO, GRPO)  # log-probabilities from lm_head.weight directly: an adapter on lm_head is refused
+LORA_ONLY = (DPO, KTO, REWARD, GRPO)  # run by fsdp-tune with LoRA only (FT118)
+DENSE_ROUTER_REFUSED = (DPO, KTO, GRPO)  # refuses router_aux_loss_coef on a model without experts
+DATA = {SFT: "sft", DPO: "preference", KTO: "preference", REWARD: "preference", GRPO: "prompts"}  # the data it reads
+CONFIG_CLASS = {SFT: "SFTConfig", DPO: "DPOConfig", KTO: "KTOConfig", REWARD: "RewardConfig", GRPO: "GRPOConfig"}
 TITLE = {
     SFT: "SFT (supervised fine-tuning, TRL's SFTTrainer)",
     DPO: "DPO (direct preference optimization, TRL's DPOTrainer)",
     KTO: "KTO (Kahneman-Tversky optimization on unpaired answers, TRL's KTOTrainer)",
     REWARD: "reward model (a scalar head trained on preference pairs, TRL's RewardTrainer)",
+    GRPO: "GRPO (online RL: completions generated and scored by rewards, TRL's GRPOTrainer)",
 }
 
 
@@ -75,7 +84,8 @@ def f_divergence_losses() -> tuple[str, ...]:
 
 
 # the method's own training metrics as TRL logs them (metrics.jsonl), with what people call them: the summary keeps
-# their first and last values, `report` prints and plots them (the first two: one panel each)
+# their first and last values, `report` prints and plots them (the first two: one panel each); a `*` stands for
+# each name TRL logs there (GRPO: one per reward function), `{}` in the label for that name
 METRICS: dict[str, tuple[tuple[str, str], ...]] = {
     SFT: (),
     DPO: (
@@ -91,4 +101,24 @@ METRICS: dict[str, tuple[tuple[str, str], ...]] = {
         ("rewards/rejected", "rejected reward"),
     ),
     REWARD: (("accuracy", "accuracy"), ("margin", "margin")),
+    GRPO: (
+        ("reward", "reward"),
+        ("completions/mean_length", "completion length"),
+        ("kl", "KL"),
+        ("rewards/*/mean", "{}"),
+        ("reward_std", "reward std"),
+    ),
 }
+
+
+def metric_keys(method: str, logged) -> list[tuple[str, str]]:
+    """The method's metrics (METRICS) among the keys `logged`, a `*` row once for each key it matches."""
+    out = []
+    for key, label in METRICS.get(method, ()):
+        if "*" not in key:
+            out += [(key, label)] if key in logged else []
+            continue
+        head, _, tail = key.partition("*")
+        for name in sorted(k for k in logged if k.startswith(head) and k.endswith(tail) and len(k) > len(key) - 1):
+            out.append((name, label.format(name[len(head) : len(name) - len(tail)])))
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 from fsdp_tune.config.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.launch.decide_data import data_spec
-from fsdp_tune.launch.decide_method import method_args
+from fsdp_tune.launch.decide_method import grpo_spec, method_args
 from fsdp_tune.launch.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.launch.lora import lora_kwargs
 from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
@@ -66,6 +66,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         console=console,
         save=save_spec(cfg),
         method=cfg.run.method,
+        grpo=grpo_spec(cfg),
     )
 
 

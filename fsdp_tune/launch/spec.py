@@ -119,6 +119,45 @@ class SaveSpec:
     resume: str = "local_rows"
 
 
+@dataclass(frozen=True)
+class RewardSpec:
+    """One GRPO reward, as the launcher resolved and checked it (rewards/resolve.py); the ranks build its callable
+    (worker/training/rewards.py)."""
+
+    name: str  # what TRL logs it as (rewards/NAME/mean): the function's name, or the reward model's folder name
+    kind: str  # "builtin" (rewards/builtin.py) | "python" (the user's) | "reward_run" (a --method reward run's
+    # adapter on its base) | "reward_model" (a sequence classifier's folder)
+    target: str  # the builtin's name, the .py file (absolute), the module, or the folder (absolute)
+    written: str  # as the user wrote it (--reward_funcs), for messages
+    attr: str | None = None  # the function's name in the file or module (python)
+    search_path: str | None = None  # put first on sys.path before importing (the file's folder, or the launch cwd)
+
+
+@dataclass(frozen=True)
+class GrpoSpec:
+    """What GRPO's ranks need beyond TRL's GRPOConfig (the trainer_args), decided on the launcher
+    (launch/decide_method.py grpo_spec)."""
+
+    rewards: tuple[RewardSpec, ...]
+    # how completions are generated: "transformers" (generate on the sharded policy, every rank stepping until all
+    # are done) | "vllm" (TRL's vLLM backend, GPU only, never run here: by reading)
+    generation: str = "transformers"
+    synced: bool = True  # generate() keeps every rank stepping until all ranks finish (more than one rank)
+    # how the policy reaches vLLM: "adapter" (the trained adapter alone, gathered as the final save gathers it;
+    # never a merge into the sharded, perhaps 4-bit, base) | None without vLLM
+    weight_sync: str | None = None
+    # the KL term's reference (beta > 0): "off" (none: beta 0) | "adapter_disabled" (the same sharded model with
+    # the adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
+    reference: str = "off"
+    max_prompt_tokens: int | None = None  # max_seq_len - max_completion_length: longer prompts are left out
+
+
+def grpo_from_dict(data: dict[str, Any] | None) -> GrpoSpec | None:
+    if data is None:
+        return None
+    return GrpoSpec(**{**data, "rewards": tuple(RewardSpec(**r) for r in data["rewards"])})
+
+
 def data_spec_from_dict(data: dict[str, Any]) -> DataSpec:
     sources = tuple(source_from_dict(s) for s in data.get("sources", ()))
     return DataSpec(**{**data, "splits": tuple(data["splits"]), "sources": sources})
@@ -159,6 +198,7 @@ class RankSpec:
     # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
     console: str = "lines"
     save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
+    grpo: GrpoSpec | None = None  # --method grpo: the rewards, the generation and the reference
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
@@ -202,6 +242,7 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
     kwargs["loading"] = loading_from_dict(data["loading"])
     kwargs["notes"] = tuple(data.get("notes", ()))
     kwargs["save"] = SaveSpec(**data.get("save", {}))
+    kwargs["grpo"] = grpo_from_dict(data.get("grpo"))
     return RankSpec(**kwargs)
 
 

@@ -79,6 +79,12 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     gathered = weight_bytes * gathers
     if cfg.fsdp.version == 2:
         gathered = fsdp2_gathered(cfg, shape, world, step.no_grad_forwards) * accum
+    if cfg.run.method == "grpo":  # the generation re-gathers every unit once per generated token (planner/grpo.py)
+        from fsdp_tune.planner import grpo
+
+        one_forward = fsdp2_gathered(cfg, shape, world, 1) - fsdp2_gathered(cfg, shape, world, 0)
+        more_flops, more_gathered = grpo.generation_cost(cfg, shape, one_forward)
+        flops, gathered = flops + more_flops, gathered + more_gathered
     comm = gathered * (world - 1) / world if world > 1 else 0.0
     if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered
         grads = lora_on_rank(cfg, shape, world)[1] * shape.n_layers * stack_of(cfg).compute_bytes

@@ -10,9 +10,13 @@ from collections.abc import Iterator
 from fsdp_tune.config.methods import (
     CONFIG_CLASS,
     DPO,
+    FUSED_HEAD,
+    GRPO,
     KTO,
+    LORA_ONLY,
     PREFERENCE,
     SFT,
+    TOGGLES_CHECKPOINTING,
     WITH_REFERENCE,
     f_divergence_losses,
     fields_of,
@@ -22,11 +26,11 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 
-# data settings that only SFT reads (its answer masks, its text column), and what a preference method does instead
+# data settings that only SFT reads (its answer masks, its text column), and what the other methods do instead
 SFT_DATA = {
-    "train_on_prompt": "preference methods train on the completions (chosen/rejected) as TRL defines them",
-    "mask_fallback": "preference data has no answer masks: TRL tokenizes prompt and completion apart",
-    "dataset_text_field": "preference data is read by its columns (prompt, chosen, rejected, completion, label)",
+    "train_on_prompt": "the other methods train on completions as TRL defines them (chosen/rejected, or generated)",
+    "mask_fallback": "only SFT's data has answer masks: TRL tokenizes prompt and completion apart",
+    "dataset_text_field": "the data is read by its columns (prompt, chosen, rejected, completion, label)",
 }
 
 
@@ -58,7 +62,7 @@ def other_methods_fields(cfg: RunConfig) -> Iterator[Finding]:
             cfg,
             "FT110",
             "data.packing",
-            f"{CONFIG_CLASS[method]} does not pack: TRL 1.16's DPO, KTO and reward trainers pad each batch",
+            f"{CONFIG_CLASS[method]} does not pack: TRL 1.16's DPO, KTO, reward and GRPO trainers pad each batch",
             "drop --packing",
         )
     for name, why in SFT_DATA.items():
@@ -143,7 +147,7 @@ def kto_batches(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT114", "method", "reference model options that cannot work with LoRA under FSDP")
 def reference_options(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE:
+    if cfg.run.method not in (*WITH_REFERENCE, GRPO):
         return
     t = cfg.training
     if t.get("sync_ref_model"):
@@ -155,7 +159,7 @@ def reference_options(cfg: RunConfig) -> Iterator[Finding]:
             "frozen adapter copy (or the base) and TRL raises NotImplementedError",
             "drop --sync_ref_model",
         )
-    if t.get("precompute_ref_log_probs"):
+    if cfg.run.method != GRPO and t.get("precompute_ref_log_probs"):
         yield error(
             cfg,
             "FT114",
@@ -180,24 +184,25 @@ def padding_options(cfg: RunConfig) -> Iterator[Finding]:
         yield warning(cfg, "FT115", "training.truncation_mode", message, "drop --truncation_mode")
 
 
-@rule("FT116", "method", "DPO/KTO recompute with FSDP's activation checkpointing, not the Trainer's")
+@rule("FT116", "method", "DPO/KTO/GRPO recompute with FSDP's activation checkpointing, not the Trainer's")
 def reference_and_gradient_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE:
+    if cfg.run.method not in TOGGLES_CHECKPOINTING:
         return
+    around = "generation" if cfg.run.method == GRPO else "reference forward"
     if cfg.training.is_set("gradient_checkpointing") and cfg.training.get("gradient_checkpointing"):
         yield error(
             cfg,
             "FT116",
             "training.gradient_checkpointing",
-            f"{cfg.run.method}'s trainer switches gradient checkpointing off and on around every reference "
-            "forward, and each switch adds an input-embedding hook that is never removed (one more per step)",
+            f"{cfg.run.method}'s trainer switches gradient checkpointing off and on around every {around}, and each "
+            "switch adds an input-embedding hook that is never removed (one more per step)",
             "--fsdp_activation_checkpointing true (the same recompute, never switched) instead",
         )
 
 
-@rule("FT117", "method", "LoRA on lm_head under DPO/KTO")
+@rule("FT117", "method", "LoRA on lm_head under DPO/KTO/GRPO")
 def lm_head_adapter(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE or not cfg.lora.use_peft_lora:
+    if cfg.run.method not in FUSED_HEAD or not cfg.lora.use_peft_lora:
         return
     if "lm_head" in cfg.lora.lora_target_modules:
         yield error(
@@ -212,9 +217,11 @@ def lm_head_adapter(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT118", "method", "full fine-tuning under a preference method")
 def preference_full_finetune(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in PREFERENCE or cfg.lora.use_peft_lora:
+    if cfg.run.method not in LORA_ONLY or cfg.lora.use_peft_lora:
         return
     why = {
+        GRPO: "its reference (beta > 0) would be a second, unsharded copy of the model, and generation under full "
+        "fine-tuning was not run here",
         DPO: "the reference would be a second, unsharded copy of the model that TRL re-loads from disk and FSDP "
         "gathers whole at every reference forward",
         KTO: "the reference would be a second, unsharded copy of the model that TRL re-loads from disk and FSDP "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import DPO, PREFERENCE, REWARD, WITH_REFERENCE
+from fsdp_tune.config.methods import DATA, DENSE_ROUTER_REFUSED, DPO, GRPO, PREFERENCE, REWARD, WITH_REFERENCE
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.method import loss_types
@@ -46,11 +46,11 @@ def reward_head(cfg: RunConfig) -> Iterator[Finding]:
 def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
     method, t = cfg.run.method, cfg.training
     unused = []
-    if method in WITH_REFERENCE:
+    if method in (*WITH_REFERENCE, GRPO):
         if not t.get("sync_ref_model"):
             synced = ("ref_model_mixup_alpha", "ref_model_sync_steps")
             unused += [(n, "only read with --sync_ref_model") for n in synced]
-        if not t.get("precompute_ref_log_probs"):
+        if method != GRPO and not t.get("precompute_ref_log_probs"):
             unused.append(("precompute_ref_batch_size", "only read with --precompute_ref_log_probs"))
     if method == DPO:
         losses = loss_types(cfg)
@@ -60,7 +60,7 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
             unused.append(("discopop_tau", "only the discopop loss reads it"))
         if t.get("f_divergence_type") != "alpha_divergence":
             unused.append(("f_alpha_divergence_coef", "only read with --f_divergence_type alpha_divergence"))
-    if method in PREFERENCE:
+    if method in (*PREFERENCE, GRPO):
         why = "fsdp-tune passes no compute_metrics: evaluation reports the loss and the method's own metrics"
         unused += [(n, why) for n in ("batch_eval_metrics", "include_for_metrics")]
     for name, why in unused:
@@ -69,7 +69,10 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
     if cfg.is_set("model.reference") and not cfg.model.adapter:
         why = "without --adapter the reference is the base model (the new adapter starts at zero)"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it, or add --adapter RUN_DIR")
-    elif cfg.is_set("model.reference") and method not in WITH_REFERENCE:
+    elif cfg.is_set("model.reference") and method == GRPO and not float(t.get("beta") or 0):
+        why = "with beta 0 GRPO has no KL term, so no reference"
+        yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it, or set --beta 0.04")
+    elif cfg.is_set("model.reference") and method not in (*WITH_REFERENCE, GRPO):
         why = f"--method {method} has no reference model"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it")
 
@@ -103,7 +106,7 @@ def reference_base(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT123", "method", "router_aux_loss_coef on a model without experts")
 def router_aux(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE or cfg.training.get("router_aux_loss_coef") is None:
+    if cfg.run.method not in DENSE_ROUTER_REFUSED or cfg.training.get("router_aux_loss_coef") is None:
         return
     from fsdp_tune.sources.model import model_config
     from fsdp_tune.sources.moe import has_experts
@@ -120,22 +123,24 @@ def router_aux(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT124", "method", "a data format of the other kind of method (SFT data under DPO, pairs under SFT)")
+@rule("FT124", "method", "a data format of another kind of method (SFT data under DPO, pairs under SFT, ...)")
 def format_for_method(cfg: RunConfig) -> Iterator[Finding]:
-    from fsdp_tune.sources.formats import KINDS, PREFERENCE_KINDS
+    from fsdp_tune.sources.formats import KINDS, PREFERENCE_KINDS, PROMPT_KINDS
 
-    preference = cfg.run.method in PREFERENCE
-    wrong, right = (KINDS, PREFERENCE_KINDS) if preference else (PREFERENCE_KINDS, KINDS)
+    formats = {"sft": KINDS, "preference": PREFERENCE_KINDS, "prompts": PROMPT_KINDS}
+    named = {"sft": "supervised fine-tuning", "preference": "preference", "prompts": "prompt-only"}
+    trains = {"sft": "--method sft", "preference": "--method dpo, kto or reward", "prompts": "--method grpo"}
+    mine = DATA[cfg.run.method]
     asked = [("data.dataset_format", cfg.data.dataset_format)]
     asked += [("data.datasets", e.get("format")) for e in cfg.data.datasets or () if isinstance(e, dict)]
     for path, value in asked:
-        if value in wrong:
-            trains = f"--method {cfg.run.method}" if preference else "--method dpo, kto or reward"
+        kind = next((k for k, values in formats.items() if value in values), None)
+        if kind is not None and kind != mine:
             yield error(
                 cfg,
                 "FT124",
                 path,
-                f"format {value} is {'supervised fine-tuning' if preference else 'preference'} data; {trains} "
-                f"trains on {'preference' if preference else 'supervised fine-tuning'} data",
-                f"a format of {', '.join(right)} (or auto), or another --method",
+                f"format {value} is {named[kind]} data; --method {cfg.run.method} trains on {named[mine]} data "
+                f"({trains[kind]} trains on it)",
+                f"a format of {', '.join(formats[mine])} (or auto), or another --method",
             )

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.config.methods import METRICS, SFT
+from fsdp_tune.config.methods import METRICS, SFT, metric_keys
 from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
 
 
@@ -87,6 +87,14 @@ def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None
             if steps:
                 ax.plot(steps, values, color=f"C{i % 10}", marker="." if len(steps) < 50 else None, label=label)
                 seen.add(name)
+        logged, literal = {k for r in records for k in r}, dict(METRICS.get(method, ()))
+        for key, name in metric_keys(method, logged):  # GRPO: each reward function's mean beside the total
+            if key not in literal and key.startswith("rewards/"):
+                steps, values = series(records, key)
+                axes[0].plot(steps, values, color=f"C{i % 10}", linestyle=":", label=f"{label} {name}")
+    for ax in axes[:1]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small")
     for ax, seen in zip(axes, names, strict=True):
         ax.set_ylabel(" / ".join(sorted(seen)) or "-", fontsize="small")
         ax.grid(alpha=0.3)

@@ -112,6 +112,12 @@ def check_settings(cfg: RunConfig, on_cpu: bool = False) -> None:
         reasons.append(("use_8bit_quantization", "8-bit (LLM.int8) weights are not traced", "4-bit or none"))
     if cfg.run.method == "reward":  # the trace builds a causal LM; a reward model is a sequence classifier
         reasons.append(("method", "reward: a sequence classifier's score head is not traced", "--method dpo or sft"))
+    if cfg.run.method == "grpo":  # generate() samples and tests for the end at every token: values fake tensors lack
+        why = (
+            "grpo: its generation is not traced (transformers' generate samples each token and checks every rank for "
+            "the end, reading values that fake tensors do not have); its training pass is SFT's on the generated rows"
+        )
+        reasons.append(("method", why, "--method sft (the training pass; the plan's generation phase is arithmetic)"))
     if reasons:
         key, message, fix = reasons[0]
         raise refusal("TR002", key, "--trace", message, f"trace a variant with {fix}, or plan without --trace")

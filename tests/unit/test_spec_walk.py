@@ -16,7 +16,18 @@ from pathlib import Path
 import pytest
 
 from fsdp_tune.launch.machine import Machine
-from fsdp_tune.launch.spec import DataSpec, Loading, ModelSpec, RankSpec, SaveSpec, ShardedPlan, World, from_dict
+from fsdp_tune.launch.spec import (
+    DataSpec,
+    GrpoSpec,
+    Loading,
+    ModelSpec,
+    RankSpec,
+    RewardSpec,
+    SaveSpec,
+    ShardedPlan,
+    World,
+    from_dict,
+)
 from fsdp_tune.sources.mixture import Source
 from tests.conftest import REPO, spec_for
 
@@ -56,6 +67,23 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "notes": (PLAN, PLAN_TEXT),
         "console": (RANK, "worker/process.py"),
         "save": (RANK, "worker/recipe.py"),
+        "grpo": (RANK, "worker/training/methods.py"),
+    },
+    GrpoSpec: {
+        "rewards": (RANK, "worker/training/rewards.py"),
+        "generation": (RANK, "worker/training/grpo.py"),
+        "synced": (RANK, "worker/training/grpo.py"),
+        "weight_sync": (RANK, "worker/training/grpo.py"),
+        "reference": (RANK, "worker/training/grpo.py"),  # sharded.py too: the frozen "ref" adapter
+        "max_prompt_tokens": (RANK, "worker/data/prompts.py"),
+    },
+    RewardSpec: {
+        "name": (RANK, "worker/training/rewards.py"),
+        "kind": (RANK, "worker/training/rewards.py"),
+        "target": (RANK, "worker/training/rewards.py"),
+        "written": (RANK, "worker/training/rewards.py"),
+        "attr": (RANK, "rewards/load.py"),
+        "search_path": (RANK, "rewards/load.py"),
     },
     SaveSpec: {
         "final": (RANK, "worker/recipe.py"),  # into training/trainer.py's Saving and saving/save.py
@@ -135,7 +163,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
     },
 }
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
-RANK_SIDE = ("worker/", "launch/spec.py", "sources/mixture.py")
+RANK_SIDE = ("worker/", "launch/spec.py", "sources/mixture.py", "rewards/load.py")
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
@@ -145,6 +173,8 @@ ENV = {
         "FSDP_TUNE_TEST_HANG",
         "FSDP_TUNE_TEST_POISON_STEP",
         "FSDP_TUNE_TEST_FAKE_HUB",
+        "FSDP_TUNE_TEST_SHORT_GENERATION",
+        "FSDP_TUNE_TEST_UNMANAGED",
     },
     # a debugging switch that changes which ranks' lines reach the console, never what a rank runs
     "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},
@@ -170,6 +200,10 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.preference",  # preference rows: detected and converted as the launcher checks them
     "fsdp_tune.sources.preference_rows",
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
+    "fsdp_tune.sources.prompts",  # GRPO's prompt rows: detected and converted as the launcher checks them
+    "fsdp_tune.rewards.builtin",  # the built-in rewards, the user's imported, every result checked: the callables
+    "fsdp_tune.rewards.guard",
+    "fsdp_tune.rewards.load",
 }
 
 

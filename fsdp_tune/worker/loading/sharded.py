@@ -203,7 +203,8 @@ def _with_lora(model, spec: RankSpec, quantized: bool, upcast: bool, seed: int):
                 p.data = p.data.to(torch.bfloat16)
             elif upcast and p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.to(torch.float32)
-        if spec.method in WITH_REFERENCE:  # DPO/KTO's frozen reference adapter, inside FSDP's units (reference.py)
+        ref = spec.method in WITH_REFERENCE or (spec.grpo is not None and spec.grpo.reference == "ref_adapter")
+        if ref:  # DPO/KTO's (and GRPO's from --adapter) frozen reference adapter, inside FSDP's units (reference.py)
             add_reference_adapter(model)
     return model
 

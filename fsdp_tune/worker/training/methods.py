@@ -6,7 +6,9 @@ adapter check and the summary.
 
 A method is added as one entry here: its config and trainer classes (TRL's DPOConfig/DPOTrainer take the same
 constructor arguments the recipe passes: model, args, train_dataset, eval_dataset, processing_class,
-peft_config, callbacks), a `prepare(spec, tokenizer) -> Prepared` for its data, and its metrics.
+peft_config, callbacks), a `prepare(spec, tokenizer) -> Prepared` for its data, and its metrics; a method whose
+trainer takes more (GRPO's reward functions) says so in `trainer_kwargs`, and what its trainer needs under FSDP that
+TRL does not do is a class mixed in before it (`mixin`, its constructor's own keywords from `trainer_kwargs`).
 """
 
 from __future__ import annotations
@@ -15,12 +17,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
+from trl import (
+    DPOConfig,
+    DPOTrainer,
+    GRPOConfig,
+    GRPOTrainer,
+    KTOConfig,
+    KTOTrainer,
+    RewardConfig,
+    RewardTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.worker.data.preference import prepare_preference
 from fsdp_tune.worker.data.prepare import Prepared, prepare
+from fsdp_tune.worker.data.prompts import prepare_prompts
+from fsdp_tune.worker.training.grpo import GrpoOnFsdp
 from fsdp_tune.worker.training.progress import Metric
+from fsdp_tune.worker.training.rewards import reward_kwargs
 
 
 @dataclass(frozen=True)
@@ -30,6 +46,9 @@ class Method:
     prepare: Callable[[RankSpec, Any], Prepared]  # (spec, tokenizer) -> the train and eval datasets, and a report
     metrics: tuple[Metric, ...]  # shown after each evaluation, those the trainer reported
     progress: tuple[Metric, ...] = ()  # shown on the progress line from each training log, those reported
+    # (spec, tokenizer, step) -> the trainer's further constructor arguments; step() is the global step
+    trainer_kwargs: Callable[[RankSpec, Any, Callable[[], int | None]], dict[str, Any]] = lambda spec, tok, step: {}
+    mixin: type | None = None  # mixed in before trainer_class (training/trainer.py fsdp_trainer)
 
 
 SFT = Method(
@@ -75,7 +94,30 @@ REWARD = Method(
     progress=(Metric("accuracy", "acc", ".2f"), Metric("margin", "margin", ".3f")),
 )
 
-METHODS: dict[str, Method] = {"sft": SFT, "dpo": DPO, "kto": KTO, "reward": REWARD}
+
+def _grpo_kwargs(spec: RankSpec, tokenizer, step) -> dict[str, Any]:
+    rank = spec.lora["r"] if spec.lora else None
+    return {**reward_kwargs(spec, tokenizer, step), "grpo": spec.grpo, "lora_rank": rank}
+
+
+# GRPO: prompts prepared once (worker/data/prompts.py); the completions generated on the ranks and scored by the
+# spec's rewards (training/rewards.py), with generation synced across ranks and the reference as the adapter
+# switched off (training/grpo.py)
+GRPO = Method(
+    config_class=GRPOConfig,
+    trainer_class=GRPOTrainer,
+    prepare=prepare_prompts,
+    metrics=(Metric("eval_reward", "reward", ".3f"), Metric("eval_completions/mean_length", "length", ".1f")),
+    progress=(
+        Metric("reward", "reward", ".3f"),
+        Metric("completions/mean_length", "length", ".1f"),
+        Metric("kl", "kl", ".4f"),
+    ),
+    trainer_kwargs=_grpo_kwargs,
+    mixin=GrpoOnFsdp,
+)
+
+METHODS: dict[str, Method] = {"sft": SFT, "dpo": DPO, "kto": KTO, "reward": REWARD, "grpo": GRPO}
 
 
 def method_of(spec: RankSpec) -> Method:
