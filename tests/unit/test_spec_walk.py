@@ -135,7 +135,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
     },
 }
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
-RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")  # rank 0 and the pre-flight
+RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
