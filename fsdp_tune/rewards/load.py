@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from fsdp_tune.launch.spec import RewardSpec
+from fsdp_tune.decide.spec import RewardSpec
 from fsdp_tune.rewards.guard import RewardError
 
 

@@ -1,5 +1,5 @@
 """The user's rewards called once before launch, on one row of the data, in a process of their own
-(`python -m fsdp_tune.rewards.probe REQUEST.json`; rewards/check.py starts it): the launcher never imports the
+(`python -m fsdp_tune.rewards.probe REQUEST.json`; preflight/rewards.py starts it): the launcher never imports the
 user's code (it may import torch), and a reward that cannot be imported, raises, or returns what GRPO cannot use
 (not one finite number or None per completion) is refused before any rank starts.
 
@@ -17,7 +17,7 @@ import json
 import sys
 import traceback
 
-from fsdp_tune.launch.spec import RewardSpec
+from fsdp_tune.decide.spec import RewardSpec
 from fsdp_tune.rewards.guard import RewardError, problem
 
 SAMPLES = ("", "42")

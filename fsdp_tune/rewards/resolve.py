@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from fsdp_tune.launch.spec import RewardSpec
+from fsdp_tune.decide.spec import RewardSpec
 from fsdp_tune.rewards.builtin import BUILTINS
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
 

@@ -7,7 +7,7 @@ Python: the launcher detects and checks local files with it, rank 0 converts eve
 
 GRPOTrainer generates the completions itself, so rows that already hold answers are SFT or preference data: a
 `prompt` beside them is still a prompt (prompt/chosen/rejected, prompt/completion: the answers reach the rewards as
-columns), a conversation without one is refused with the way to use it (sources/prompt_check.py).
+columns), a conversation without one is refused with the way to use it (preflight/prompts.py).
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from typing import Any
 
 from datasets import Dataset, concatenate_datasets
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.mixture import Source, plan_counts
 from fsdp_tune.sources.prompts import canonical, detect_prompts
+from fsdp_tune.sources.rows import LISTED, where
 from fsdp_tune.worker.data.prepare import REPORT, Prepared, cache_key, check_template, load_prepared, take
-from fsdp_tune.worker.data.rows import LISTED, where
 from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
 
 TOO_LONG = "the prompt leaves no room for a completion within max_seq_len"

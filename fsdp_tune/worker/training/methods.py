@@ -30,7 +30,7 @@ from trl import (
     SFTTrainer,
 )
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.data.preference import prepare_preference
 from fsdp_tune.worker.data.prepare import Prepared, prepare
 from fsdp_tune.worker.data.prompts import prepare_prompts

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.launch.spec import RankSpec, RewardSpec
+from fsdp_tune.decide.spec import RankSpec, RewardSpec
 from fsdp_tune.rewards.builtin import make
 from fsdp_tune.rewards.guard import guarded
 from fsdp_tune.rewards.load import load_function

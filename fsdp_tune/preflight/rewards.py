@@ -19,8 +19,8 @@ import sys
 import tempfile
 from dataclasses import asdict
 
+from fsdp_tune.decide.spec import RankSpec, RewardSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.spec import RankSpec, RewardSpec
 from fsdp_tune.rewards.builtin import BUILTINS
 from fsdp_tune.rewards.probe import MARK
 
@@ -29,7 +29,7 @@ KEY = "--reward_funcs"
 
 
 def check_rewards(spec: RankSpec) -> list[Finding]:
-    from fsdp_tune.sources.prompt_check import first_row
+    from fsdp_tune.preflight.prompts import first_row
 
     if spec.grpo is None:
         return []

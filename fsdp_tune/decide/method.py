@@ -1,5 +1,5 @@
 """The training method's part of the rank spec: the arguments its TRL config takes (DPOConfig has no `packing`,
-RewardConfig no `loss_type`), and GRPO's rewards, generation and reference. Pure, like decide.py.
+RewardConfig no `loss_type`), and GRPO's rewards, generation and reference. Pure, like rank.py.
 
 fsdp-tune sets some SFTConfig fields for every run (max_length, packing, dataset_text_field); a method whose
 config lacks one does not get it. A field the user set that the method's config lacks never gets here: FT110
@@ -12,7 +12,7 @@ from typing import Any
 
 from fsdp_tune.config.methods import GRPO, fields_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.spec import GrpoSpec
+from fsdp_tune.decide.spec import GrpoSpec
 
 
 def method_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:

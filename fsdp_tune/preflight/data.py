@@ -12,17 +12,18 @@ from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.sources import preference_check, prompt_check
+from fsdp_tune.preflight import prompts as prompt_check
+from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, sliced
+from fsdp_tune.preflight.rows import row_findings as _row_findings
+from fsdp_tune.preflight.tokens import TokenCheck, token_findings
+from fsdp_tune.preflight.tokens import listed as _listed
+from fsdp_tune.sources import preference_check
 from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
 from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.model import offline
 from fsdp_tune.sources.rowcheck import Problem, check_row
-from fsdp_tune.sources.rowreport import COUNTED_ROWS, DETECT_ROWS, sliced
-from fsdp_tune.sources.rowreport import row_findings as _row_findings
 from fsdp_tune.sources.sample import SCAN_SECONDS, Sample, read_sample
-from fsdp_tune.sources.tokencheck import TokenCheck, token_findings
-from fsdp_tune.sources.tokencheck import listed as _listed
 
 
 def settle(
@@ -34,7 +35,7 @@ def settle(
     method: str = "sft",
 ) -> tuple[tuple[Source, ...], list[Finding]]:
     """(the sources with what their files say, findings). `eval_wanted`: read each source's held-out split;
-    `tokens`: tokenize their rows as rank 0 will (train's pre-flight; sources/tokencheck.py); `method`: the
+    `tokens`: tokenize their rows as rank 0 will (train's pre-flight; preflight/tokens.py); `method`: the
     training method (a preference method's data is checked by sources/preference_check.py)."""
     if not sources:
         hint = "--dataset_name data/train.jsonl (a file, a folder, a Hub name), or a `datasets:` list"
@@ -103,7 +104,7 @@ def settle_source(
         return source, findings + problems
     first = samples[source.split][0]
     rows = [r for x in samples[source.split] for _, r in x.rows]
-    if method == "grpo":  # prompts (sources/prompt_check.py)
+    if method == "grpo":  # prompts (preflight/prompts.py)
         settled, found = prompt_check.settle(source, splits, samples, located)
         return settled, findings + found
     if method != "sft":

@@ -1,4 +1,4 @@
-"""The data pre-flight for online RL (sources/datacheck.py runs it in place of SFT's format checks under
+"""The data pre-flight for online RL (preflight/data.py runs it in place of SFT's format checks under
 --method grpo): the prompt column found, rows that cannot be used reported with file and line (and skipped on rank 0,
 counted in the summary), data that holds answers but no prompts refused naming what it is (PF080)."""
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, row_findings, sliced
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.prompts import canonical, detect_prompts
-from fsdp_tune.sources.rowreport import COUNTED_ROWS, DETECT_ROWS, row_findings, sliced
 
 
 def detect(columns: list[str], rows: list[dict], source: Source) -> Format:
@@ -32,7 +32,7 @@ def detect(columns: list[str], rows: list[dict], source: Source) -> Format:
 
 
 def check_rows(rows: list[tuple[str, Any]], fmt: Format) -> tuple[dict, dict]:
-    """(problem code -> the rows with it, problem code -> its first problem), for rowreport's row_findings."""
+    """(problem code -> the rows with it, problem code -> its first problem), for preflight/rows.py row_findings."""
     by_code: dict[str, list[str]] = {}
     first: dict[str, Any] = {}
     for where, row in rows:

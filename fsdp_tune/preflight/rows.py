@@ -1,15 +1,15 @@
-"""The row findings every data pre-flight shares (sources/datacheck.py for SFT and preference data,
-sources/prompt_check.py for GRPO's prompts): rows skipped or reported, counted by reason, with file and line."""
+"""The row findings every data pre-flight shares (preflight/data.py for SFT and preference data,
+preflight/prompts.py for GRPO's prompts): rows skipped or reported, counted by reason, with file and line."""
 
 from __future__ import annotations
 
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.preflight.tokens import listed as _listed
 from fsdp_tune.sources.mixture import slice_rows
 from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS
-from fsdp_tune.sources.tokencheck import listed as _listed
 
 DETECT_ROWS = 100  # rows detection looks at
-COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (launch/batch.py compares it with a step)
+COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (preflight/batch.py compares it with a step)
 
 
 def sliced(spec: str, rows: list) -> list:
