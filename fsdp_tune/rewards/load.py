@@ -3,6 +3,7 @@ function's name), by the probe before launch and by every rank. The user's code 
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -12,6 +13,13 @@ from fsdp_tune.decide.spec import RewardSpec
 from fsdp_tune.rewards.guard import RewardError
 
 
+def module_name(path: Path) -> str:
+    """The name a reward file is imported under: its stem and its folder's hash (two my_rewards.py in two folders
+    are two modules)."""
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return f"fsdp_tune_rewards_{path.stem}_{digest}"
+
+
 def load_function(spec: RewardSpec):
     """The callable `spec` names; RewardError (one line: the entry and what failed) when it cannot be had."""
     if spec.search_path and spec.search_path not in sys.path:
@@ -19,7 +27,7 @@ def load_function(spec: RewardSpec):
     try:
         if spec.target.endswith(".py"):
             path = Path(spec.target)
-            name = f"fsdp_tune_rewards_{path.stem}"
+            name = module_name(path)
             module = sys.modules.get(name)
             if module is None:
                 found = importlib.util.spec_from_file_location(name, path)
@@ -29,7 +37,7 @@ def load_function(spec: RewardSpec):
         else:
             module = importlib.import_module(spec.target)
     except Exception as e:  # noqa: BLE001 - the user's module, whatever its import raises
-        sys.modules.pop(f"fsdp_tune_rewards_{Path(spec.target).stem}", None)
+        sys.modules.pop(module_name(Path(spec.target)), None)
         raise RewardError(f"reward {spec.written}: importing {spec.target} failed: {type(e).__name__}: {e}") from e
     func = getattr(module, spec.attr or "", None)
     if func is None:

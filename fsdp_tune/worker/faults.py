@@ -6,8 +6,9 @@ FSDP_TUNE_TEST_POISON_STEP=N      the loss of step N becomes NaN (the NaN guard'
 FSDP_TUNE_TEST_FAKE_HUB=DIR       the Hub is a folder: repositories are created and uploaded into DIR, and
                                   every call is recorded in DIR/calls.jsonl (--push_to_hub's test, offline)
 FSDP_TUNE_TEST_SHORT_GENERATION="RANK:N"  that rank's completions end after N tokens (GRPO: ranks finish apart)
-FSDP_TUNE_TEST_UNMANAGED=1        a trainable parameter FSDP does not manage joins the sharded model (as an adapter
-                                  added after sharding would): never reduced, its copies drift apart (the self-check)
+FSDP_TUNE_TEST_UNMANAGED=NAME     a trainable parameter FSDP does not manage joins the sharded model of the run
+                                  whose folder is NAME ("*": any), as an adapter added after sharding would: never
+                                  reduced, its copies drift apart (the self-check's test)
 Nothing here acts unless one of these is set.
 """
 
@@ -109,10 +110,11 @@ def shorten_generation(model) -> None:
     target.generate = generate
 
 
-def unmanaged_parameter(model) -> None:
+def unmanaged_parameter(model, output_dir: str) -> None:
     """FSDP_TUNE_TEST_UNMANAGED: a zero bias added to the first decoder layer's output, a plain trainable parameter
     registered after fully_shard (so in no FSDP parameter group). Each rank's gradient for it is its own."""
-    if not os.environ.get(UNMANAGED):
+    wanted = os.environ.get(UNMANAGED)
+    if not wanted or wanted not in ("*", Path(output_dir).name):
         return
     import torch
 

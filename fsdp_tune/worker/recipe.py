@@ -126,7 +126,7 @@ class Recipe:
         with self.phases.timed("build_model"):
             loaded = load(self.spec, tokenizer, args, lambda: self.trainer_config("transformers"))
             if loaded.path == "sharded":
-                faults.unmanaged_parameter(loaded.model)  # test-only: the self-check's divergence
+                faults.unmanaged_parameter(loaded.model, self.spec.output_dir)  # test-only: the self-check's divergence
         if is_main():
             phases.show_model(self.phases.took["build_model"], loaded.model, self.spec.model)
         return loaded
