@@ -1,12 +1,12 @@
 """GRPO on 2 CPU ranks (#32). One torchrun launch runs four recipes (tests/dist/recipes_in_one_group.py; the rank
 specs come from the launcher's own plan_run): LoRA with beta > 0 and a learnable reward of the user's, by file path,
-that reads the dataset's columns (checkpoints every 4 steps); QLoRA with a built-in and the user's reward by dotted
-module path, weighted; the LoRA run resumed from its checkpoint-8 (its steps 9-12 are the straight run's); and a run
-whose model holds a trainable parameter FSDP does not manage, which the distributed self-check stops at step 1.
-Every run of the launch has rank 1's completions end after 2 tokens (FSDP_TUNE_TEST_SHORT_GENERATION): the ranks
-finish decoding apart and the generation still steps them together. Then, through the CLI as users run it: a reward
-that returns NaN on the data's first row refused before launch, and one that raises at step 2 stopping the run in
-one line with nothing half-written."""
+that reads the dataset's columns (checkpoints every 4 steps); QLoRA with a built-in, the user's reward by dotted
+module path and a reward model (a sequence classifier's folder), weighted; the LoRA run resumed from its
+checkpoint-8 (its steps 9-12 are the straight run's); and a run whose model holds a trainable parameter FSDP does
+not manage, which the distributed self-check stops at step 1. Every run of the launch has rank 1's completions end
+after 2 tokens (FSDP_TUNE_TEST_SHORT_GENERATION): the ranks finish decoding apart and the generation still steps them
+together. Then, through the CLI as users run it: a reward that returns NaN on the data's first row refused before
+launch, and one that raises at step 2 stopping the run in one line with nothing half-written."""
 
 from __future__ import annotations
 
@@ -65,6 +65,22 @@ def _files(tmp_path: Path) -> Path:
     )
 
 
+def _reward_model(folder: Path) -> Path:
+    """A sequence classifier with one label, saved as a user's reward model would be (random weights)."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from fsdp_tune.models.tiny import build_tokenizer
+
+    tok = build_tokenizer(512)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    LlamaForSequenceClassification(config).save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
 def _resolved(tmp_path: Path, name: str, *flags: str):
     from fsdp_tune.launch import torchrun
     from fsdp_tune.launch.train import plan_run
@@ -104,17 +120,18 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
         tmp_path, "lora", *GRPO, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars",
         "--beta", "0.01", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "4",
     )  # fmt: skip
+    judge = str(_reward_model(tmp_path / "judge"))
     qlora = _resolved(
         tmp_path, "qlora", *GRPO, "--dataset_name", data, "--reward_funcs", "grpo_rewards.scores.fewer_chars",
-        "length_reward", "--reward_weights", "1", "0.5", "--max_steps", "4", "--use_4bit_quantization", "True",
-        "--bnb_4bit_compute_dtype", "float32",
+        "length_reward", judge, "--reward_weights", "1", "0.5", "0.1", "--max_steps", "4",
+        "--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "float32",
     )  # fmt: skip
     # sampled at temperature 1 its completions differ in length, so the advantages, and the gradients, are not zero
     unmanaged = _resolved(
         tmp_path, "unmanaged", *GROUPS, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars"
     )
     assert lora[1].grpo.reference == "adapter_disabled" and qlora[1].grpo.reference == "off"
-    assert [r.kind for r in qlora[1].grpo.rewards] == ["python", "builtin"]
+    assert [r.kind for r in qlora[1].grpo.rewards] == ["python", "builtin", "reward_model"]
     paths = [lora[1].resolved_path, qlora[1].resolved_path, _resumed(tmp_path, lora), unmanaged[1].resolved_path]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "tests.dist.recipes_in_one_group", *paths]
@@ -149,9 +166,8 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
         assert seen["trainer_state"] == (who != "probe") and seen["topic"] in WORDS
 
     q = json.loads((tmp_path / "qlora" / "fsdp_tune_summary.json").read_text())
-    assert q["adapter_check"]["ok"] and {"rewards/fewer_chars/mean", "rewards/length_reward/mean"} <= set(
-        q["method_metrics"]
-    ), q
+    scored = {"rewards/fewer_chars/mean", "rewards/length_reward/mean", "rewards/judge/mean"}
+    assert q["adapter_check"]["ok"] and scored <= set(q["method_metrics"]), q  # the reward model scored too
     assert (tmp_path / "seen" / "grpo_rewards.scores-0.json").exists()  # imported by its module path
 
     straight = {r["step"]: r for r in _metrics(tmp_path / "lora")}

@@ -104,6 +104,42 @@ def test_a_sequence_classifier_is_a_reward_model_on_every_rank(tmp_path, tok) ->
     assert its_tokenizer.pad_token_id == model.config.pad_token_id
 
 
+def test_a_reward_run_is_its_adapter_merged_onto_its_base(tmp_path, tok) -> None:
+    """A --method reward run as a reward: its base loaded as a one-label classifier, its adapter (score head
+    included) merged, scoring as base + adapter does."""
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from fsdp_tune.rewards.resolve import resolve
+    from fsdp_tune.worker.training.rewards import reward_model
+
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    base = LlamaForSequenceClassification(config)
+    base.save_pretrained(str(tmp_path / "base"))
+    peft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], task_type="SEQ_CLS"))
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.1)
+    run = tmp_path / "rm"
+    peft.save_pretrained(str(run))
+    tok.save_pretrained(str(run))
+    spec = {"method": "reward", "model": {"name_or_path": str(tmp_path / "base"), "dtype": "float32"}}
+    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": spec}))
+    model, _ = reward_model(resolve(str(run)), SimpleNamespace())
+    ids = tok("Say it. It.", return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(model(**ids).logits, peft.eval()(**ids).logits, atol=1e-5)
+    assert not hasattr(model, "peft_config")  # merged: a plain classifier
+
+
 def test_rank_0_leaves_out_prompts_that_leave_no_room_for_a_completion(tmp_path, tok, monkeypatch) -> None:
     from fsdp_tune.worker.data import prompts as prepared
 
