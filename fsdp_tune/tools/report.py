@@ -42,21 +42,23 @@ def method_of(run_dir: str | Path) -> str:
 
 def figure(run_dirs: list[str | Path]):
     """One figure for all runs: each run's training loss (a line) and eval loss (dashed, with points) in the
-    run's own colour above, its learning rate below; for preference runs, their own two metrics between (DPO's
-    reward accuracy and margin, KTO's KL and margin, a reward model's accuracy and margin)."""
+    run's own colour above, its learning rate below; for the other methods, their own metrics between (DPO's
+    reward accuracy and margin, KTO's KL and margin, a reward model's accuracy and margin; GRPO's reward with each
+    function's, completion length and KL)."""
     # matplotlib's object API without pyplot: half the import time, and no GUI backend is ever touched
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     methods = [method_of(r) for r in run_dirs]
     extra = any(METRICS.get(m) for m in methods)
-    fig = Figure(figsize=(8, 9 if extra else 6))
+    panels = max((PANELS.get(m, 2) for m in methods), default=2) if extra else 0
+    fig = Figure(figsize=(8, 6 + 1.5 * panels))
     FigureCanvasAgg(fig)
-    ratios = [3, 2, 2, 1] if extra else [3, 1]
+    ratios = [3, *[2] * panels, 1]
     axes = fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
     ax_loss, ax_lr = axes[0], axes[-1]
     if extra:
-        _method_panels(axes[1:3], run_dirs, methods)
+        _method_panels(axes[1 : 1 + panels], run_dirs, methods)
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels(run_dirs), strict=True)):
         colour = f"C{i % 10}"
         records = load_metrics(run_dir)
@@ -77,12 +79,15 @@ def figure(run_dirs: list[str | Path]):
     return fig
 
 
+PANELS = {"grpo": 3}  # GRPO's reward (and each function's), completion length and KL; the others' first two
+
+
 def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None:
-    """Each preference run's first two metrics (config/methods.py METRICS), one panel each, in the run's colour."""
-    names: list[set[str]] = [set(), set()]
+    """Each run's first metrics (config/methods.py METRICS), one panel each, in the run's colour."""
+    names: list[set[str]] = [set() for _ in axes]
     for i, (run_dir, label, method) in enumerate(zip(run_dirs, labels(run_dirs), methods, strict=True)):
         records = load_metrics(run_dir)
-        for ax, (key, name), seen in zip(axes, METRICS.get(method, ())[:2], names, strict=False):
+        for ax, (key, name), seen in zip(axes, METRICS.get(method, ())[: len(axes)], names, strict=False):
             steps, values = series(records, key)
             if steps:
                 ax.plot(steps, values, color=f"C{i % 10}", marker="." if len(steps) < 50 else None, label=label)
