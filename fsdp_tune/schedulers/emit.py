@@ -101,6 +101,7 @@ def emit(
         raise PreflightError(refused)
     where = shared or (str(Path.cwd()) if row.mount is None else f"{name}-shared")
     out = _output_dir(row, kind, str(cfg.training.get("output_dir") or "output"), where)
+    node_config = _node_config(row, kind, config)
     node_args = [*jobs.without(args, ("num_processes", "num_machines", "resume_from_checkpoint", "output_dir"))]
     node_args += ["--num_processes", str(nodes * per), "--num_machines", str(nodes)]
     node_args += ["--output_dir", out, "--resume_from_checkpoint", "latest"]
@@ -122,7 +123,7 @@ def emit(
         memory_gib=jobs.memory_gib(plan),
         cpus=per * (1 + int(cfg.training.get("dataloader_num_workers") or 0)),
         grace_s=grace,
-        config=_node_config(row, kind, config),
+        config=node_config,
         args=tuple(node_args),
         output_dir=out,
         shared=where,
