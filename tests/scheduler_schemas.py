@@ -98,7 +98,7 @@ def slurm_problems(text: str) -> list[str]:
         if m.group(1) not in sbatch:
             problems.append(f"#SBATCH --{m.group(1)}: not an option sbatch(1) documents")
     srun = _names("srun_options.txt")
-    for line in (ln for ln in text.splitlines() if ln.startswith("srun ")):
+    for line in (ln for ln in text.replace("\\\n", " ").splitlines() if ln.startswith("srun ")):
         for word in shlex.split(line)[1:]:
             if not word.startswith("--"):
                 break  # the command srun runs

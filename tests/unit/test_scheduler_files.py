@@ -155,3 +155,9 @@ def test_emit_refuses_a_config_the_nodes_do_not_get(tmp_path, monkeypatch) -> No
     assert [f.rule for f in err.value.findings] == ["PF085"] and "outside the folder" in err.value.findings[0].message
     with pytest.raises(UsageError):
         emit("pbs", str(REPO / CONFIG), FLAGS, print)
+
+
+def test_the_shipped_sbatch_script_passes_the_same_checks() -> None:
+    text = (REPO / "scripts" / "slurm_fsdp.sbatch").read_text()
+    assert PROBLEMS["slurm"](text) == []
+    assert "--machine_rank" not in text and "--resume_from_checkpoint latest" in text  # SLURM's variables say it
