@@ -3,5 +3,5 @@ the validated launch on one. Torch-free, like the rest of the launcher side.
 
 topology.py reads the variables each scheduler sets on a node (tables in variables.py) into the launch keys;
 job.py decides a scheduler-neutral Job from a planned launch; slurm.py, skypilot.py and kubeflow.py each render
-one (rows in emit.py). Nothing here submits anything.
+one (a row each in emitters.py; launch/emit.py plans the job). Nothing here submits anything.
 """

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fsdp_tune.schedulers.emit import EMITTERS, emit
+from fsdp_tune.launch.emit import emit
+from fsdp_tune.schedulers.emitters import EMITTERS
 from tests.conftest import FIXTURES
 from tests.dist.conftest import TIMEOUT, offline_env
 from tests.scheduler_schemas import PROBLEMS

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from fsdp_tune.errors import PreflightError, UsageError
+from fsdp_tune.launch.emit import emit
 from fsdp_tune.schedulers import job as jobs
-from fsdp_tune.schedulers.emit import EMITTERS, emit
+from fsdp_tune.schedulers.emitters import EMITTERS
 from tests.conftest import FIXTURES, REPO, seed_flags
 from tests.scheduler_schemas import PROBLEMS
 

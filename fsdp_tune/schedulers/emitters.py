@@ -1,9 +1,6 @@
-"""`fsdp-tune train ... --emit slurm|skypilot|kubeflow [-o FILE]`: the validated launch as that scheduler's job.
-
-Decided as the nodes will decide it: the launch line every node runs is planned here with the variables the
-scheduler would give node 0 (so its topology goes through schedulers/topology.py exactly as on the node), on a
-simulated node of the job's GPUs (`--gpu`, default h100: the memory plan and its PF050 are that node's). A plan
-that does not fit, or a setting the scheduler says itself or cannot say, is refused (PF085); nothing is submitted.
+"""The schedulers `train --emit` writes for, one row each: the variables the scheduler gives node 0 (the launch is
+planned with them, launch/emit.py), where the nodes see the shared folder, what the scheduler says itself; and
+what `--emit` refuses before planning (PF085): settings the scheduler says itself or cannot say.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from fsdp_tune.errors import Finding, PreflightError, Severity, UsageError
+from fsdp_tune.errors import Finding, PreflightError, Severity
 from fsdp_tune.schedulers import job as jobs
 from fsdp_tune.schedulers import kubeflow, skypilot, slurm
 
@@ -74,107 +71,32 @@ EMITTERS = {
 }
 
 
-def emit(
-    kind: str,
-    config: str | None,
-    args: list[str],
-    echo: Callable[[str], None],
-    gpu: str | None = None,
-    shared: str | None = None,
-    image: str | None = None,
-) -> jobs.Job:
-    """The job for `kind`, decided from `config` and `args` as `train` takes them; PreflightError (PF085, PF050)
-    when it cannot be emitted."""
-    from fsdp_tune.launch import simulate
-    from fsdp_tune.launch.machine import probe
-    from fsdp_tune.launch.train import plan_run
-    from fsdp_tune.validate import check
-
-    row = EMITTERS.get(kind)
-    if row is None:
-        raise UsageError(f"--emit {kind}: unknown", f"one of: {', '.join(EMITTERS)}")
-    cfg = check(config, args).config  # the job's size, before any scheduler says it
-    nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, cfg.launch.use_cpu
-    name = _name(cfg.training.get("output_dir") or "fsdp-tune")
-    refused = _refusals(row, kind, cfg, args, image)
-    if refused:
-        raise PreflightError(refused)
-    where = shared or (str(Path.cwd()) if row.mount is None else f"{name}-shared")
-    out = _output_dir(row, kind, str(cfg.training.get("output_dir") or "output"), where)
-    node_config = _node_config(row, kind, config)
-    node_args = [*jobs.without(args, ("num_processes", "num_machines", "resume_from_checkpoint", "output_dir"))]
-    node_args += ["--num_processes", str(nodes * per), "--num_machines", str(nodes)]
-    node_args += ["--output_dir", out, "--resume_from_checkpoint", "latest"]
-    key = gpu or "h100"
-    machine = probe() if on_cpu else simulate.gpu_node(key, per)
-    local = [*node_args[:-4], "--output_dir", str(cfg.training.get("output_dir") or "output")]  # as from here
-    planned = plan_run(config, local, echo, machine=machine, env=row.node0(name, nodes, per, not on_cpu))
-    plan = _plan(planned, key, on_cpu, echo)
-    grace = jobs.grace_s(plan, int(plan.get("trainable_params") or 0))
-    gpu_name = None if on_cpu else plan.get("device")
-    mount = row.mount or where
-    return jobs.Job(
-        scheduler=kind,
-        name=name,
-        nodes=nodes,
-        procs_per_node=per,
-        gpu=None if on_cpu else key,
-        gpu_name=gpu_name,
-        memory_gib=jobs.memory_gib(plan),
-        cpus=per * (1 + int(cfg.training.get("dataloader_num_workers") or 0)),
-        grace_s=grace,
-        config=node_config,
-        args=tuple(node_args),
-        output_dir=out,
-        shared=where,
-        mount=mount,
-        env={"HF_HOME": f"{mount.rstrip('/')}/hf-cache"},
-        image=image,
-        workdir=str(Path.cwd()),
-        facts=jobs.facts(plan, nodes, per, gpu_name, grace),
-    )
-
-
-def _plan(planned, key: str, on_cpu: bool, echo: Callable[[str], None]) -> dict:
-    """The memory plan the job is sized by; its PF050 (a GPU it does not fit) refuses the job. What else this
-    machine's pre-flight found is said, not refused: the nodes check again before they start."""
-    from fsdp_tune.planner.plan import memory_plan
-
-    memory = [f for f in planned.machine_findings if f.rule == "PF050" and f.severity is Severity.ERROR]
-    if memory:
-        raise PreflightError(memory)
-    for f in planned.machine_findings:
-        if f.severity is Severity.ERROR:
-            echo(f"note: on this machine {f.rule} {f.key}: {f.message} (the nodes check again when they start)")
-    return memory_plan(planned.config, key, on_cpu=on_cpu, loading=planned.spec.loading.path)
-
-
-def _refusals(row: Emitter, kind: str, cfg, args: list[str], image: str | None) -> list[Finding]:
+def refusals(row: Emitter, kind: str, cfg, args: list[str], image: str | None) -> list[Finding]:
     found = []
     for flag in (*TOPOLOGY_FLAGS, *row.says):
         if jobs.given(args, flag) is not None:  # in a file the nodes share: replaced, with a warning (merge.py)
-            found.append(_pf085(f"--{flag}", f"{row.title} gives every node its {flag} itself", f"drop --{flag}"))
+            found.append(pf085(f"--{flag}", f"{row.title} gives every node its {flag} itself", f"drop --{flag}"))
     if cfg.launch.gpu_ids not in (None, "", "all"):
-        found.append(_pf085("--gpu_ids", f"{row.title} chooses the GPUs it gives a node", "drop --gpu_ids"))
+        found.append(pf085("--gpu_ids", f"{row.title} chooses the GPUs it gives a node", "drop --gpu_ids"))
     if cfg.training.is_set("hub_token"):
         found.append(
-            _pf085("--hub_token", "a token in a job file is readable by whoever reads the file", _token_hint(kind))
+            pf085("--hub_token", "a token in a job file is readable by whoever reads the file", token_hint(kind))
         )
     resume = cfg.training.get("resume_from_checkpoint")
     if resume and str(resume).lower() != "latest":
         found.append(
-            _pf085(
+            pf085(
                 "--resume_from_checkpoint",
                 f"{resume}: a requeued job must continue from its newest checkpoint",
                 "drop it: the job passes --resume_from_checkpoint latest (the first attempt starts from step 0)",
             )
         )
     if kind == "kubeflow" and not image:
-        found.append(_pf085("--image", "a TrainJob runs a container image", "--image IMAGE with fsdp-tune installed"))
+        found.append(pf085("--image", "a TrainJob runs a container image", "--image IMAGE with fsdp-tune installed"))
     return found
 
 
-def _output_dir(row: Emitter, kind: str, output_dir: str, shared: str) -> str:
+def shared_output_dir(row: Emitter, kind: str, output_dir: str, shared: str) -> str:
     """The output folder as the nodes see it: on the shared folder."""
     if row.mount is None:
         return output_dir if Path(output_dir).is_absolute() else str(Path(shared) / output_dir)
@@ -182,7 +104,7 @@ def _output_dir(row: Emitter, kind: str, output_dir: str, shared: str) -> str:
     if path.is_absolute() and not path.is_relative_to(row.mount):
         raise PreflightError(
             [
-                _pf085(
+                pf085(
                     "--output_dir",
                     f"{output_dir} is on each node's own disk: the nodes would not share checkpoints",
                     f"a folder under {row.mount} (the shared {kind} volume), or a relative one",
@@ -192,7 +114,7 @@ def _output_dir(row: Emitter, kind: str, output_dir: str, shared: str) -> str:
     return str(path if path.is_absolute() else PurePosixPath(row.mount) / path)
 
 
-def _node_config(row: Emitter, kind: str, config: str | None) -> str | None:
+def node_config(row: Emitter, kind: str, config: str | None) -> str | None:
     """The config file as the nodes see it: SLURM's run where this folder is; SkyPilot's workdir is this folder
     synced, Kubeflow's the image's working folder (holding this folder's files): a path relative to it."""
     if config is None or row.mount is None or not Path(config).is_absolute():
@@ -201,17 +123,17 @@ def _node_config(row: Emitter, kind: str, config: str | None) -> str | None:
         return Path(config).resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         hint = "emit from the folder that holds it (its path relative to that is what the nodes read)"
-        outside = _pf085("--config", f"{config} is outside the folder the {kind} nodes get", hint)
+        outside = pf085("--config", f"{config} is outside the folder the {kind} nodes get", hint)
         raise PreflightError([outside]) from None
 
 
-def _name(output_dir: str) -> str:
+def job_name(output_dir: str) -> str:
     base = os.path.basename(os.path.normpath(output_dir)).lower()
     cleaned = "".join(c if c.isalnum() else "-" for c in base).strip("-")
     return (cleaned or "fsdp-tune")[:40].strip("-")
 
 
-def _token_hint(kind: str) -> str:
+def token_hint(kind: str) -> str:
     return {
         "slurm": "export HF_TOKEN before sbatch (sbatch passes your environment)",
         "skypilot": "pass it at launch: --secret HF_TOKEN (the task declares it)",
@@ -219,5 +141,5 @@ def _token_hint(kind: str) -> str:
     }[kind]
 
 
-def _pf085(key: str, message: str, hint: str) -> Finding:
+def pf085(key: str, message: str, hint: str) -> Finding:
     return Finding("PF085", Severity.ERROR, key, "command line", message, hint)
