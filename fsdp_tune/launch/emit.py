@@ -3,7 +3,7 @@
 Decided as the nodes will decide it: the line every node runs is planned here (plan_run) with the variables the
 scheduler would give node 0 (schedulers/emitters.py), so its topology goes through schedulers/topology.py exactly
 as on a node, on a simulated node of the job's GPUs (`--gpu`, default h100: the memory plan and its PF050 are that
-node's). A plan that does not fit, or a setting the scheduler says itself or cannot say (PF085), is refused;
+node's). A plan that does not fit, or a setting the scheduler says itself or cannot say (PF095), is refused;
 nothing is submitted. The rendering is schedulers/slurm.py, skypilot.py, kubeflow.py.
 """
 
@@ -29,7 +29,7 @@ def emit(
     shared: str | None = None,
     image: str | None = None,
 ) -> jobs.Job:
-    """The job for `kind`, decided from `config` and `args` as `train` takes them; PreflightError (PF085, PF050)
+    """The job for `kind`, decided from `config` and `args` as `train` takes them; PreflightError (PF095, PF050)
     when it cannot be emitted."""
     from fsdp_tune.decide import simulate
     from fsdp_tune.decide.machine import probe

@@ -153,7 +153,7 @@ def plan_run(
     (schedulers/topology.py), this process's environment by default (`--emit`: the ones the scheduler would set)."""
     from fsdp_tune.preflight.checks import check_data, check_machine
 
-    topo = topology.read(env)  # partial or contradictory: PF080-PF084, before anything else
+    topo = topology.read(env)  # partial or contradictory: PF090-PF094, before anything else
     checked = load(config, argv, scheduler=lambda assignments: merge.merge(topo, assignments))
     cfg = checked.config
     machine = machine(cfg) if callable(machine) else machine or probe()

@@ -1,6 +1,6 @@
 """The schedulers `train --emit` writes for, one row each: the variables the scheduler gives node 0 (the launch is
 planned with them, launch/emit.py), where the nodes see the shared folder, what the scheduler says itself; and
-what `--emit` refuses before planning (PF085): settings the scheduler says itself or cannot say.
+what `--emit` refuses before planning (PF095): settings the scheduler says itself or cannot say.
 """
 
 from __future__ import annotations
@@ -142,4 +142,4 @@ def token_hint(kind: str) -> str:
 
 
 def pf085(key: str, message: str, hint: str) -> Finding:
-    return Finding("PF085", Severity.ERROR, key, "command line", message, hint)
+    return Finding("PF095", Severity.ERROR, key, "command line", message, hint)

@@ -3,9 +3,9 @@
 The scheduler knows where this node is; the launch line says what the job is. So, key by key:
 - not given: the scheduler's value, with the variable as its origin (`--dry_run` and every finding name it);
 - the same: nothing changes;
-- in the config file, otherwise: the scheduler's value, with a warning (PF083): a file shared by the nodes cannot
+- in the config file, otherwise: the scheduler's value, with a warning (PF093): a file shared by the nodes cannot
   say each node's rank or address, and one written for one machine (the seed's `num_machines: 1`) is reused here;
-- on the command line, otherwise: refused (PF082) for the counts (machines, this node's rank, processes a
+- on the command line, otherwise: refused (PF092) for the counts (machines, this node's rank, processes a
   machine), since this node was told two things; for the address and the port the flag wins, with a note (an
   address can name machine 0 by another interface than the scheduler's host name).
 Processes: accelerate counts them in total (num_processes), schedulers per machine; a scheduler's GPU count is a
@@ -25,7 +25,7 @@ COMMAND_LINE = "command line"
 
 def merge(topology: Topology, assignments: list[Assignment]) -> tuple[list[Assignment], list[Finding]]:
     """`assignments` (file first, flags last) with the scheduler's after them; the warnings. PreflightError
-    (PF082) when a flag contradicts the scheduler."""
+    (PF092) when a flag contradicts the scheduler."""
     if not topology:
         return assignments, []
     final = {a.path: a for a in assignments}
@@ -95,7 +95,7 @@ def _same(given: object, value: object) -> bool:
 
 def _replaced(given: Assignment, v: Value) -> Finding:
     return Finding(
-        "PF083",
+        "PF093",
         Severity.WARNING,
         given.origin.key,
         given.origin.source,
@@ -106,7 +106,7 @@ def _replaced(given: Assignment, v: Value) -> Finding:
 
 def _flag_wins(given: Assignment, v: Value) -> Finding:
     return Finding(
-        "PF083",
+        "PF093",
         Severity.NOTE,
         given.origin.key,
         COMMAND_LINE,
@@ -117,7 +117,7 @@ def _flag_wins(given: Assignment, v: Value) -> Finding:
 
 def _refused(given: Assignment, v: Value) -> Finding:
     return Finding(
-        "PF082",
+        "PF092",
         Severity.ERROR,
         given.origin.key,
         COMMAND_LINE,
@@ -131,7 +131,7 @@ def _per_machine(total: Assignment, nodes: Assignment | None, per: int, v: Value
     kind = "GPUs given to this node" if v.at_most else "processes a node"
     if replaced:
         return Finding(
-            "PF083",
+            "PF093",
             Severity.WARNING,
             total.origin.key,
             total.origin.source,
@@ -139,7 +139,7 @@ def _per_machine(total: Assignment, nodes: Assignment | None, per: int, v: Value
             f"drop `{total.origin.key}` from the file, or give it as the scheduler does",
         )
     return Finding(
-        "PF082",
+        "PF092",
         Severity.ERROR,
         total.origin.key,
         total.origin.source,
@@ -151,7 +151,7 @@ def _per_machine(total: Assignment, nodes: Assignment | None, per: int, v: Value
 def _scaled(total: Assignment, nodes: Assignment | None, per: int, v: Value, n: int) -> Finding:
     over = f"{nodes.value} machine(s)" if nodes else "one machine (num_machines unset)"
     return Finding(
-        "PF083",
+        "PF093",
         Severity.WARNING,
         total.origin.key,
         total.origin.source,

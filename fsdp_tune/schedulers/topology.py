@@ -1,10 +1,10 @@
 """A node's place in a multi-node job, read from where its scheduler puts it (variables.py says which variable
 fills which launch key), checked before anything starts.
 
-Partial variables (SLURM's node count without its node id, PET_NNODES without PET_MASTER_ADDR, ...) are PF080;
+Partial variables (SLURM's node count without its node id, PET_NNODES without PET_MASTER_ADDR, ...) are PF090;
 contradictory ones (two variables or two schedulers that disagree, a rank outside the node count, a node list
-of another length, this host at another place in it) are PF081; a launch in the wrong place (a multi-node SLURM
-job's batch script rather than srun's step, several srun tasks on one node, fsdp-tune inside torchrun) is PF084.
+of another length, this host at another place in it) are PF091; a launch in the wrong place (a multi-node SLURM
+job's batch script rather than srun's step, several srun tasks on one node, fsdp-tune inside torchrun) is PF094.
 All of them are errors before any rank starts. merge.py then fills the launch keys from what was read.
 """
 
@@ -149,7 +149,7 @@ def _partial(s: Scheduler, values: dict[str, Value], env: Mapping[str, str]) -> 
     have = ", ".join(sorted(n for n in env if any(n in group for r in s.reads for group in r.names)))
     return [
         Finding(
-            "PF080",
+            "PF090",
             Severity.ERROR,
             ", ".join(wanted),
             f"environment, {s.name}",
@@ -212,7 +212,7 @@ def _inside_torchrun(env: Mapping[str, str]) -> list[Finding]:
 
 def _unreadable(s: Scheduler, name: str, text: str, why: str) -> Finding:
     return Finding(
-        "PF081",
+        "PF091",
         Severity.ERROR,
         name,
         f"environment, {s.name}",
@@ -224,7 +224,7 @@ def _unreadable(s: Scheduler, name: str, text: str, why: str) -> Finding:
 def _contradiction(a: Value, b: Value) -> Finding:
     who = a.scheduler if a.scheduler == b.scheduler else f"{a.scheduler} and {b.scheduler}"
     return Finding(
-        "PF081",
+        "PF091",
         Severity.ERROR,
         f"{a.variable}, {b.variable}",
         f"environment, {who}",
@@ -235,7 +235,7 @@ def _contradiction(a: Value, b: Value) -> Finding:
 
 def _against(s: Scheduler, a: Value, b: Value, message: str) -> Finding:
     return Finding(
-        "PF081",
+        "PF091",
         Severity.ERROR,
         f"{a.variable}, {b.variable}",
         f"environment, {s.name}",
@@ -246,7 +246,7 @@ def _against(s: Scheduler, a: Value, b: Value, message: str) -> Finding:
 
 def _misplaced(who: str, message: str, hint: str = "") -> Finding:
     return Finding(
-        "PF084",
+        "PF094",
         Severity.ERROR,
         "environment",
         f"environment, {who}",

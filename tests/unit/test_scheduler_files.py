@@ -1,6 +1,6 @@
 """The job files `--emit` writes, for a job shaped like the seed's 70B LoRA launch on 2 x 8 H100 (the real one,
 planned, is tests/lib/test_emit_seed.py): each checked against its scheduler's published schema, what each says,
-and what `--emit` refuses before planning (PF085)."""
+and what `--emit` refuses before planning (PF095)."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_emit_refuses_what_the_scheduler_says_itself_or_cannot_say(kind, flags, 
     image = None if key == "--image" else "x"
     with pytest.raises(PreflightError) as err:
         emit(kind, "c.yaml", ["--num_processes", "2", "--num_machines", "2", *flags], print, image=image)
-    assert [(f.rule, f.key) for f in err.value.findings] == [("PF085", key)]
+    assert [(f.rule, f.key) for f in err.value.findings] == [("PF095", key)]
     assert "hf_secret" not in str(err.value.findings)
 
 
@@ -153,7 +153,7 @@ def test_emit_refuses_a_config_the_nodes_do_not_get(tmp_path, monkeypatch) -> No
     monkeypatch.chdir(tmp_path)
     with pytest.raises(PreflightError) as err:
         emit("skypilot", str(REPO / CONFIG), FLAGS, print)
-    assert [f.rule for f in err.value.findings] == ["PF085"] and "outside the folder" in err.value.findings[0].message
+    assert [f.rule for f in err.value.findings] == ["PF095"] and "outside the folder" in err.value.findings[0].message
     with pytest.raises(UsageError):
         emit("pbs", str(REPO / CONFIG), FLAGS, print)
 

@@ -28,8 +28,8 @@ def test_the_seed_file_written_for_one_machine_runs_on_the_schedulers_two() -> N
     cfg, rules, findings = _merged(SEED, [], SLURM_NODE1)
     lc = cfg.launch
     assert (lc.num_machines, lc.machine_rank, lc.main_process_ip, lc.num_processes) == (2, 1, "gpu-07", 16)
-    assert rules == ["PF083"]  # num_machines 1 and machine_rank 0 replaced, 8 a machine kept on 2 machines
-    said = " ".join(f.message for f in findings if f.rule == "PF083")
+    assert rules == ["PF093"]  # num_machines 1 and machine_rank 0 replaced, 8 a machine kept on 2 machines
+    said = " ".join(f.message for f in findings if f.rule == "PF093")
     assert "replaced by 2 from SLURM_STEP_NUM_NODES=2" in said and "replaced by 1 from SLURM_NODEID=1" in said
     assert "is 8 a machine; on the 2 machines of SLURM_STEP_NUM_NODES=2: 16" in said
     assert str(cfg.origins["launch.machine_rank"]) == "SLURM_NODEID (environment, SLURM)"
@@ -37,7 +37,7 @@ def test_the_seed_file_written_for_one_machine_runs_on_the_schedulers_two() -> N
 
 def test_the_emitted_line_agrees_with_the_scheduler_and_says_nothing() -> None:
     cfg, rules, _ = _merged(SEED, ["--num_processes", "16", "--num_machines", "2"], SLURM_NODE1)
-    assert (cfg.launch.num_processes, cfg.launch.machine_rank) == (16, 1) and rules == ["PF083"]  # the file's rank
+    assert (cfg.launch.num_processes, cfg.launch.machine_rank) == (16, 1) and rules == ["PF093"]  # the file's rank
 
 
 @pytest.mark.parametrize(
@@ -47,12 +47,12 @@ def test_the_emitted_line_agrees_with_the_scheduler_and_says_nothing() -> None:
             SEED,
             ["--num_processes", "16", "--num_machines", "2"],
             SLURM_NODE1 | {"SLURM_GPUS_ON_NODE": "4"},
-            "PF082",
+            "PF092",
             "4",
         ),
-        (SEED, ["--num_machines", "3"], SLURM_NODE1, "PF082", "contradicts SLURM_STEP_NUM_NODES=2"),
-        (SEED, ["--machine_rank", "0"], PET_NODE1, "PF082", "contradicts PET_NODE_RANK=1"),
-        (SEED, ["--num_processes", "8", "--num_machines", "2"], PET_NODE1, "PF082", "PET_NPROC_PER_NODE=8"),
+        (SEED, ["--num_machines", "3"], SLURM_NODE1, "PF092", "contradicts SLURM_STEP_NUM_NODES=2"),
+        (SEED, ["--machine_rank", "0"], PET_NODE1, "PF092", "contradicts PET_NODE_RANK=1"),
+        (SEED, ["--num_processes", "8", "--num_machines", "2"], PET_NODE1, "PF092", "PET_NPROC_PER_NODE=8"),
     ],
 )
 def test_a_flag_against_the_scheduler_is_refused(config, flags, env, rule, said) -> None:
@@ -66,7 +66,7 @@ def test_an_exact_process_count_beats_the_file_a_ceiling_keeps_fewer(tmp_path) -
     four = tmp_path / "four.yaml"  # the seed's file with 4 processes on its one machine
     four.write_text(open(SEED).read().replace("num_processes: 8", "num_processes: 4"))
     cfg, rules, findings = _merged(str(four), [], PET_NODE1)  # 4 a machine in the file vs PET's exact 8
-    assert cfg.launch.num_processes == 16 and rules == ["PF083"]
+    assert cfg.launch.num_processes == 16 and rules == ["PF093"]
     assert any("PET_NPROC_PER_NODE=8 (processes a node) is used instead" in f.message for f in findings)
     cfg, _, _ = _merged(SEED, ["--num_processes", "8", "--num_machines", "2"], SLURM_NODE1)  # 4 of the 8 GPUs
     assert cfg.launch.num_processes == 8

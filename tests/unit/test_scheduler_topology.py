@@ -1,5 +1,5 @@
 """A node's topology from its scheduler's variables (fsdp_tune/schedulers/): tables of environments, what each
-reads, and the partial, contradictory or misplaced ones refused (PF080-PF084) before any rank starts."""
+reads, and the partial, contradictory or misplaced ones refused (PF090-PF094) before any rank starts."""
 
 from __future__ import annotations
 
@@ -115,33 +115,33 @@ def _refused(env: dict) -> list:
     "env,rule,said",
     [
         # partial
-        ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "a[1-2]"}, "PF080", "SLURM_NODEID"),
-        ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "8"}, "PF080", "PET_MASTER_ADDR or PET_RDZV_ENDPOINT"),
-        ({"PET_NNODES": "2", "PET_NODE_RANK": "1"}, "PF080", "machine 0's address"),
-        ({"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2"}, "PF080", "SKYPILOT_NODE_IPS"),
-        ({"PET_NPROC_PER_NODE": "8"}, "PF080", "PET_NNODES"),
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "a[1-2]"}, "PF090", "SLURM_NODEID"),
+        ({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "8"}, "PF090", "PET_MASTER_ADDR or PET_RDZV_ENDPOINT"),
+        ({"PET_NNODES": "2", "PET_NODE_RANK": "1"}, "PF090", "machine 0's address"),
+        ({"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2"}, "PF090", "SKYPILOT_NODE_IPS"),
+        ({"PET_NPROC_PER_NODE": "8"}, "PF090", "PET_NNODES"),
         # contradictory
-        (SLURM_NODE1 | {"SLURM_STEP_NUM_NODES": "3"}, "PF081", "names 2 host(s), not 3"),
-        (SLURM_NODE1 | {"SLURM_JOB_NUM_NODES": "3"}, "PF081", None),  # the step's count is read; job's may differ
-        ({**SLURM_NODE1, "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu-07"}, "PF081", "gpu-07 is host 0"),
-        (PET_NODE1 | {"PET_NODE_RANK": "2"}, "PF081", "outside [0, 2)"),
-        (PET_NODE1 | {"PET_RDZV_ENDPOINT": "other:29500"}, "PF081", "disagree"),
-        (PET_NODE1 | {"PET_NNODES": "1:4"}, "PF081", "elastic range"),
-        (PET_NODE1 | {"PET_MASTER_PORT": "0"}, "PF081", "not a TCP port"),
-        (SKY_NODE1 | {"SKYPILOT_NODE_IPS": "10.0.0.4"}, "PF081", "names 1 host(s), not 2"),
-        (SKY_NODE1 | {"SKYPILOT_NODE_RANK": "x"}, "PF081", "cannot be read"),
+        (SLURM_NODE1 | {"SLURM_STEP_NUM_NODES": "3"}, "PF091", "names 2 host(s), not 3"),
+        (SLURM_NODE1 | {"SLURM_JOB_NUM_NODES": "3"}, "PF091", None),  # the step's count is read; job's may differ
+        ({**SLURM_NODE1, "SLURM_STEP_NUM_NODES": "2", "SLURMD_NODENAME": "gpu-07"}, "PF091", "gpu-07 is host 0"),
+        (PET_NODE1 | {"PET_NODE_RANK": "2"}, "PF091", "outside [0, 2)"),
+        (PET_NODE1 | {"PET_RDZV_ENDPOINT": "other:29500"}, "PF091", "disagree"),
+        (PET_NODE1 | {"PET_NNODES": "1:4"}, "PF091", "elastic range"),
+        (PET_NODE1 | {"PET_MASTER_PORT": "0"}, "PF091", "not a TCP port"),
+        (SKY_NODE1 | {"SKYPILOT_NODE_IPS": "10.0.0.4"}, "PF091", "names 1 host(s), not 2"),
+        (SKY_NODE1 | {"SKYPILOT_NODE_RANK": "x"}, "PF091", "cannot be read"),
         (
             SKY_NODE1 | PET_NODE1 | {"PET_NNODES": "4", "PET_NODE_RANK": "1"},
-            "PF081",
+            "PF091",
             "PET_NNODES=4 and SKYPILOT_NUM_NODES=2",
         ),
         (
             {**{k: v for k, v in SLURM_NODE1.items() if "STEP" not in k}, "SLURM_JOB_NODELIST": "x[1-2]"},
-            "PF084",
+            "PF094",
             "batch script",
         ),
-        (SLURM_NODE1 | {"SLURM_STEP_NUM_TASKS": "16"}, "PF084", "16 tasks on 2 node(s)"),
-        ({"LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "abc", "GROUP_RANK": "0"}, "PF084", "inside a process torchrun"),
+        (SLURM_NODE1 | {"SLURM_STEP_NUM_TASKS": "16"}, "PF094", "16 tasks on 2 node(s)"),
+        ({"LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "abc", "GROUP_RANK": "0"}, "PF094", "inside a process torchrun"),
     ],
 )
 def test_partial_contradictory_or_misplaced_variables_are_refused(env: dict, rule: str, said: str | None) -> None:
@@ -166,7 +166,7 @@ def test_train_refuses_partial_variables_before_any_rank(tmp_path, monkeypatch, 
     for name, value in {"PET_NNODES": "2", "PET_NODE_RANK": "1"}.items():
         monkeypatch.setenv(name, value)
     r = CliRunner().invoke(app, ["train", "--config", BASE, "--output_dir", str(tmp_path / "o")])
-    assert r.exit_code == 2 and "PF080" in r.output and "no process was started" in r.output, r.output
+    assert r.exit_code == 2 and "PF090" in r.output and "no process was started" in r.output, r.output
     assert fake_ranks.specs == [] and not (tmp_path / "o").exists()
 
 
@@ -175,5 +175,5 @@ def test_train_refuses_a_flag_against_the_scheduler_before_any_rank(tmp_path, mo
         monkeypatch.setenv(name, value)
     flags = ["--num_machines", "3", "--num_processes", "3", "--use_cpu", "true"]
     r = CliRunner().invoke(app, ["train", "--config", BASE, "--output_dir", str(tmp_path / "o"), *flags])
-    assert r.exit_code == 2 and "PF082" in r.output and "SKYPILOT_NUM_NODES=2" in r.output, r.output
+    assert r.exit_code == 2 and "PF092" in r.output and "SKYPILOT_NUM_NODES=2" in r.output, r.output
     assert fake_ranks.specs == []
