@@ -32,6 +32,7 @@ def emit(
     """The job for `kind`, decided from `config` and `args` as `train` takes them; PreflightError (PF095, PF050)
     when it cannot be emitted."""
     from fsdp_tune.decide import simulate
+    from fsdp_tune.decide.derived import runs_on_cpu
     from fsdp_tune.decide.machine import probe
     from fsdp_tune.launch.train import plan_run
     from fsdp_tune.validate import check
@@ -40,7 +41,7 @@ def emit(
     if row is None:
         raise UsageError(f"--emit {kind}: unknown", f"one of: {', '.join(emitters.EMITTERS)}")
     cfg = check(config, args).config  # the job's size, before any scheduler says it
-    nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, cfg.launch.use_cpu
+    nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, runs_on_cpu(cfg)  # as written
     local_out = str(cfg.training.get("output_dir") or "output")
     name = emitters.job_name(local_out)
     refused = emitters.refusals(row, kind, cfg, args, image)

@@ -20,7 +20,7 @@ SEED = str(REPO / "configs" / "fsdp_config.yaml")  # num_processes 8, num_machin
 def _merged(config: str, flags: list[str], env: dict):
     read = topology.read(env)
     checked = check(config, flags, scheduler=lambda a: merge.merge(read, a))
-    rules = sorted({f.rule for f in checked.findings if f.rule.startswith("PF08")})
+    rules = sorted({f.rule for f in checked.findings if f.rule.startswith("PF09")})
     return checked.config, rules, checked.findings
 
 
