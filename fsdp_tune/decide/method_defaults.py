@@ -13,17 +13,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fsdp_tune.config.methods import GRPO, TOGGLES_CHECKPOINTING
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import Origin, RunConfig
 from fsdp_tune.errors import Finding, Severity
 
 RULE = "FT116"
+_AROUND = {False: "the reference forward", True: "the generation"}
 
 
 def apply_method_defaults(cfg: RunConfig) -> tuple[RunConfig, list[Finding]]:
     """DPO/KTO/GRPO with TRL's default gradient checkpointing left as it is: FSDP's activation checkpointing instead."""
     method = cfg.run.method
-    if method not in TOGGLES_CHECKPOINTING or cfg.training.is_set("gradient_checkpointing"):
+    if not row_of(method).recompute_with_fsdp or cfg.training.is_set("gradient_checkpointing"):
         return cfg, []
     if cfg.fsdp.activation_checkpointing or not cfg.training.get("gradient_checkpointing"):
         return cfg, []
@@ -34,8 +35,7 @@ def apply_method_defaults(cfg: RunConfig) -> tuple[RunConfig, list[Finding]]:
         origin.key,
         origin.source,
         f"{method}: FSDP's activation checkpointing recomputes the layers where TRL's default gradient_checkpointing "
-        f"would (the Trainer's leaks an embedding hook per step around the "
-        f"{'generation' if method == GRPO else 'reference forward'})",
+        f"would (the Trainer's leaks an embedding hook per step around {_AROUND[row_of(method).generates]})",
         "--gradient_checkpointing false to recompute nothing",
     )
     fsdp = replace(cfg.fsdp, activation_checkpointing=True)

@@ -11,14 +11,17 @@ Transformers receives. Because GPU decisions are data here, they are tested as t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from fsdp_tune.config.methods import DataKind, Head, Truncation
+from fsdp_tune.rewards.resolve import RewardSpec
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
-from fsdp_tune.sources.mixture import Source, source_from_dict
+from fsdp_tune.sources.mixture import Source
+from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class ModelSpec:
     adapter: str | None = None  # a trained adapter's folder the policy starts from (--adapter), absolute
     # DPO/KTO's reference: "base" (the base model: a fresh adapter's start) or "adapter" (a frozen copy of the
     # starting adapter); on the sharded path it is the frozen "ref" adapter either way (worker/loading/reference.py)
-    reference: str = "base"
+    reference: Literal["base", "adapter"] = "base"
 
 
 @dataclass(frozen=True)
@@ -72,19 +75,12 @@ class Loading:
     """How the weights reach the ranks (decide/loading.py): "sharded" (each rank reads only its shards,
     worker/loading/sharded.py) or "transformers" (from_pretrained on every rank)."""
 
-    path: str = "transformers"
+    path: Literal["transformers", "sharded"] = "transformers"
     why: str | None = None  # why the run takes the transformers path, when sharded loading does not apply
     sharded: ShardedPlan | None = None  # on the sharded path: what the builder applies
     # on the sharded path, the transformers path's fsdp_config: the units the builder makes follow it, and a rank
     # that falls back gives it to the Trainer (the Trainer is otherwise told NO_WRAP); None on the transformers path
     transformers_fsdp_config: dict[str, Any] | None = None
-
-
-def loading_from_dict(data: dict[str, Any]) -> Loading:
-    sharded = data.get("sharded")
-    if sharded is not None:
-        sharded = ShardedPlan(**{**sharded, "layer_cls": tuple(sharded["layer_cls"])})
-    return Loading(**{**data, "sharded": sharded})
 
 
 @dataclass(frozen=True)
@@ -101,8 +97,14 @@ class DataSpec:
     seed: int  # mixing sources and carving held-out rows: --data_seed, else --seed
     sources: tuple[Source, ...] = ()
     test_split_size: float | None = None  # held-out share carved from the mixed training rows
-    mask_fallback: str = "split"  # chat templates that re-render earlier turns: split | locate | error
+    mask_fallback: Literal["split", "locate", "error"] = "split"  # chat templates that re-render earlier turns
     peft_text_field: str | None = None  # PEFT's examples path: chats rendered into this text, every token trained
+    # how the trainer cuts and packs sequences, as its config reads them (the run's, or TRL's defaults): rank 0
+    # encodes the rows to match, and the pre-flight counts what would be cut
+    truncation_mode: Literal["keep_start", "keep_end"] = "keep_start"
+    packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped (TRL's packing)
+    eos_token: str | None = None  # SFTConfig's eos_token; None: the tokenizer's
+    num_proc: int | None = None  # --dataset_num_proc: processes rank 0 maps the rows with
 
 
 @dataclass(frozen=True)
@@ -113,24 +115,38 @@ class SaveSpec:
 
     # "gather_trainable": FSDP2, every rank all-gathers the trainable tensors only, rank 0 writes them;
     # "fsdp1_units": FSDP1, one unit unsharded at a time, its adapter tensors copied off (worker/saving/fsdp1_units.py)
-    final: str = "gather_trainable"
+    final: Literal["gather_trainable", "fsdp1_units"] = "gather_trainable"
     # "local_rows": FSDP2, each rank copies its rows of the saved adapter into its shards where they live (GPU, or
     # pinned host memory under cpu_offload); "fsdp1_units": FSDP1, unit by unit, written back to each shard
-    resume: str = "local_rows"
+    resume: Literal["local_rows", "fsdp1_units"] = "local_rows"
 
 
 @dataclass(frozen=True)
-class RewardSpec:
-    """One GRPO reward, as the launcher resolved and checked it (rewards/resolve.py); the ranks build its callable
-    (worker/training/rewards.py)."""
+class MethodSpec:
+    """The training method as the ranks execute it: its row's traits (config/methods.py), so no rank decides
+    anything from the method's name."""
 
-    name: str  # what TRL logs it as (rewards/NAME/mean): the function's name, or the reward model's folder name
-    kind: str  # "builtin" (rewards/builtin.py) | "python" (the user's) | "reward_run" (a --method reward run's
-    # adapter on its base) | "reward_model" (a sequence classifier's folder)
-    target: str  # the builtin's name, the .py file (absolute), the module, or the folder (absolute)
-    written: str  # as the user wrote it (--reward_funcs), for messages
-    attr: str | None = None  # the function's name in the file or module (python)
-    search_path: str | None = None  # put first on sys.path before importing (the file's folder, or the launch cwd)
+    name: str = "sft"  # the ranks' hook: the TRL config and trainer classes, the data preparation
+    data: DataKind = "sft"  # the rows it trains on
+    head: Head = "lm"  # "score": a sequence classifier with one number (AutoModelForSequenceClassification)
+    reference_adapter: bool = False  # a frozen "ref" adapter beside the policy's (worker/loading/reference.py)
+    truncation: Truncation = "sft"  # what the trainer cuts or drops at max_seq_len, as rank 0 counts it
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How many rows a step takes, how it ends, and when checkpoints are written: the Trainer reads these from
+    trainer_args; here they are typed, with the method's config defaults filled in, for the pre-flight (a resume's
+    batch, the disk a run's checkpoints take) and `plan --trace`."""
+
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_steps: int = -1
+    max_grad_norm: float = 1.0
+    optim: str = "adamw_torch_fused"
+    save_strategy: Literal["no", "steps", "epoch", "best"] = "steps"
+    save_steps: float = 500
+    save_total_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -140,42 +156,31 @@ class GrpoSpec:
 
     rewards: tuple[RewardSpec, ...]
     # how completions are generated: "transformers" (generate on the sharded policy, every rank stepping until all
-    # are done) | "vllm" (TRL's vLLM backend, GPU only, never run here: by reading)
-    generation: str = "transformers"
+    # are done) | "vllm" (TRL's vLLM backend, colocated, GPU only, never run here: by reading)
+    generation: Literal["transformers", "vllm"] = "transformers"
     synced: bool = True  # generate() keeps every rank stepping until all ranks finish (more than one rank)
-    # how the policy reaches vLLM: "adapter" (the trained adapter alone, gathered as the final save gathers it;
-    # never a merge into the sharded, perhaps 4-bit, base) | None without vLLM
-    weight_sync: str | None = None
-    # the KL term's reference (beta > 0): "off" (none: beta 0) | "adapter_disabled" (the same sharded model with
-    # the adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
-    reference: str = "off"
+    # how the policy reaches vLLM: "adapter" (the trained adapter alone, gathered as the final save gathers it; never
+    # a merge into the sharded, perhaps 4-bit, base) | None without vLLM
+    weight_sync: Literal["adapter"] | None = None
+    # the KL term's reference (beta > 0): "off" (none: beta 0) | "adapter_disabled" (the same sharded model with the
+    # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
+    reference: Literal["off", "adapter_disabled", "ref_adapter"] = "off"
     max_prompt_tokens: int | None = None  # max_seq_len - max_completion_length: longer prompts are left out
-
-
-def grpo_from_dict(data: dict[str, Any] | None) -> GrpoSpec | None:
-    if data is None:
-        return None
-    return GrpoSpec(**{**data, "rewards": tuple(RewardSpec(**r) for r in data["rewards"])})
-
-
-def data_spec_from_dict(data: dict[str, Any]) -> DataSpec:
-    sources = tuple(source_from_dict(s) for s in data.get("sources", ()))
-    return DataSpec(**{**data, "splits": tuple(data["splits"]), "sources": sources})
 
 
 @dataclass(frozen=True)
 class RankSpec:
     world: World
-    device: str  # "cpu" | "cuda": where the ranks compute
+    device: Literal["cpu", "cuda"]  # where the ranks compute
     backend: str  # the process-group backend string, e.g. "gloo", "nccl", "cuda:nccl,cpu:gloo"
     timeout_s: int  # collectives time out after this long (--ddp_timeout)
     env: dict[str, str]  # exported to torchrun and every rank, as `accelerate launch` would
     cpu_fsdp_shim: bool  # accelerate's FSDP path on CPU (worker/cpu_fsdp.py)
     fsdp_version: int  # shown by the plan; the ranks get it in trainer_args' fsdp_config
-    precision: str  # mixed precision, shown by the plan: no | bf16 | fp16 | fp8 (the ranks: trainer_args' bf16/fp16)
+    precision: Literal["no", "bf16", "fp16", "fp8"]  # mixed precision, shown by the plan (ranks: trainer_args')
     # shown by the plan: "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"; the ranks get
     # it as fsdp_config's activation_checkpointing, trainer_args' activation_checkpointing and loading.sharded's
-    checkpointing: str
+    checkpointing: Literal["fsdp", "gradient", "off"]
     trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
     parallelism: dict[str, Any] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
     fsdp_mixed_precision: dict[str, str] | None  # FSDP2 MixedPrecisionPolicy dtypes (QLoRA), None: accelerate's
@@ -190,15 +195,16 @@ class RankSpec:
     evaluation: bool  # the Trainer evaluates (--eval_strategy other than no): the ranks get the held-out rows
     seed: int  # set_seed before data and model (LoRA's initial values): --seed, TRL's default when not given
     full_state_dict: bool  # checkpoints hold the whole adapter (FULL_STATE_DICT): fsdp-tune's gather saves them
-    method: str = "sft"  # the training method (worker/training/methods.py): SFTTrainer
+    method: MethodSpec = field(default_factory=MethodSpec)  # the training method (worker/training/methods.py)
+    steps: Steps = field(default_factory=Steps)  # the batch, the end and the checkpoints, typed
     spec_version: int = SPEC_VERSION
     notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
     # what rank 0 shows people (worker/logs.py, worker/training/progress.py): "live" (a terminal: one progress
     # line redrawn in place), "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also
     # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
-    console: str = "lines"
+    console: Literal["live", "lines", "verbose"] = "lines"
     save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
-    grpo: GrpoSpec | None = None  # --method grpo: the rewards, the generation and the reference
+    grpo: GrpoSpec | None = None  # a generating method (GRPO): its rewards, its generation and its reference
 
     @property
     def fsdp_config(self) -> dict[str, Any]:
@@ -222,7 +228,7 @@ class RankSpec:
         return str(Path(self.output_dir) / resolved_name(self.world.node_rank, self.world.nnodes))
 
     def as_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        return to_plain(self)
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=2)
@@ -235,15 +241,7 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
             f"rank spec version {data.get('spec_version')} (this fsdp-tune reads {SPEC_VERSION}): the launcher "
             "and the ranks run different fsdp-tune versions"
         )
-    kwargs = dict(data)
-    kwargs["world"] = World(**data["world"])
-    kwargs["model"] = ModelSpec(**data["model"])
-    kwargs["data"] = data_spec_from_dict(data["data"])
-    kwargs["loading"] = loading_from_dict(data["loading"])
-    kwargs["notes"] = tuple(data.get("notes", ()))
-    kwargs["save"] = SaveSpec(**data.get("save", {}))
-    kwargs["grpo"] = grpo_from_dict(data.get("grpo"))
-    return RankSpec(**kwargs)
+    return from_plain(RankSpec, data)
 
 
 def read_from(run_dir: str | Path) -> RankSpec | None:
@@ -253,11 +251,3 @@ def read_from(run_dir: str | Path) -> RankSpec | None:
         if path.exists():
             return from_dict(json.loads(path.read_text())["spec"])
     return None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

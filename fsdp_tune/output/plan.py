@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_tune.config.methods import TITLE
+from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.planner.grpo import GENERATION, LOG_PROBS
 
-METHOD_PHASES = (GENERATION, LOG_PROBS)
+METHOD_PHASES = (GENERATION, LOG_PROBS)  # phases before the training step (GRPO's), said even off the peak
 
 
 def format_plan(plan: dict[str, Any]) -> str:
     m = plan["model"]
-    method = plan.get("method", "sft")
-    lines = [] if method == "sft" else [f"method: {TITLE.get(method, method)}"]
+    method = plan.get("method", SFT)
+    lines = [] if method == SFT else [f"method: {row_of(method).title}"]
     lines += [
         f"model: {m['name']} ({plan['total_params'] / 1e9:.2f}B parameters, {m['layers']} x {m['layer_class']}); "
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
@@ -33,7 +33,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         if gib:
             lines.append(f"  {name:<46} {gib:8.2f} GiB")
     phases = plan.get("phases_gib") or {}
-    for name in METHOD_PHASES:  # GRPO's phases before the training step (planner/grpo.py), said even off the peak
+    for name in METHOD_PHASES:
         if name in phases and name != plan.get("peak_phase"):
             lines.append(f"  {name}: {phases[name]:.2f} GiB")
     host = f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB at peak"

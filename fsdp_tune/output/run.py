@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdp_tune.config.methods import TITLE, WITH_REFERENCE, metric_keys
+from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
 from fsdp_tune.decide.spec import RankSpec
@@ -72,7 +72,7 @@ def method_summary(s: RunSummary) -> list[str]:
         return []
     shown = [
         f"{label} {s.method_metrics[key]['first']:.3g} -> {s.method_metrics[key]['last']:.3g}"
-        for key, label in metric_keys(s.method, s.method_metrics)
+        for key, label in metric_keys(row_of(s.method), s.method_metrics)
     ]
     return [f"  {s.method}: " + ", ".join(shown)]
 
@@ -120,7 +120,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         )
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
-    lines += plan_lines(d, spec.trainer_args.get("packing_strategy"))
+    lines += plan_lines(d, d.packing_strategy)
     lines.append(f"  loading: {loading.describe(spec.loading)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
@@ -135,8 +135,9 @@ def method_lines(spec: RankSpec) -> list[str]:
     """The training method (none for SFT, the default), and for DPO/KTO what the policy is compared with; a
     starting adapter."""
     m = spec.model
-    lines = [] if spec.method == "sft" else [f"  method: {TITLE.get(spec.method, spec.method)}"]
-    if spec.method in WITH_REFERENCE:
+    name = spec.method.name
+    lines = [] if name == SFT else [f"  method: {row_of(name).title}"]
+    if spec.method.reference_adapter and spec.grpo is None:  # GRPO's says what its reference is (grpo_lines)
         ref = "a frozen copy of the starting adapter" if m.reference == "adapter" else "the base model"
         how = 'a frozen "ref" adapter inside FSDP\'s units' if spec.loading.path == "sharded" else "TRL's"
         lines.append(f"  reference: {ref} ({how}; no grad, nothing saved for backward)")
@@ -164,9 +165,8 @@ def grpo_lines(spec: RankSpec) -> list[str]:
     if g.generation == "vllm":
         how = f"vLLM ({t.get('vllm_mode', 'colocate')}), the adapter alone synced after each step (by reading: not run)"
     else:
-        how = "transformers' generate on the sharded policy" + (
-            ", every rank stepping until all finish" if g.synced else ""
-        )
+        stepping = ", every rank stepping until all finish" if g.synced else ""
+        how = f"transformers' generate on the sharded policy{stepping}"
     lines.append(f"  generation: {n} completions a prompt, up to {length} tokens, {how}")
     lines.append(f"  reference: {_REFERENCE[g.reference]}")
     return lines

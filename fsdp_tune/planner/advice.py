@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fsdp_tune.config.methods import TOGGLES_CHECKPOINTING
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import gradient_checkpointing
 from fsdp_tune.decide.loading import why_not_sharded
@@ -110,7 +110,7 @@ def axes(cfg: RunConfig, loading: str) -> list[list[Change | None]]:
     """Each axis: None (as it is) and its changes; long lists are the micro-batch's divisors."""
     out = [_micro_axis(cfg)]
     if not cfg.fsdp.activation_checkpointing and not gradient_checkpointing(cfg):
-        if cfg.run.method in TOGGLES_CHECKPOINTING:  # the Trainer's would be refused (FT116): FSDP's recomputes
+        if row_of(cfg.run.method).recompute_with_fsdp:  # the Trainer's would be refused (FT116): FSDP's recomputes
             recompute = lambda c: replace(c, fsdp=replace(c.fsdp, activation_checkpointing=True))  # noqa: E731
         else:
             recompute = lambda c: _with_args(c, gradient_checkpointing=True)  # noqa: E731

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
 from fsdp_tune.planner import gathered, grpo, host
@@ -152,7 +153,9 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
     ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, loss_fwd, head, again)
     if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
         phases[REFERENCE_PHASE] = ref
-    if cfg.run.method == "grpo":  # generation and the log-prob passes, before the training step (planner/grpo.py)
+    if row_of(
+        cfg.run.method
+    ).generates:  # GRPO: the generation and the log-prob passes, before the training step (planner/grpo.py)
         phases.update(grpo.phases(cfg, shape, st, u, saved, head, loss_fwd))
     if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)
         trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params

@@ -1,6 +1,6 @@
 """The data pre-flight for online RL (preflight/data.py runs it in place of SFT's format checks under
 --method grpo): the prompt column found, rows that cannot be used reported with file and line (and skipped on rank 0,
-counted in the summary), data that holds answers but no prompts refused naming what it is (PF080)."""
+counted in the summary), data that holds answers but no prompts refused naming what it is (PF014)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def settle(source: Source, splits: list[str], samples: dict, located) -> tuple[S
     except FormatError as e:
         return source, [Finding("PF014", Severity.ERROR, split_name(source.split), first.path, str(e), e.hint)]
     findings: list[Finding] = [
-        Finding("PF081", Severity.NOTE, split_name(source.split), first.path, note, "") for note in fmt.notes
+        Finding("PF086", Severity.NOTE, split_name(source.split), first.path, note, "") for note in fmt.notes
     ]
     for s in splits:
         split_rows = sliced(s, [r for x in samples[s] for r in x.rows])

@@ -2,11 +2,12 @@
 prompts): a built-in's columns and package, and the user's functions imported and called on one row of the data in a
 process of their own (rewards/probe.py). No torch here; the user's code runs in the probe because the user named it.
 
-    PF082  a built-in reads a column the data lacks, or only takes conversational prompts
-    PF083  a built-in needs a package that is not installed
-    PF084  the user's reward cannot be imported, raises, or returns what GRPO cannot use
-    PF085  no local row to call it on (a Hub dataset): the ranks check every result instead
-    PF086  vLLM asked for on a CPU run, or not installed
+    PF087  a built-in reads a column the data lacks, only takes conversational prompts, or needs a package that
+           is not installed
+    PF088  the user's reward cannot be imported, raises, or returns what GRPO cannot use (an error); no local row to
+           call it on, a Hub dataset (a note: the ranks check every result)
+    PF089  vLLM asked for and not installed (on a CPU run FT137 refuses it)
+(PF086, the data's notes, is preflight/prompts.py's.)
 """
 
 from __future__ import annotations
@@ -40,21 +41,18 @@ def check_rewards(spec: RankSpec) -> list[Finding]:
     users = [r for r in spec.grpo.rewards if r.kind == "python"]
     if users and row is None:
         message = "no local row to call the rewards on before launch (a Hub dataset): the ranks check every result"
-        return [*findings, Finding("PF085", Severity.NOTE, KEY, "command line", message, "")]
+        return [*findings, Finding("PF088", Severity.NOTE, KEY, "command line", message, "")]
     if users:
         findings += _probe(users, row, where)
     return findings
 
 
 def _generation(spec: RankSpec) -> list[Finding]:
-    if spec.grpo.generation != "vllm":
+    if spec.grpo.generation != "vllm" or spec.device == "cpu":  # on CPU: FT137
         return []
-    if spec.device == "cpu":
-        message = "vLLM generates on GPUs, and this run is on CPU (no GPU here, or --use_cpu)"
-        return [Finding("PF086", Severity.ERROR, "--use_vllm", "command line", message, "drop --use_vllm")]
     if importlib.util.find_spec("vllm") is None:
         message = "vllm is not installed"
-        return [Finding("PF086", Severity.ERROR, "--use_vllm", "command line", message, "pip install vllm")]
+        return [Finding("PF089", Severity.ERROR, "--use_vllm", "command line", message, "pip install vllm")]
     return []
 
 
@@ -63,7 +61,7 @@ def _builtin(reward: RewardSpec, row: dict | None, where: str) -> list[Finding]:
     found = []
     if facts.package and importlib.util.find_spec(facts.package) is None:
         message = f"{reward.written} needs the {facts.package} package, which is not installed"
-        found.append(Finding("PF083", Severity.ERROR, KEY, "command line", message, f"pip install {facts.package}"))
+        found.append(Finding("PF087", Severity.ERROR, KEY, "command line", message, f"pip install {facts.package}"))
     if row is None:
         return found
     missing = [c for c in facts.columns if c not in row]
@@ -71,10 +69,10 @@ def _builtin(reward: RewardSpec, row: dict | None, where: str) -> list[Finding]:
         has = ", ".join(sorted(row))
         message = f"{reward.written} reads the column(s) {', '.join(missing)}, which the data lacks (it has: {has})"
         hint = f"add a {missing[0]!r} column, or write a reward that reads yours (my_rewards.py:fn)"
-        found.append(Finding("PF082", Severity.ERROR, KEY, where, message, hint))
+        found.append(Finding("PF087", Severity.ERROR, KEY, where, message, hint))
     if facts.conversational and not isinstance(row.get("prompt"), list):
         message = f"{reward.written} reads conversational completions (completion[0]['content']); the prompts are text"
-        found.append(Finding("PF082", Severity.ERROR, KEY, where, message, "conversational prompts, or another reward"))
+        found.append(Finding("PF087", Severity.ERROR, KEY, where, message, "conversational prompts, or another reward"))
     return found
 
 
@@ -95,7 +93,7 @@ def _probe(rewards: list[RewardSpec], row: dict, where: str) -> list[Finding]:
             f"calling the rewards on one row took over {PROBE_SECONDS} s ({', '.join(r.written for r in rewards)})"
         )
         return [
-            Finding("PF084", Severity.ERROR, KEY, where, message, "check what the reward does at import and per call")
+            Finding("PF088", Severity.ERROR, KEY, where, message, "check what the reward does at import and per call")
         ]
     finally:
         os.unlink(f.name)
@@ -103,10 +101,10 @@ def _probe(rewards: list[RewardSpec], row: dict, where: str) -> list[Finding]:
     if not lines:
         tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-1:]) or f"exit {done.returncode}"
         message = f"calling the rewards on one row failed before any result: {tail}"
-        return [Finding("PF084", Severity.ERROR, KEY, where, message, "run the reward in Python on one row")]
+        return [Finding("PF088", Severity.ERROR, KEY, where, message, "run the reward in Python on one row")]
     results = json.loads(lines[-1].removeprefix(MARK))
     return [
-        Finding("PF084", Severity.ERROR, KEY, where, f"{why} (called on the first row of the data)", _hint(why))
+        Finding("PF088", Severity.ERROR, KEY, where, f"{why} (called on the first row of the data)", _hint(why))
         for why in results.values()
         if why
     ]

@@ -9,8 +9,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from fsdp_tune.decide.spec import RewardSpec
 from fsdp_tune.rewards.guard import RewardError
+from fsdp_tune.rewards.resolve import RewardSpec
 
 
 def module_name(path: Path) -> str:

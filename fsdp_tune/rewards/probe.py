@@ -17,8 +17,8 @@ import json
 import sys
 import traceback
 
-from fsdp_tune.decide.spec import RewardSpec
 from fsdp_tune.rewards.guard import RewardError, problem
+from fsdp_tune.rewards.resolve import RewardSpec
 
 SAMPLES = ("", "42")
 MARK = "fsdp-tune-probe: "  # the result's line (the user's code may print)

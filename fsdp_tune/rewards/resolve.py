@@ -20,11 +20,29 @@ import importlib.machinery
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from fsdp_tune.decide.spec import RewardSpec
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.rewards.builtin import BUILTINS
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One GRPO reward, as the launcher resolved and checked it (rewards/resolve.py); the ranks build its callable
+    (worker/training/rewards.py); part of the rank spec
+    (decide/spec.py GrpoSpec)."""
+
+    name: str  # what TRL logs it as (rewards/NAME/mean): the function's name, or the reward model's folder name
+    # "builtin" (rewards/builtin.py) | "python" (the user's) | "reward_run" (a --method reward run's adapter on its
+    # base) | "reward_model" (a sequence classifier's folder)
+    kind: Literal["builtin", "python", "reward_run", "reward_model"]
+    target: str  # the builtin's name, the .py file (absolute), the module, or the folder (absolute)
+    written: str  # as the user wrote it (--reward_funcs), for messages
+    attr: str | None = None  # the function's name in the file or module (python)
+    search_path: str | None = None  # put first on sys.path before importing (the file's folder, or the launch cwd)
 
 
 class Unresolved(ValueError):
@@ -66,9 +84,12 @@ def _folder(entry: str, folder: Path) -> RewardSpec:
             method = json.loads(resolved.read_text())["spec"].get("method", "sft")
         except (OSError, ValueError, KeyError, TypeError):
             method = None
-        if method != "reward":
+        # the rank spec's MethodSpec (a spec of version 2 named the method alone)
+        name = method.get("name") if isinstance(method, dict) else method
+        head = method.get("head") if isinstance(method, dict) else row_of(str(name)).head
+        if head != "score":
             raise Unresolved(
-                f"{entry} is a --method {method} run, not a reward model: its adapter generates text",
+                f"{entry} is a --method {name} run, not a reward model: its adapter generates text",
                 "a --method reward run's folder (fsdp-tune train --method reward ...)",
             )
         return RewardSpec(name=folder.name, kind="reward_run", target=str(folder.resolve()), written=entry)

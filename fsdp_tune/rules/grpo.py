@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import GRPO
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
@@ -15,7 +15,8 @@ KEY = "run.reward_funcs"
 
 
 def is_grpo(cfg: RunConfig) -> bool:
-    return cfg.run.method == GRPO
+    """The method generates its completions and scores them with rewards (its row's trait)."""
+    return row_of(cfg.run.method).generates
 
 
 @rule("FT130", "grpo", "GRPO needs its rewards; rewards need GRPO")
@@ -30,7 +31,7 @@ def rewards_given(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT131", "grpo", "each reward names a built-in, a function (file.py:fn, pkg.mod.fn) or a reward model")
 def rewards_resolve(cfg: RunConfig) -> Iterator[Finding]:
-    """Found without running anything (rewards/resolve.py); the pre-flight imports and calls them (PF084)."""
+    """Found without running anything (rewards/resolve.py); the pre-flight imports and calls them (PF088)."""
     if not is_grpo(cfg):
         return
     from fsdp_tune.rewards.resolve import Unresolved, resolve

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.grpo import is_grpo
 from fsdp_tune.rules.registry import error, rule, warning
@@ -54,8 +55,8 @@ def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT136", "training.num_iterations", "num_iterations must be 1 or more", "--num_iterations 1")
 
 
-@rule("FT137", "grpo", "how GRPO generates: transformers on the ranks, or vLLM (GPUs, colocated)")
-def generation_backend(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT137", "grpo", "how GRPO generates: transformers on the ranks, or vLLM (GPUs, colocated)", decided=True)
+def generation_backend(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     """vLLM is decided as data in the rank spec (GrpoSpec.generation, weight_sync "adapter") and was never run here:
     by reading. TRL's own sync merges the adapter into the sharded base (model.merge_adapter() on every rank,
     vllm_generation.py), which a 4-bit base cannot take (trl#5975, peft#2501); fsdp-tune syncs the adapter alone
@@ -64,7 +65,7 @@ def generation_backend(cfg: RunConfig) -> Iterator[Finding]:
         return
     t = cfg.training
     if t.get("use_vllm"):
-        yield from _vllm(cfg)
+        yield from _vllm(cfg, d.on_cpu)
     else:
         for name in sorted(n for n in t.args if n.startswith("vllm_")):
             yield warning(cfg, "FT137", f"training.{name}", "has no effect without --use_vllm", "drop it")
@@ -77,10 +78,10 @@ def generation_backend(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT137", "training.use_transformers_continuous_batching", message, "drop it")
 
 
-def _vllm(cfg: RunConfig) -> Iterator[Finding]:
+def _vllm(cfg: RunConfig, on_cpu: bool) -> Iterator[Finding]:
     t = cfg.training
-    if cfg.launch.use_cpu:
-        message = "vLLM generates on GPUs; this run is on CPU"
+    if on_cpu:
+        message = "vLLM generates on GPUs; this run is on CPU (asked for, or a machine without GPUs)"
         yield error(cfg, "FT137", "training.use_vllm", message, "drop --use_vllm (transformers generates on the ranks)")
     if t.get("vllm_mode") == "server":
         message = (

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.config.methods import METRICS, SFT, metric_keys
+from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
 
 
@@ -34,8 +34,11 @@ def method_of(run_dir: str | Path) -> str:
         spec = json.loads((Path(run_dir) / RESOLVED_NAME).read_text()).get("spec") or {}
     except (OSError, ValueError, AttributeError):
         spec = {}
-    if isinstance(spec, dict) and spec.get("method"):
-        return str(spec["method"])
+    method = spec.get("method") if isinstance(spec, dict) else None
+    if isinstance(method, dict) and method.get("name"):  # spec version 3: the method's part
+        return str(method["name"])
+    if isinstance(method, str) and method:  # spec version 2 named it alone
+        return method
     s = run_summary.read(run_dir)
     return s.method if isinstance(s, run_summary.RunSummary) else SFT
 
@@ -50,8 +53,8 @@ def figure(run_dirs: list[str | Path]):
     from matplotlib.figure import Figure
 
     methods = [method_of(r) for r in run_dirs]
-    extra = any(METRICS.get(m) for m in methods)
-    panels = max((PANELS.get(m, 2) for m in methods), default=2) if extra else 0
+    extra = any(row_of(m).metrics for m in methods)
+    panels = max((row_of(m).panels for m in methods if row_of(m).metrics), default=0)
     fig = Figure(figsize=(8, 6 + 1.5 * panels))
     FigureCanvasAgg(fig)
     ratios = [3, *[2] * panels, 1]
@@ -79,27 +82,28 @@ def figure(run_dirs: list[str | Path]):
     return fig
 
 
-PANELS = {"grpo": 3}  # GRPO's reward (and each function's), completion length and KL; the others' first two
-
-
 def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None:
-    """Each run's first metrics (config/methods.py METRICS), one panel each, in the run's colour."""
+    """Each run's first metrics (config/methods.py: its row's), one panel each, in the run's colour; the first panel
+    also has each of the row's `*` metrics (GRPO: every reward function's mean), dotted."""
     names: list[set[str]] = [set() for _ in axes]
+    dotted = False
     for i, (run_dir, label, method) in enumerate(zip(run_dirs, labels(run_dirs), methods, strict=True)):
         records = load_metrics(run_dir)
-        for ax, (key, name), seen in zip(axes, METRICS.get(method, ())[: len(axes)], names, strict=False):
+        row = row_of(method)
+        plotted = [(m.key, m.label) for m in row.metrics if "*" not in m.key][: len(axes)]
+        for ax, (key, name), seen in zip(axes, plotted, names, strict=False):
             steps, values = series(records, key)
             if steps:
                 ax.plot(steps, values, color=f"C{i % 10}", marker="." if len(steps) < 50 else None, label=label)
                 seen.add(name)
-        logged, literal = {k for r in records for k in r}, dict(METRICS.get(method, ()))
-        for key, name in metric_keys(method, logged):  # GRPO: each reward function's mean beside the total
-            if key not in literal and key.startswith("rewards/"):
+        literal = {m.key for m in row.metrics}
+        for key, name in metric_keys(row, {k for r in records for k in r}):
+            if key not in literal:
                 steps, values = series(records, key)
                 axes[0].plot(steps, values, color=f"C{i % 10}", linestyle=":", label=f"{label} {name}")
-    for ax in axes[:1]:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="x-small")
+                dotted = True
+    if dotted:
+        axes[0].legend(fontsize="x-small")
     for ax, seen in zip(axes, names, strict=True):
         ax.set_ylabel(" / ".join(sorted(seen)) or "-", fontsize="small")
         ax.grid(alpha=0.3)
@@ -148,7 +152,9 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
 def _method_values(records: list[dict], method: str) -> dict:
     """The last logged value of the method's first two metrics, under neutral names for the table."""
     out = {}
-    for column, (key, _) in zip(("metric_1", "metric_2"), METRICS.get(method, ())[:2], strict=False):
+    for column, (key, _) in zip(
+        ("metric_1", "metric_2"), [(m.key, m.label) for m in row_of(method).metrics][:2], strict=False
+    ):
         _, values = series(records, key)
         out[column] = {"key": key, "last": values[-1] if values else None}
     return out

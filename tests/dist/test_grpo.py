@@ -187,7 +187,7 @@ def test_a_bad_reward_is_refused_before_launch_or_stops_the_run_in_one_line(tmp_
     )
     assert refused.proc.returncode == 2, refused.logs()
     said = refused.proc.stderr + refused.proc.stdout
-    assert "PF084" in said and "returned nan at position 0" in said, refused.logs()
+    assert "PF088" in said and "returned nan at position 0" in said, refused.logs()
     assert not (tmp_path / "nan" / "logs").exists()  # no rank started
 
     failed = run_train(

@@ -51,20 +51,20 @@ def planned(tmp_path, *flags: str):
 def test_the_preflight_calls_the_users_rewards_on_one_row_in_a_process_of_its_own(
     tmp_path, prompts, monkeypatch
 ) -> None:
-    """A reward that returns NaN or raises on the data's first row is refused before launch (PF084), naming the
-    reward, what it returned or the line that raised; a good one passes; a built-in's missing column is PF082."""
+    """A reward that returns NaN or raises on the data's first row is refused before launch (PF088), naming the
+    reward, what it returned or the line that raised; a good one passes; a built-in's missing column is PF087."""
     monkeypatch.chdir(tmp_path)
     entries = ["my_rewards.py:fewer_chars", "my_rewards.py:nan_for_empty", "my_rewards.py:typo"]
     found = planned(tmp_path, "--dataset_name", str(prompts), "--reward_funcs", *entries, "exact_match_reward")
     errors = {f.rule: [] for f in found.machine_findings}
     for f in found.machine_findings:
         errors[f.rule].append(f.message)
-    assert sorted(errors) == ["PF082", "PF084"], found.machine_findings
-    assert len(errors["PF084"]) == 2 and not any("fewer_chars" in m for m in errors["PF084"])
-    nan, typo = sorted(errors["PF084"])
+    assert sorted(errors) == ["PF087", "PF088"], found.machine_findings
+    assert len(errors["PF088"]) == 2 and not any("fewer_chars" in m for m in errors["PF088"])
+    nan, typo = sorted(errors["PF088"])
     assert nan.startswith("reward my_rewards.py:nan_for_empty returned nan at position 0"), nan
     assert typo.startswith(f"reward my_rewards.py:typo raised at {tmp_path / 'my_rewards.py'}:10: NameError"), typo
-    assert errors["PF082"] == [
+    assert errors["PF087"] == [
         "exact_match_reward reads the column(s) answer, which the data lacks (it has: budget, prompt)"
     ]
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from fsdp_tune.config.methods import metric_keys
+from fsdp_tune.config.methods import metric_keys, row_of
 from fsdp_tune.decide.spec import RewardSpec, from_dict
 from fsdp_tune.rewards.guard import RewardError, guarded, problem
 from fsdp_tune.rewards.probe import probe_one
@@ -95,9 +95,9 @@ def test_a_reward_model_is_a_reward_run_or_a_sequence_classifier(tmp_path) -> No
     run = tmp_path / "rm"
     run.mkdir()
     (run / "adapter_config.json").write_text("{}")
-    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": {"method": "reward"}}))
+    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": {"method": {"name": "reward", "head": "score"}}}))
     assert resolve(str(run)).kind == "reward_run" and resolve(str(run)).name == "rm"
-    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": {"method": "sft"}}))
+    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": {"method": {"name": "sft", "head": "lm"}}}))
     with pytest.raises(Unresolved, match="is a --method sft run, not a reward model"):
         resolve(str(run))
     classifier = tmp_path / "clf"
@@ -215,14 +215,14 @@ def test_sft_data_without_a_prompt_is_refused_naming_what_it_is() -> None:
 
 def test_each_reward_functions_mean_is_a_metric() -> None:
     logged = {"reward", "kl", "rewards/fewer_chars/mean", "rewards/length_reward/mean", "rewards/fewer_chars/std"}
-    keys = metric_keys("grpo", logged)
+    keys = metric_keys(row_of("grpo"), logged)
     assert keys == [
         ("reward", "reward"),
         ("kl", "KL"),
         ("rewards/fewer_chars/mean", "fewer_chars"),
         ("rewards/length_reward/mean", "length_reward"),
     ]
-    assert metric_keys("dpo", {"rewards/margins"}) == [("rewards/margins", "reward margin")]
+    assert metric_keys(row_of("dpo"), {"rewards/margins"}) == [("rewards/margins", "reward margin")]
 
 
 @pytest.mark.parametrize(
@@ -264,8 +264,10 @@ def test_a_starting_adapter_is_the_reference_as_a_frozen_copy(tmp_path) -> None:
     from dataclasses import replace
 
     started = replace(cfg, model=replace(cfg.model, adapter=str(tmp_path), reference="adapter"))
-    assert grpo_spec(started).reference == "ref_adapter"
-    assert grpo_spec(replace(started, model=replace(started.model, reference="base"))).reference == "adapter_disabled"
+    assert grpo_spec(started, 2).reference == "ref_adapter"
+    assert (
+        grpo_spec(replace(started, model=replace(started.model, reference="base")), 2).reference == "adapter_disabled"
+    )
 
 
 def test_the_trace_refuses_grpo_and_says_why() -> None:

@@ -20,11 +20,13 @@ from fsdp_tune.decide.spec import (
     DataSpec,
     GrpoSpec,
     Loading,
+    MethodSpec,
     ModelSpec,
     RankSpec,
     RewardSpec,
     SaveSpec,
     ShardedPlan,
+    Steps,
     World,
     from_dict,
 )
@@ -67,6 +69,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "notes": (PLAN, PLAN_TEXT),
         "console": (RANK, "worker/process.py"),
         "save": (RANK, "worker/recipe.py"),
+        "steps": (PREFLIGHT, "preflight/batch.py"),  # the ranks' Trainer reads trainer_args; the trace reads it too
         "grpo": (RANK, "worker/training/methods.py"),
     },
     GrpoSpec: {
@@ -74,7 +77,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "generation": (RANK, "worker/training/grpo.py"),
         "synced": (RANK, "worker/training/grpo.py"),
         "weight_sync": (RANK, "worker/training/grpo.py"),
-        "reference": (RANK, "worker/training/grpo.py"),  # sharded.py too: the frozen "ref" adapter
+        "reference": (RANK, "worker/training/grpo.py"),
         "max_prompt_tokens": (RANK, "worker/data/prompts.py"),
     },
     RewardSpec: {
@@ -84,6 +87,23 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "written": (RANK, "worker/training/rewards.py"),
         "attr": (RANK, "rewards/load.py"),
         "search_path": (RANK, "rewards/load.py"),
+    },
+    MethodSpec: {
+        "name": (RANK, "worker/training/methods.py"),  # the ranks' hook: TRL's classes and the data preparation
+        "data": (RANK, "worker/data/preference.py"),  # KTO's unpaired rows
+        "head": (RANK, "worker/loading/pretrained.py"),  # a score head: AutoModelForSequenceClassification
+        "reference_adapter": (RANK, "worker/loading/sharded.py"),
+        "truncation": (RANK, "worker/recipe.py"),
+    },
+    Steps: {
+        "per_device_train_batch_size": (PREFLIGHT, "preflight/batch.py"),  # a resume's batch (PF063), PF064
+        "gradient_accumulation_steps": (PREFLIGHT, "preflight/batch.py"),
+        "max_steps": (PREFLIGHT, "preflight/disk.py"),  # how many checkpoints the run keeps (PF037)
+        "max_grad_norm": (PREFLIGHT, "trace/run.py"),  # plan --trace's step, before any rank
+        "optim": (PREFLIGHT, "trace/run.py"),
+        "save_strategy": (PREFLIGHT, "preflight/disk.py"),
+        "save_steps": (PREFLIGHT, "preflight/disk.py"),
+        "save_total_limit": (PREFLIGHT, "preflight/disk.py"),
     },
     SaveSpec: {
         "final": (RANK, "worker/recipe.py"),  # into training/trainer.py's Saving and saving/save.py
@@ -123,6 +143,10 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "test_split_size": (RANK, "worker/data/prepare.py"),
         "mask_fallback": (RANK, "sources/encode.py"),
         "peft_text_field": (RANK, "worker/data/prepare.py"),
+        "truncation_mode": (RANK, "sources/encode.py"),
+        "packing_strategy": (RANK, "sources/encode.py"),
+        "eos_token": (RANK, "sources/encode.py"),
+        "num_proc": (RANK, "worker/data/prepare.py"),
     },
     Source: {
         "path": (RANK, "worker/data/splits.py"),
@@ -163,14 +187,8 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
     },
 }
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
-RANK_SIDE = (
-    "worker/",
-    "decide/spec.py",
-    "sources/mixture.py",
-    "sources/encode.py",
-    "sources/rows.py",
-    "rewards/load.py",
-)
+RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")
+RANK_SIDE += ("rewards/load.py",)  # the user's reward imported, by the pre-flight's probe and the ranks alike
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
@@ -247,7 +265,7 @@ def test_each_reader_reads_its_field(cls, name: str) -> None:
         TORCHRUN: ("launch/torchrun.py",),
         PLAN: (PLAN_TEXT, "output/data.py"),  # run.py's data lines, kept there
         AFTER: ("tools/",),
-        PREFLIGHT: ("preflight/", "rundir/", "launch/"),
+        PREFLIGHT: ("preflight/", "rundir/", "launch/", "trace/"),
     }[how]
     assert rel.startswith(expected), f"{cls.__name__}.{name}: {rel} is not where {how} happens"
 
