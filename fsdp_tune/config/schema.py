@@ -120,6 +120,9 @@ class ModelSettings:
     # the reference unless `reference: base` (config/adapter_start.py reads its shape, launch/decide.py uses it)
     adapter: str | None = _f(None, kind="str")
     reference: str = _f("adapter", choices=REFERENCES)
+    # a vision-language model's other parts (config/model_kinds.py; LLaMA-Factory's names): LoRA on the tower too,
+    freeze_vision_tower: bool = _f(True)
+    freeze_multi_modal_projector: bool = _f(True)  # the projector trained whole
 
 
 @dataclass(frozen=True)

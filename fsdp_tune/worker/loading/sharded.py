@@ -24,15 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from accelerate import init_empty_weights
 from peft import get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, set_seed
+from transformers import AutoConfig, GenerationConfig, set_seed
 from transformers.quantizers import AutoHfQuantizer
 
 from fsdp_tune.config.methods import WITH_REFERENCE
+from fsdp_tune.config.model_kinds import KINDS
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.worker.loading import units
 from fsdp_tune.worker.loading.adapter import lora_config
@@ -99,7 +101,7 @@ def _meta_model(spec: RankSpec, ckpt: Checkpoint, vocab: int) -> MetaModel:
     dtype = _dtype(m.dtype)
     rng = torch.get_rng_state()
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(
+        model = getattr(transformers, KINDS[m.kind].auto_class).from_config(
             config, dtype=dtype, attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code
         )
     torch.set_rng_state(rng)  # the meta build draws nothing today; LoRA's draws must stay where they are
