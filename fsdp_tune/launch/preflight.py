@@ -18,6 +18,7 @@ from fsdp_tune.launch.disk import check_disk
 from fsdp_tune.launch.machine import Machine, visible_gpus
 from fsdp_tune.launch.memory_check import check_memory
 from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.launch.vision_data import vision_data_findings
 from fsdp_tune.runfiles import links_in
 from fsdp_tune.sources.model import hub_cached, offline
 from fsdp_tune.sources.modelcheck import check_model_folder
@@ -114,7 +115,8 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
     eval_wanted = spec.evaluation and not d.test_split_size
     tokens = TokenCheck(spec) if spec.method == "sft" else None  # a preference method's rows: preference_check
     sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method)
-    return replace(spec, data=replace(d, sources=sources)), findings
+    spec = replace(spec, data=replace(d, sources=sources))
+    return spec, findings + vision_data_findings(spec)  # images for this model and trainer (launch/vision_data.py)
 
 
 def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:

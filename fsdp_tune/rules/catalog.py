@@ -38,4 +38,5 @@ def _load_families() -> None:
         preference,
         quant,
         training,
+        vision,
     )

@@ -16,7 +16,17 @@ from pathlib import Path
 import pytest
 
 from fsdp_tune.launch.machine import Machine
-from fsdp_tune.launch.spec import DataSpec, Loading, ModelSpec, RankSpec, SaveSpec, ShardedPlan, World, from_dict
+from fsdp_tune.launch.spec import (
+    DataSpec,
+    Loading,
+    ModelSpec,
+    RankSpec,
+    SaveSpec,
+    ShardedPlan,
+    VisionSpec,
+    World,
+    from_dict,
+)
 from fsdp_tune.sources.mixture import Source
 from tests.conftest import REPO, spec_for
 
@@ -83,6 +93,16 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "revision": (RANK, "worker/loading/pretrained.py"),
         "adapter": (RANK, "worker/loading/build.py"),  # the starting adapter (sharded.py loads it there too)
         "reference": (RANK, "worker/recipe.py"),  # --reference base: the reference adapter reset to the base
+        "kind": (RANK, "worker/loading/pretrained.py"),  # the Auto class (and a processor: loading/processor.py)
+        "vision": (RANK, "worker/loading/pretrained.py"),  # freeze_vision; the collator reads its guard
+    },
+    VisionSpec: {
+        "family": (PLAN, PLAN_TEXT),  # the row's title on the plan's vision line
+        "tower": (RANK, "worker/loading/pretrained.py"),  # full fine-tuning: frozen unless it trains
+        "projector": (RANK, "worker/loading/pretrained.py"),
+        "train_tower": (RANK, "worker/loading/pretrained.py"),  # under LoRA: the adapter's targets (launch/vision.py)
+        "train_projector": (RANK, "worker/loading/pretrained.py"),
+        "guard": (RANK, "worker/data/vision_collate.py"),
     },
     DataSpec: {
         "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
@@ -116,6 +136,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "detected": (RANK, "worker/data/splits.py"),
         "rows_checked": (PREFLIGHT, "launch/batch.py"),  # rows per step against world size x batch (PF064)
         "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
+        "images": (PREFLIGHT, "launch/vision_data.py"),  # PF081/PF082; the plan's images line too
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
@@ -170,6 +191,8 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.preference",  # preference rows: detected and converted as the launcher checks them
     "fsdp_tune.sources.preference_rows",
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
+    "fsdp_tune.config.model_kinds",  # the model kinds' Auto classes and whether they have a processor: a table
+    "fsdp_tune.sources.vision",  # images in the rows: converted as the launcher checks them
 }
 
 

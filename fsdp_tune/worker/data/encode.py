@@ -31,6 +31,7 @@ class Encoder:
     keep_end: bool = False  # --truncation_mode keep_end
     seq_len: int | None = None  # max_seq_len, which bounds the work per row even when max_len is None (clip.py)
     images: Any = None  # a vision-language run's ImageTokens (vision_rows.py): rows with images are measured by it
+    text_only: bool = False  # rank 0 of a language model's run: a row with images is skipped (the launcher: False)
 
     @classmethod
     def for_run(cls, tokenizer, data: DataSpec, trainer_args: dict[str, Any], images: Any = None) -> Encoder:

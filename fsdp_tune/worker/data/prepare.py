@@ -80,6 +80,7 @@ def build(spec: RankSpec, tokenizer, folder: Path, processor=None) -> None:
     shutil.rmtree(work, ignore_errors=True)
     images = ImageTokens(processor) if processor is not None else None
     encoder = Encoder.for_run(tokenizer, spec.data, spec.trainer_args, images)
+    encoder.text_only = processor is None  # a row with images is skipped ("no-vision"), not trained as text
     num_proc = spec.trainer_args.get("dataset_num_proc")
     trains, evals, reports = [], [], []
     for i, source in enumerate(spec.data.sources):

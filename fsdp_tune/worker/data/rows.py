@@ -45,6 +45,8 @@ def encode_row(
     if problems:
         return problems[0].code, [], []
     converted = to_trl(row, form, roles)
+    if converted.get("images") and encoder.text_only:
+        return "no-vision", [], []
     media: list = []
     try:
         if converted.get("images") and encoder.images is not None:

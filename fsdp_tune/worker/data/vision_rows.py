@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.sources import vision
+from fsdp_tune.sources.vision import resolve
 from fsdp_tune.worker.data.masking import Encoded
 
 # the images of a prepared sequence, as datasets.Image(decode=False) stores one
@@ -28,12 +28,13 @@ SKIPS = {
     "image-cut": "max_seq_len cuts into its image tokens (raise --max_seq_len, or use smaller images)",
     "bad-image": "an image that does not open",
     "template-images": "the chat template renders none of its image blocks as the processor's image token",
+    "no-vision": "it has images and the model reads none (a language model: train a vision-language one)",
 }
 
 
 def stored(ref: Any, root: Path) -> dict[str, Any]:
     """An image as a prepared row keeps it: a file by its absolute path, anything else as its bytes."""
-    ref = vision.resolve(ref, root)
+    ref = resolve(ref, root)
     if isinstance(ref, str):
         return {"bytes": None, "path": ref}
     if isinstance(ref, Mapping) and ref.get("bytes") is not None:

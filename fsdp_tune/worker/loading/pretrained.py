@@ -58,4 +58,16 @@ def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]
         grew_from = model.get_input_embeddings().weight.shape[0]
         model.resize_token_embeddings(vocab, pad_to_multiple_of=8, mean_resizing=False)
     model.config.use_cache = False
+    if spec.lora is None:
+        freeze_vision(model, m.vision)
     return model, grew_from
+
+
+def freeze_vision(model, vision) -> None:
+    """Full fine-tuning of a vision-language model: the vision tower and the projector stay frozen unless
+    --freeze_vision_tower / --freeze_multi_modal_projector false (under LoRA the adapter's targets say it)."""
+    if vision is None:
+        return
+    for path, trains in ((vision.tower, vision.train_tower), (vision.projector, vision.train_projector)):
+        for p in model.get_submodule(path).parameters():
+            p.requires_grad_(trains)

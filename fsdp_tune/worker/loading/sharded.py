@@ -38,7 +38,7 @@ from fsdp_tune.config.model_kinds import KINDS
 from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.worker.loading import units
 from fsdp_tune.worker.loading.adapter import lora_config
-from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder
+from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder, renamed_keys
 from fsdp_tune.worker.loading.files import rank_fallback_reason as _config_reason
 from fsdp_tune.worker.loading.four_bit import pack_meta_weights
 from fsdp_tune.worker.loading.pretrained import quantization_config
@@ -70,6 +70,7 @@ def build_sharded_model(spec: RankSpec, tokenizer, args) -> ShardedModel:
     t0 = time.time()
     ckpt = Checkpoint(model_folder(m.name_or_path))
     meta = _meta_model(spec, ckpt, len(tokenizer))
+    ckpt.names = renamed_keys(meta.model, ckpt)  # transformers' own renames (a vision-language checkpoint's keys)
     model = _with_lora(meta.model, spec, meta.quantizer is not None, plan.upcast_trainable, spec.seed)
     prefix = "base_model.model." if spec.lora is not None else ""
     _check_keys(model, ckpt, prefix, meta.packed, meta.new_rows)
