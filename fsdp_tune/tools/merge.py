@@ -108,16 +108,11 @@ def merge(
     into = _into(into, quantized, adapter)
 
     import torch
-    from transformers import AutoTokenizer
 
     quiet_transformers()  # the result lines are the output
     dtype_name, dtype_source = (DTYPES[dtype], "as --dtype asked") if dtype else own_dtype(base)
     torch_dtype = getattr(torch, dtype_name)
-    processor = processor_of(adapter_dir, base) if reads_images(base) else None
-    has_tokenizer = (adapter_dir / "tokenizer_config.json").exists()
-    tokenizer = (
-        processor.tokenizer if processor else AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else base)
-    )
+    tokenizer, processor = _processing(adapter_dir, base)
     inputs = _inputs(tokenizer, processor, device)
     load = _dequantized if into == "dequantized" else _unquantized
     model, reference, tolerance = load(base, adapter_dir, tokenizer, torch_dtype, device, inputs)
@@ -251,6 +246,17 @@ def _as_in_training(model):
         if isinstance(module, bnb.nn.Linear4bit):
             module.train()
     return model
+
+
+def _processing(adapter_dir: Path, base: str):
+    """(the tokenizer, a vision-language model's processor or None): the run's own where it saved them."""
+    from transformers import AutoTokenizer
+
+    if reads_images(base):
+        processor = processor_of(adapter_dir, base)
+        return processor.tokenizer, processor
+    has_tokenizer = (adapter_dir / "tokenizer_config.json").exists()
+    return AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else base), None
 
 
 def _inputs(tokenizer, processor, device: str) -> dict:
