@@ -232,7 +232,7 @@ def run_group(cmd: list[str], env: dict, timeout: float) -> subprocess.Completed
 
 def plan(args: list[str], mode: Mode, on_cpu: bool, timeout: float) -> dict:
     """`fsdp-tune plan --json` for the same flags, on this machine's GPU (its name and memory) or its CPU."""
-    from fsdp_tune.launch.memory_check import gpu_key
+    from fsdp_tune.preflight.memory import gpu_key
 
     where = (
         ["--cpu"]

@@ -8,7 +8,7 @@ A model's kind is read from its config.json (a `vision_config` makes it vision-l
 family is a row of FAMILIES: which modules are the tower, the projector and the language model (FSDP units, LoRA
 targets, what `--freeze_vision_tower` / `--freeze_multi_modal_projector` free), and how `plan` counts an image's
 tokens. What TRL refuses for vision data is VISION_DATA_REFUSES. The ranks' side is worker/loading/build.py (the
-class), worker/loading/processor.py (the processor), worker/data/vision_rows.py (the rows) and
+class), worker/loading/processor.py (the processor), sources/vision_rows.py (the rows) and
 worker/data/vision_collate.py (the batch).
 """
 

@@ -1,6 +1,6 @@
 """Settings for vision-language models (config/model_kinds.py), checked against the model's config.json where it is
 on this machine. What depends on the data (images in it, a text-only model given images, what TRL refuses for
-vision data) is pre-flight's (launch/vision_data.py)."""
+vision data) is pre-flight's (preflight/vision.py)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ SKIPPED = {
     "bad-history": "history is not a list of [prompt, answer] pairs",
     "image-count": "its image placeholders and its images differ in number",
 }
-PREFLIGHT_REFUSES = ("image-count",)  # skipped on rank 0; refused before launch (sources/imagecheck.py, PF079)
+PREFLIGHT_REFUSES = ("image-count",)  # skipped on rank 0; refused before launch (preflight/images.py, PF079)
 KEPT = {
     "assistant-first": "the conversation starts with the assistant",
     "consecutive-user": "two user turns in a row",

@@ -48,9 +48,9 @@ GUARDED = [c for c in CASES if not c.unguarded]
 
 
 def _decide(case: Case, model_dir: Path, data: Path, out: Path) -> Path:
-    from fsdp_tune.launch.decide import decide
-    from fsdp_tune.launch.machine import Machine
-    from fsdp_tune.launch.preflight import check_data
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
+    from fsdp_tune.preflight.checks import check_data
     from fsdp_tune.validate import check
 
     flags = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--output_dir", str(out), *FLAGS]
@@ -94,7 +94,8 @@ def launched(model_cache, tmp_path_factory) -> dict:
         path = out / "vision_result.json"
         results[name] = json.loads(path.read_text()) if path.exists() else None
     logs = "".join(p.read_text()[-3000:] for p in sorted((root / "driver" / "logs").glob("rank-*.log")))
-    failed = {n: r["error"][-3000:] for n, r in results.items() if r and "error" in r and n in [c.name for c in GUARDED]}
+    guarded = {c.name for c in GUARDED}
+    failed = {n: r["error"][-3000:] for n, r in results.items() if r and "error" in r and n in guarded}
     done = all(results[c.name] and "error" not in results[c.name] for c in GUARDED)
     assert done and not failed, f"{failed or ''}\n{proc.stderr[-4000:]}\n{logs}"
     return {"runs": {n: (results[n], *where[n]) for n in where}, "proc": proc, "logs": logs}

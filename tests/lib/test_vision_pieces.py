@@ -38,8 +38,8 @@ def test_the_processor_loads_and_saves_without_torchvision(vlms, tmp_path) -> No
 
 def _example(processor, i: int, image: bool, root) -> dict:
     """A prepared row as rank 0 leaves it: the rendered ids with one placeholder per image, the answer mask."""
-    from fsdp_tune.worker.data.masking import encode_messages
-    from fsdp_tune.worker.data.vision_rows import ImageTokens
+    from fsdp_tune.sources.masking import encode_messages
+    from fsdp_tune.sources.vision_rows import ImageTokens
 
     question = [{"type": "image"}, {"type": "text", "text": "What color?"}] if image else "Say hello."
     messages = [{"role": "user", "content": question}, {"role": "assistant", "content": f"It is colour {i}."}]
@@ -99,8 +99,8 @@ def test_the_dummy_image_changes_no_real_token(vlms, tmp_path, family: str) -> N
 
 
 def test_rank0_cuts_where_the_image_tokens_are_counted() -> None:
-    from fsdp_tune.worker.data.masking import Encoded
-    from fsdp_tune.worker.data.vision_rows import fit
+    from fsdp_tune.sources.masking import Encoded
+    from fsdp_tune.sources.vision_rows import fit
 
     image = [{"bytes": None, "path": "x.png"}]
     # 10 tokens, the image placeholder (id 9) at position 2 and 16 image tokens once expanded: 25 tokens

@@ -1,7 +1,7 @@
-"""The batch of a vision-language run, built on every rank from the rows rank 0 prepared (vision_rows.py): the images
-opened and processed by the model's image processor, each image's placeholder token expanded into the tokens the
-processor gives it (checked against the count the data was prepared with), right-padded as TRL pads, the images
-never in the loss.
+"""The batch of a vision-language run, built on every rank from the rows rank 0 prepared (sources/vision_rows.py):
+the images opened and processed by the model's image processor, each image's placeholder token expanded into the
+tokens the processor gives it (checked against the count the data was prepared with), right-padded as TRL pads, the
+images never in the loss.
 
 No hang by construction. Under FSDP2 the vision tower's blocks are units of their own: a rank whose batch has
 images all-gathers them, a rank whose batch has none would skip them, and the ranks' collectives then pair up
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fsdp_tune.worker.data import vision_rows
+from fsdp_tune.sources.vision_rows import expansion, opened
 
 DUMMY_SIZE = (28, 28)  # pixels: each family's processor resizes it to its smallest image
 IGNORE = -100
@@ -36,7 +36,7 @@ class VisionCollator:
     dummies: int = field(default=0, init=False)  # batches that got the guard's image (the summary says how many)
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        images = [vision_rows.opened(im) for ex in examples for im in ex.get("images") or []]
+        images = [opened(im) for ex in examples for im in ex.get("images") or []]
         counts = [c for ex in examples for c in ex.get("image_tokens") or []]
         rows = [(list(ex["input_ids"]), _labels(ex)) for ex in examples]
         dummy = not images and self.guard == "dummy_image"
@@ -47,7 +47,7 @@ class VisionCollator:
             self.dummies += 1
         if not images:
             return self._pad(rows, {})
-        expanded, processed = vision_rows.expansion(self.processor, images)
+        expanded, processed = expansion(self.processor, images)
         if not dummy:
             _check(expanded, counts)
             rows = _spliced(rows, expanded, int(self.processor.image_token_id))

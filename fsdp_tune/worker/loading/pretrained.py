@@ -9,7 +9,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForSequenceClassification, BitsAndBytesConfig
 
 from fsdp_tune.config.model_kinds import CAUSAL_LM, KINDS, kind_of
-from fsdp_tune.launch.spec import ModelSpec, RankSpec
+from fsdp_tune.decide.spec import ModelSpec, RankSpec
 
 
 def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:

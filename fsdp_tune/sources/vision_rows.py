@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.sources.masking import Encoded
 from fsdp_tune.sources.vision import resolve
-from fsdp_tune.worker.data.masking import Encoded
 
 # the images of a prepared sequence, as datasets.Image(decode=False) stores one
 IMAGE_FEATURE = {"bytes": "binary", "path": "string"}

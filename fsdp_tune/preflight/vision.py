@@ -1,12 +1,12 @@
-"""Pre-flight for data with images (after sources/datacheck.py read the files and sources/imagecheck.py opened their
+"""Pre-flight for data with images (after preflight/data.py read the files and preflight/images.py opened their
 images): images for a model that reads none (PF082), and what TRL refuses for vision data (PF081, with TRL's
 reason: config/model_kinds.py VISION_DATA_REFUSES), refused before any rank starts. No torch."""
 
 from __future__ import annotations
 
 from fsdp_tune.config.model_kinds import VISION_DATA_REFUSES, VISION_LANGUAGE
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.sources import model as model_source
 
 

@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.sources import vision_rows
+from fsdp_tune.sources.clip import ROW_BOUND, TooLarge
 from fsdp_tune.sources.convert import to_trl
+from fsdp_tune.sources.encode import Encoder
 from fsdp_tune.sources.formats import Format
+from fsdp_tune.sources.masking import Encoded, RowRejected
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.rowcheck import SKIPPED, check_row
 from fsdp_tune.sources.vision import image_root
-from fsdp_tune.worker.data import vision_rows
-from fsdp_tune.worker.data.clip import ROW_BOUND, TooLarge
-from fsdp_tune.worker.data.encode import Encoder
-from fsdp_tune.worker.data.masking import Encoded, RowRejected
 
 # what tokenizing finds (the rest is rowcheck's, found before launch too)
 TOKENIZED = {
@@ -38,8 +38,8 @@ def encode_row(
     row: dict, form: Format, roles: dict, encoder: Encoder, train_all: bool, root: Path | None = None
 ) -> tuple[str, list[Encoded], list]:
     """(why the row is skipped, or ""; its sequences with an answer left after the cut at max_seq_len; each one's
-    (images, token counts), for a row with images in a vision-language run: vision_rows.py, `root` the folder of
-    its relative image paths). The launcher's pre-flight (sources/tokencheck.py) calls it too, on the rows it
+    (images, token counts), for a row with images in a vision-language run: sources/vision_rows.py, `root` the folder of
+    its relative image paths). The launcher's pre-flight (preflight/tokens.py) calls it too, on the rows it
     reads (without images: their tokens are counted on rank 0)."""
     problems = [p for p in check_row(row, form, roles) if p.skips]
     if problems:

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.preflight.tokens import listed
 from fsdp_tune.sources import vision
 from fsdp_tune.sources.convert import to_trl
 from fsdp_tune.sources.formats import FIELDS, MESSAGES, SHAREGPT, Format
 from fsdp_tune.sources.mixture import Source
-from fsdp_tune.sources.tokencheck import listed
 
 SECONDS = 60.0  # for the images of one source's splits
 IMAGE_KINDS = (MESSAGES, SHAREGPT)  # the formats whose rows carry images (sources/vision.py)
@@ -50,7 +50,7 @@ class Found:
 
 
 def split_images(split: str, rows: list, fmt: Format, source: Source, columns: list[str], files: dict) -> tuple:
-    """(what a split's images are, or None for data without any; their findings), for sources/datacheck.py."""
+    """(what a split's images are, or None for data without any; their findings), for preflight/data.py."""
     if fmt.kind not in IMAGE_KINDS:
         named = [c for c in columns if c in IMAGE_COLUMNS]
         if not named:

@@ -21,7 +21,7 @@ from typing import Any
 
 from fsdp_tune.config.model_kinds import CAUSAL_LM, VISION_LANGUAGE, VisionFamily, family_of, kind_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.spec import VisionSpec
+from fsdp_tune.decide.spec import VisionSpec
 from fsdp_tune.sources import model as model_source
 
 
