@@ -15,6 +15,15 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"model: {m['name']} ({plan['total_params'] / 1e9:.2f}B parameters, {m['layers']} x {m['layer_class']}); "
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
     ]
+    v = plan.get("vision")
+    if v:  # a vision-language model (planner/vision.py)
+        image = v["image"]
+        lines.append(
+            f"vision: {v['family']}, tower and projector {v['tower_and_projector_params'] / 1e6:.1f}M parameters "
+            f"({v['tower_blocks']} blocks; tower {v['tower']}, projector {v['projector']}); a {image['width']}x"
+            f"{image['height']} image{' (assumed)' if image['assumed'] else ''}: {v['patches_per_image']} patches, "
+            f"{v['tokens_per_image']} tokens"
+        )
     if plan["per_gpu_memory_gib"] is not None:
         low, high = plan["range_gib"]
         lines.append(

@@ -52,6 +52,7 @@ class ModelShape:
     vision_layers: int = 0  # the tower's blocks (an FSDP unit each)
     vision_layer_params: int = 0
     vision_hidden: int = 0  # the tower's width
+    vision_mlp: int = 0  # its MLP's
 
     @property
     def linear_params(self) -> int:
@@ -148,12 +149,15 @@ def _vision(model, row) -> dict:
     tower, projector = model.get_submodule(row.tower), model.get_submodule(row.projector)
     params = {id(p): p.numel() for m in (tower, projector) for p in m.parameters()}
     blocks = [m for m in tower.modules() if type(m).__name__ in _block_names(row)]
-    width = getattr(tower.config, "embed_dim", None) or getattr(tower.config, "hidden_size", 0)  # Qwen: embed_dim
+    c = tower.config
+    width = getattr(c, "embed_dim", None) or getattr(c, "hidden_size", 0)  # Qwen2-VL: embed_dim
+    mlp = getattr(c, "intermediate_size", None) or int(getattr(c, "mlp_ratio", 4) * width)
     return {
         "vision_params": sum(params.values()),
         "vision_layers": len(blocks),
         "vision_layer_params": sum(p.numel() for p in blocks[0].parameters()) if blocks else 0,
         "vision_hidden": int(width or 0),
+        "vision_mlp": int(mlp or 0),
     }
 
 

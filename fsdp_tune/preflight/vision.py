@@ -15,6 +15,12 @@ def with_images(spec: RankSpec) -> list[tuple[str, int]]:
     return [(s.label, s.images["image_rows"]) for s in spec.data.sources if s.images and s.images.get("image_rows")]
 
 
+def largest(spec: RankSpec) -> tuple[int, int] | None:
+    """The largest image pre-flight found in the training data (width, height), for the memory plan."""
+    sizes = [tuple(s.images["largest"]) for s in spec.data.sources if s.images and s.images.get("images")]
+    return max(sizes, key=lambda wh: wh[0] * wh[1]) if sizes else None
+
+
 def vision_data_findings(spec: RankSpec) -> list[Finding]:
     found = with_images(spec)
     if not found:

@@ -115,3 +115,30 @@ def test_rank0_cuts_where_the_image_tokens_are_counted() -> None:
     assert fit(cut, image, [16], 9, 22) == "" and cut.input_ids == ids[:7] and cut.truncated  # text after it cut
     assert fit(seq(), image, [16], 9, 17) == "image-cut"  # max_seq_len would cut into the image's tokens
     assert fit(seq(), [], [], 9, 30) == "image-count"
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
+    """The planner's tower count is the model's; its image tokens for a size are the processor's own count."""
+    from transformers import AutoModelForImageTextToText
+
+    from fsdp_tune.config.model_kinds import FAMILIES
+    from fsdp_tune.planner.plan import memory_plan
+    from fsdp_tune.planner.shape import measure
+    from fsdp_tune.validate import check
+    from tests.conftest import FIXTURES
+
+    folder = str(vlms[family])
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    row = measure(folder)
+    family_row = FAMILIES[family]
+    parts = (model.get_submodule(family_row.tower), model.get_submodule(family_row.projector))
+    tower = {id(p): p.numel() for part in parts for p in part.parameters()}  # Qwen2-VL's projector is in its tower
+    assert row.vision_params == sum(tower.values()) and row.vision_layers == 2
+    assert row.n_layers == 2 and row.layer_class in ("Qwen2VLDecoderLayer", "LlamaDecoderLayer")
+    cfg = check(str(FIXTURES / "tiny_lora.yaml"), ["--model_name_or_path", folder, "--chat_template_format", "none"])
+    processor = _processor(vlms, family)
+    for size in ((448, 448), (64, 48), (30, 80), (1000, 200)):
+        plan = memory_plan(cfg.config, on_cpu=True, image_size=size)
+        want = processor._get_num_multimodal_tokens(image_sizes=[(size[1], size[0])]).num_image_tokens[0]
+        assert plan["vision"]["tokens_per_image"] == want, (size, plan["vision"])
