@@ -90,19 +90,7 @@ def memory_plan(
         "advice": [],
         "advice_searched": 0,
     }
-    load = image_load(cfg, image_size)
-    if load is not None:  # a vision-language model: its tower, and an image's patches and tokens (planner/vision.py)
-        result["vision"] = describe(shape, load, cfg)
-        said = "the data's largest image" if not load.assumed else "assumed; train's plan takes the data's largest"
-        result["assumptions"].append(
-            f"images: one a sequence, {load.width}x{load.height} ({said}): {load.patches} patches in the tower, "
-            f"{load.tokens} tokens of max_seq_len in the language model"
-        )
-        if not (cfg.model.freeze_vision_tower and cfg.model.freeze_multi_modal_projector):
-            result["notes"].append(
-                "the trainable count and its optimizer state are the language model's LoRA; the vision tower's LoRA "
-                "or a projector trained whole add to them (not counted)"
-            )
+    _vision(cfg, shape, image_size, result)
     if on_cpu:
         per_rank = est.cpu_rank_peak_bytes() / GiB
         result.update(per_gpu_memory_gib=None, per_rank_host_peak_gib=round(per_rank, 2), gpu_memory_gib=None)
@@ -110,6 +98,24 @@ def memory_plan(
         return result
     result.update(device_memory(est, budget))
     return _advise(cfg, result, Target(shape, gpu, budget, host_gib, stack, loading))
+
+
+def _vision(cfg: RunConfig, shape, image_size, result: dict) -> None:
+    """A vision-language model's tower, and an image's patches and tokens, with the size assumed (planner/vision.py)."""
+    load = image_load(cfg, image_size)
+    if load is None:
+        return
+    result["vision"] = describe(shape, load, cfg)
+    said = "the data's largest image" if not load.assumed else "assumed; train's plan takes the data's largest"
+    result["assumptions"].append(
+        f"images: one a sequence, {load.width}x{load.height} ({said}): {load.patches} patches in the tower, "
+        f"{load.tokens} tokens of max_seq_len in the language model"
+    )
+    if not (cfg.model.freeze_vision_tower and cfg.model.freeze_multi_modal_projector):
+        result["notes"].append(
+            "the trainable count and its optimizer state are the language model's LoRA; the vision tower's LoRA "
+            "or a projector trained whole add to them (not counted)"
+        )
 
 
 def _advise(cfg: RunConfig, result: dict, target: Target) -> dict:

@@ -115,7 +115,7 @@ class TokenCheck:
                 found.other += 1
                 continue
             try:
-                skip, _, _ = encode_row(row, fmt, roles, self.encoder, train_all)
+                skip, _ = encode_row(row, fmt, roles, self.encoder, train_all)
             except Exception as e:  # noqa: BLE001 - what would stop rank 0 (--mask_fallback error, a template's own)
                 found.fails.append((where, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"))
                 continue

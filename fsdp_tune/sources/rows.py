@@ -36,33 +36,32 @@ IMAGE_COLUMNS = ("images", "image_tokens")  # a vision-language run's (vision_ro
 
 def encode_row(
     row: dict, form: Format, roles: dict, encoder: Encoder, train_all: bool, root: Path | None = None
-) -> tuple[str, list[Encoded], list]:
-    """(why the row is skipped, or ""; its sequences with an answer left after the cut at max_seq_len; each one's
-    (images, token counts), for a row with images in a vision-language run: sources/vision_rows.py, `root` the folder of
-    its relative image paths). The launcher's pre-flight (preflight/tokens.py) calls it too, on the rows it
-    reads (without images: their tokens are counted on rank 0)."""
+) -> tuple[str, list[Encoded]]:
+    """(why the row is skipped, or ""; its sequences with an answer left after the cut at max_seq_len; a row with
+    images in a vision-language run: each carrying its images and their token counts, sources/vision_rows.py, `root`
+    the folder of its relative image paths). The launcher's pre-flight (preflight/tokens.py) calls it too, on the
+    rows it reads (there without images: their tokens are counted on rank 0)."""
     problems = [p for p in check_row(row, form, roles) if p.skips]
     if problems:
-        return problems[0].code, [], []
+        return problems[0].code, []
     converted = to_trl(row, form, roles)
     if converted.get("images") and encoder.text_only:
-        return "no-vision", [], []
-    media: list = []
+        return "no-vision", []
     try:
         if converted.get("images") and encoder.images is not None:
-            why, sequences, media = vision_rows.sequences(encoder, converted, train_all, root or Path.cwd())
+            why, sequences = vision_rows.sequences(encoder, converted, train_all, root or Path.cwd())
             if why:
-                return why, [], []
+                return why, []
         else:
             sequences = encoder.encode(converted, train_all)
     except TooLarge:
-        return "too-large", [], []
+        return "too-large", []
     except RowRejected:
-        return "template", [], []
-    kept = [(s, m) for s, m in zip(sequences, media or [([], [])] * len(sequences), strict=True) if any(s.mask)]
+        return "template", []
+    kept = [s for s in sequences if any(s.mask)]
     if kept:
-        return "", [s for s, _ in kept], [m for _, m in kept]
-    return ("too-long" if any(s.truncated for s in sequences) else "no-loss"), [], []
+        return "", kept
+    return ("too-long" if any(s.truncated for s in sequences) else "no-loss"), []
 
 
 def encode_batch(
@@ -81,19 +80,20 @@ def encode_batch(
     columns = COLUMNS + (IMAGE_COLUMNS if encoder.images is not None else ())
     out: dict[str, list] = {c: [] for c in columns}
 
-    def emit(ids: list[int], mask: list[int], skip: str, row: int, s: Encoded | None = None, m=([], [])) -> None:
+    def emit(ids: list[int], mask: list[int], skip: str, row: int, s: Encoded | None = None) -> None:
         extra = (s.truncated, _note(s.problems), s.clipped) if s is not None else (False, "", False)
-        values = (ids, mask, skip, row, len(ids), sum(mask), *extra, *m)
-        for column, value in zip(columns, values, strict=False):
+        media = (s.images, s.image_tokens) if s is not None else ([], [])
+        values = (ids, mask, skip, row, len(ids), sum(mask), *extra, *media)
+        for column, value in zip(columns, values, strict=False):  # the image columns only where they are
             out[column].append(value)
 
     for k, index in enumerate(indices):
         row = {column: values[k] for column, values in batch.items()}
-        skip, sequences, media = encode_row(row, form, roles, encoder, train_all, Path(root) if root else None)
+        skip, sequences = encode_row(row, form, roles, encoder, train_all, Path(root) if root else None)
         if skip:
             emit([], [], skip, index)
-        for s, m in zip(sequences, media or [([], [])] * len(sequences), strict=True):
-            emit(s.input_ids, s.mask, "", index, s, m)
+        for s in sequences:
+            emit(s.input_ids, s.mask, "", index, s)
     return out
 
 

@@ -110,26 +110,24 @@ def fit(seq: Encoded, images: list[dict], counts: list[int], token_id: int, max_
     return ""
 
 
-def sequences(encoder, row: dict[str, Any], train_all: bool, root: Path) -> tuple[str, list[Encoded], list]:
-    """(why the row is skipped, or ""; its sequences; each sequence's (images, token counts))."""
+def sequences(encoder, row: dict[str, Any], train_all: bool, root: Path) -> tuple[str, list[Encoded]]:
+    """(why the row is skipped, or ""; its sequences, each with the images its placeholders name and their counts)."""
     try:
         images = [stored(ref, root) for ref in row["images"]]
         counts = [encoder.images.count(image) for image in images]
     except (OSError, ValueError, SyntaxError):
-        return "bad-image", [], []
+        return "bad-image", []
     token = encoder.images.token_id
     found = encoder.sequences({k: v for k, v in row.items() if k != "images"}, train_all, cut=False)
     if not any(token in seq.input_ids for seq in found):
-        return "template-images", [], []
-    kept, media = [], []
+        return "template-images", []
     for seq in found:
         why = fit(seq, images, counts, token, encoder.max_len)
         if why:
-            return why, [], []
+            return why, []
         n = seq.input_ids.count(token)
-        kept.append(seq)
-        media.append((images[:n], counts[:n]))
-    return "", kept, media
+        seq.images, seq.image_tokens = images[:n], counts[:n]
+    return "", found
 
 
 def image_counts(train, evaluation) -> dict[str, Any]:
