@@ -21,7 +21,7 @@ from fsdp_tune.worker import faults, phases, process
 from fsdp_tune.worker.data.lengths import packed, truncated_rows
 from fsdp_tune.worker.data.preference_lengths import preference_truncation
 from fsdp_tune.worker.data.prepare import Prepared
-from fsdp_tune.worker.data.vision_collate import collator_for
+from fsdp_tune.worker.data.vision_collate import collator_for, dummy_batches
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.build import Loaded, load
 from fsdp_tune.worker.loading.processor import load_processing, save_processor
@@ -256,6 +256,9 @@ class Recipe:
     def write_summary(self, built: Built, result, truncation, saved: dict, data: Prepared, loaded: Loaded) -> None:
         loading = loaded.report.summary()  # a collective, as collect is
         trainer, d = built.trainer, self.spec.data
+        dummies = dummy_batches(trainer.data_collator)  # a collective too: the guard's batches, each rank's
+        if dummies is not None:
+            data.report.setdefault("images", {})["dummy_batches"] = dummies
         if d.packing:  # the sequences TRL packed, into how many rows (#25: "50 rows -> 50 sequences" said nothing)
             data.report["packed"] = packed(
                 trainer.train_dataset, len(data.train), trainer.args.packing_strategy, d.max_seq_len

@@ -154,3 +154,19 @@ def test_without_the_guard_the_same_mix_fails(launched) -> None:
     said = proc.stderr + proc.stdout + launched["logs"] + (result or {}).get("error", "")
     signs = ("collective mismatch", "doesn't match expected size", "Connection reset", "Timed out", "timeout")
     assert any(s in said for s in signs), said[-4000:]
+
+
+def test_chat_answers_about_an_image(launched, tmp_path) -> None:
+    """`chat RUN --image FILE`'s pieces: the run's processor and adapter, a prompt with the image, an answer."""
+    from fsdp_tune.tools.chat import answer, image_for, load
+    from tests.dist.vision_driver import probe_image
+
+    _, _, out = launched["runs"]["llava"]
+    picture = tmp_path / "probe.png"
+    probe_image().save(picture)
+    chat = load(str(out), device="cpu")
+    assert chat.processor is not None and "reads images" in chat.described
+    reply = answer(
+        chat, [{"role": "user", "content": "What color?"}], 4, 0.0, stream=False, image=image_for(chat, str(picture))
+    )
+    assert isinstance(reply, str)

@@ -178,3 +178,13 @@ def test_the_plan_says_what_trains_and_what_the_images_are(tmp_path) -> None:
     assert "vision: Qwen2-VL, vision-language model; vision tower (model.visual) frozen" in text
     assert "every rank runs the vision tower each step" in text
     assert f"images: {data} [train]: 3 rows with images, 3 text-only; largest 64x48" in text
+
+
+def test_an_image_for_a_language_models_chat_is_refused(tmp_path) -> None:
+    from fsdp_tune.errors import UsageError
+    from fsdp_tune.tools.chat import Chat, image_for
+
+    text_run = Chat(model=None, tokenizer=None, device="cpu", described="", processor=None)
+    with pytest.raises(UsageError, match="reads no images"):
+        image_for(text_run, str(tmp_path / "a.png"))
+    assert image_for(text_run, None) is None

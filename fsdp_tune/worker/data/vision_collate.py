@@ -110,6 +110,20 @@ def _spliced(rows: list[tuple[list[int], list[int]]], expanded: list[list[int]],
     return out
 
 
+def dummy_batches(collator) -> list[int] | None:
+    """Each rank's batches that got the guard's image (a collective: every rank calls it), for the summary; None
+    for a run without the vision collator."""
+    if not isinstance(collator, VisionCollator):
+        return None
+    import torch.distributed as dist
+
+    counts = [collator.dummies]
+    if dist.is_available() and dist.is_initialized():
+        counts = [None] * dist.get_world_size()
+        dist.all_gather_object(counts, collator.dummies)
+    return counts
+
+
 def collator_for(spec, data, processor, tokenizer) -> VisionCollator | None:
     """The vision collator when the prepared rows carry images (None: TRL's own, for text; data without any image
     trains as text on every rank alike, since every rank reads the same prepared data)."""
