@@ -53,8 +53,6 @@ def test_both_towers_and_the_projector_are_fsdp_units(folder: str, units: list[s
     assert spec.model.kind == VISION_LANGUAGE and spec.model.vision.guard == "dummy_image"
     assert spec.fsdp_config["transformer_layer_cls_to_wrap"] == units
     assert spec.trainer_args["remove_unused_columns"] is False  # each row's images reach the collator
-    if spec.loading.sharded is not None:
-        assert list(spec.loading.sharded.layer_cls) == units
 
 
 def _excluded(spec, name: str) -> bool:
@@ -188,3 +186,28 @@ def test_an_image_for_a_language_models_chat_is_refused(tmp_path) -> None:
     with pytest.raises(UsageError, match="reads no images"):
         image_for(text_run, str(tmp_path / "a.png"))
     assert image_for(text_run, None) is None
+
+
+def test_a_gpu_runs_decisions_for_a_vision_model(tmp_path) -> None:
+    """On 8 H100s in bf16 (decided, not run): both towers and the projector are units under one bf16 policy, and
+    what trains is upcast to fp32 as accelerate does, so every unit's trainable tensors share one dtype."""
+    import shutil
+    import struct
+
+    from fsdp_tune.decide.machine import Machine
+
+    model = tmp_path / "qwen2_vl"
+    shutil.copytree(QWEN, model)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)  # sharded loading
+    gpus = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8)
+    flags = ["--model_name_or_path", str(model), *VLM, "--use_cpu", "false", "--num_processes", "8", "--bf16", "true"]
+    spec, _ = checked_spec(*flags, config=BASE, machine=gpus)
+    assert spec.device == "cuda" and spec.backend == "nccl" and spec.model.dtype == "bfloat16"
+    units = ["Qwen2VLDecoderLayer", "Qwen2VLVisionBlock", "PatchMerger"]
+    assert spec.unit_fsdp_config["transformer_layer_cls_to_wrap"] == units
+    assert spec.model.vision.guard == "dummy_image"  # the same guard: NCCL would wait 30 minutes without it
+    plan = spec.loading.sharded
+    assert spec.loading.path == "sharded" and list(plan.layer_cls) == units
+    assert plan.mp_policy == {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "output_dtype": "bfloat16"}
+    assert plan.upcast_trainable
