@@ -55,7 +55,7 @@ def qwen2_vl(tok):
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from fsdp_tune.worker.loading.processor import image_only
+    from fsdp_tune.models.processor import image_only
 
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # head_dim 16: 8 = 2+3+3
@@ -119,7 +119,7 @@ FAMILIES = {"qwen2_vl": qwen2_vl, "llava": llava}
 def build(family: str, out_dir: str) -> Path:
     import torch
 
-    from fsdp_tune.worker.loading.processor import save_processor
+    from fsdp_tune.models.processor import save_processor
 
     model_class, config, processor = FAMILIES[family](tokenizer(family))
     torch.manual_seed(SEED)

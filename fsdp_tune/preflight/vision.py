@@ -30,11 +30,16 @@ def vision_data_findings(spec: RankSpec) -> list[Finding]:
         return [_no_vision(spec, where, rows)]
     out = []
     for refusal in VISION_DATA_REFUSES:
-        value = spec.data.packing if refusal.key == "packing" else spec.trainer_args.get(refusal.key)
-        if value == refusal.refused:
+        if _value(spec, refusal.key) == refusal.refused:
             message = f"--{refusal.key} {refusal.refused} with images in the data ({where}: {rows} rows): {refusal.why}"
             out.append(Finding("PF081", Severity.ERROR, f"--{refusal.key}", "command line", message, refusal.hint))
     return out
+
+
+def _value(spec: RankSpec, key: str):
+    """A refused setting's value as the ranks get it: the data spec's typed fields, else the trainer's argument."""
+    typed = {"packing": spec.data.packing, "truncation_mode": spec.data.truncation_mode}
+    return typed[key] if key in typed else spec.trainer_args.get(key)
 
 
 def _no_vision(spec: RankSpec, where: str, rows: int) -> Finding:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import SFT
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.model_kinds import FAMILIES, VISION_LANGUAGE, family_of, kind_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
@@ -38,16 +38,16 @@ def known_family(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT126", "model", "vision-language models train with SFT")
+@rule("FT126", "model", "vision-language models train on SFT data")
 def vision_method(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method == SFT or kind_of(_config(cfg)) != VISION_LANGUAGE:
+    if row_of(cfg.run.method).data == "sft" or kind_of(_config(cfg)) != VISION_LANGUAGE:
         return
     yield error(
         cfg,
         "FT126",
         "run.method",
-        f"{cfg.run.method} on a vision-language model: fsdp-tune prepares images for SFT only (its preference "
-        "data carries no images)",
+        f"{cfg.run.method} on a vision-language model: fsdp-tune prepares images for SFT's data only (preference "
+        "data carries no images here)",
         "--method sft, or a language model for preference training",
     )
 

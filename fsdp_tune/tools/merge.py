@@ -24,6 +24,7 @@ from pathlib import Path
 
 from fsdp_tune.decide.spec import read_from
 from fsdp_tune.errors import FsdpTuneError, UsageError
+from fsdp_tune.models.processor import save_processor
 from fsdp_tune.runfiles import RESOLVED_NAME
 from fsdp_tune.tools.base import (
     check_adapter_folder,
@@ -34,7 +35,6 @@ from fsdp_tune.tools.base import (
 )
 from fsdp_tune.tools.quiet import quiet_transformers
 from fsdp_tune.tools.vision import image_prompt, processor_of, reads_images
-from fsdp_tune.worker.loading.processor import save_processor
 
 DTYPES = {
     "bf16": "bfloat16",
@@ -123,7 +123,7 @@ def merge(
         )
     merged.save_pretrained(out, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    if processor is not None:  # a vision-language model's processor travels with it (worker/loading/processor.py)
+    if processor is not None:  # a vision-language model's processor travels with it (models/processor.py)
         save_processor(processor, out)
     del merged, model
     gc.collect()

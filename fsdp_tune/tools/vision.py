@@ -29,7 +29,7 @@ def reads_images(base: str) -> bool:
 
 def processor_of(run_dir: Path, base: str):
     """The processor the run saved (worker/recipe.py), else the base model's."""
-    from fsdp_tune.worker.loading.processor import load_processor
+    from fsdp_tune.models.processor import load_processor
 
     saved = any((run_dir / f).exists() for f in PROCESSOR_FILES)
     return load_processor(str(run_dir) if saved else base)

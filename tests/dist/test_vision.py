@@ -107,8 +107,8 @@ def test_mixed_batches_train_and_the_adapter_reloads(launched, case: Case) -> No
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
+    from fsdp_tune.models.processor import load_processor
     from fsdp_tune.tools.vision import image_prompt
-    from fsdp_tune.worker.loading.processor import load_processor
     from tests.dist.vision_driver import QUESTION, probe_image
 
     result, model_dir, out = launched["runs"][case.name]
@@ -132,8 +132,8 @@ def test_mixed_batches_train_and_the_adapter_reloads(launched, case: Case) -> No
 
 
 def test_the_merged_model_carries_the_processor(launched, tmp_path) -> None:
+    from fsdp_tune.models.processor import load_processor
     from fsdp_tune.tools.merge import merge
-    from fsdp_tune.worker.loading.processor import load_processor
 
     _, model_dir, out = launched["runs"]["qwen2_vl"]
     merged = tmp_path / "merged"

@@ -19,13 +19,13 @@ def vlms(model_cache):
 
 
 def _processor(vlms, family):
-    from fsdp_tune.worker.loading.processor import load_processor
+    from fsdp_tune.models.processor import load_processor
 
     return load_processor(str(vlms[family]))
 
 
 def test_the_processor_loads_and_saves_without_torchvision(vlms, tmp_path) -> None:
-    from fsdp_tune.worker.loading.processor import load_processor, save_processor
+    from fsdp_tune.models.processor import load_processor, save_processor
 
     processor = _processor(vlms, "qwen2_vl")
     assert type(processor).__name__ == "Qwen2VLProcessor" and not hasattr(processor, "video_processor")
