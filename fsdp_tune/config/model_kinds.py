@@ -84,7 +84,7 @@ FAMILIES: dict[str, VisionFamily] = {
         projector_class="Qwen2_5_VLPatchMerger",
         tower_linears=QWEN_VL_LINEARS,
         image_tokens="merged_patches",
-        tested=False,
+        tested=True,
     ),
     "llava": VisionFamily(
         "llava",

@@ -2,6 +2,7 @@
 (models/tiny.py's tokenizer recipe, the family's image tokens added, a chat template that renders image blocks).
 
     qwen2_vl   Qwen2-VL: a ViT of Qwen2VLVisionBlock's whose PatchMerger is the projector, Qwen2 decoder layers
+    qwen2_5_vl Qwen2.5-VL: the same layout, windowed attention in the tower (one block of full attention)
     llava      LLaVA: a CLIP vision tower, LlavaMultiModalProjector, Llama decoder layers
 
 Both image processors are the PIL ones (no torchvision). Run as `python -m fsdp_tune.models.tiny_vlm FAMILY OUT_DIR`;
@@ -37,9 +38,10 @@ _CHAT = (
 QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 TEMPLATES = {
     "qwen2_vl": _CHAT.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>"),
+    "qwen2_5_vl": _CHAT.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>"),
     "llava": _CHAT.replace("IMAGE", "<image>\n"),
 }
-TOKENS = {"qwen2_vl": QWEN_TOKENS, "llava": ("<image>",)}
+TOKENS = {"qwen2_vl": QWEN_TOKENS, "qwen2_5_vl": QWEN_TOKENS, "llava": ("<image>",)}
 
 
 def tokenizer(family: str):
@@ -73,6 +75,30 @@ def qwen2_vl(tok):
     images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112)
     processor = image_only(Qwen2VLProcessor)(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
     return Qwen2VLForConditionalGeneration, config, processor
+
+
+def qwen2_5_vl(tok):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from fsdp_tune.models.processor import image_only
+
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=TEXT["hidden_size"])
+    config = Qwen2_5_VLConfig(
+        text_config=dict(**TEXT, vocab_size=len(tok), rope_parameters=rope, **_special(tok)),
+        vision_config={**vision, "window_size": 56, "fullatt_block_indexes": [1]},
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112)
+    processor = image_only(Qwen2_5_VLProcessor)(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
+    return Qwen2_5_VLForConditionalGeneration, config, processor
 
 
 def llava(tok):
@@ -113,7 +139,7 @@ def _special(tok) -> dict:
     return dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
 
 
-FAMILIES = {"qwen2_vl": qwen2_vl, "llava": llava}
+FAMILIES = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "llava": llava}
 
 
 def build(family: str, out_dir: str) -> Path:

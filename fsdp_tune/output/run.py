@@ -154,7 +154,8 @@ def vision_lines(spec: RankSpec) -> list[str]:
         f"projector ({v.projector}) " + ("trains whole" if v.train_projector else "frozen"),
     ]
     guard = "a batch without images gets a dummy image: every rank runs the vision tower each step"
-    lines = [f"  vision: {family.title}, {KINDS[spec.model.kind].title}; {', '.join(parts)}; {guard}"]
+    title = family.title + ("" if family.tested else " (its row is by reading: no test of fsdp-tune trains it)")
+    lines = [f"  vision: {title}, {KINDS[spec.model.kind].title}; {', '.join(parts)}; {guard}"]
     for s in spec.data.sources:
         if s.images and s.images.get("image_rows"):
             w, h = s.images["largest"]

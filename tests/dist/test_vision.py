@@ -1,5 +1,5 @@
 """Vision-language LoRA under FSDP2 on 2 CPU ranks, in one torchrun launch (tests/dist/vision_driver.py): a tiny
-random Qwen2-VL and a tiny LLaVA, each on data whose even rows hold an image and odd rows are text only, read in
+random Qwen2-VL, Qwen2.5-VL and LLaVA, each on data whose even rows hold an image and odd rows are text only, read in
 order, so one rank's batches have images while the other's have none, every step. Each run finishes (no hang, within
 the launch's bounded timeout) with its loss falling, its adapter reloads outside FSDP and changes the logits on an
 image prompt (as the sharded model gave them), and the processor is in the run folder and in the merged model. Last
@@ -41,6 +41,7 @@ class Case:
 
 CASES = [
     Case("qwen2_vl", "qwen2_vl"),
+    Case("qwen2_5_vl", "qwen2_5_vl", spelling="inline"),  # each image block carries its image
     Case("llava", "llava", spelling="sharegpt"),
     Case("qwen2_vl-unguarded", "qwen2_vl", unguarded=True),  # last: it ends the launch
 ]

@@ -49,7 +49,7 @@ def _example(processor, i: int, image: bool, root) -> dict:
     return {"input_ids": enc.input_ids, "assistant_masks": enc.mask, "images": images, "image_tokens": counts}
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
 def test_the_collator_builds_what_the_processor_builds(vlms, tmp_path, family: str) -> None:
     from PIL import Image
 
@@ -75,7 +75,7 @@ def test_the_collator_builds_what_the_processor_builds(vlms, tmp_path, family: s
     assert (batch["labels"][0] != -100).sum() > 0
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
 def test_the_dummy_image_changes_no_real_token(vlms, tmp_path, family: str) -> None:
     """A text-only batch with the guard's image gives the loss and every real token's logits the batch gives
     without it (its tokens sit past the shortest row's end, none in the loss)."""
@@ -117,7 +117,7 @@ def test_rank0_cuts_where_the_image_tokens_are_counted() -> None:
     assert fit(seq(), [], [], 9, 30) == "image-count"
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
 def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
     """The planner's tower count is the model's; its image tokens for a size are the processor's own count."""
     from transformers import AutoModelForImageTextToText
@@ -135,7 +135,11 @@ def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
     parts = (model.get_submodule(family_row.tower), model.get_submodule(family_row.projector))
     tower = {id(p): p.numel() for part in parts for p in part.parameters()}  # Qwen2-VL's projector is in its tower
     assert row.vision_params == sum(tower.values()) and row.vision_layers == 2
-    assert row.n_layers == 2 and row.layer_class in ("Qwen2VLDecoderLayer", "LlamaDecoderLayer")
+    assert row.n_layers == 2 and row.layer_class in (
+        "Qwen2VLDecoderLayer",
+        "Qwen2_5_VLDecoderLayer",
+        "LlamaDecoderLayer",
+    )
     cfg = check(str(FIXTURES / "tiny_lora.yaml"), ["--model_name_or_path", folder, "--chat_template_format", "none"])
     processor = _processor(vlms, family)
     for size in ((448, 448), (64, 48), (30, 80), (1000, 200)):
