@@ -266,6 +266,7 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     from fsdp_tune.output.plan import format_plan
     from fsdp_tune.planner.plan import memory_plan
     from fsdp_tune.preflight.memory import planned_gpu, ranks_gpus
+    from fsdp_tune.preflight.vision import largest
 
     cfg, spec = planned.config, planned.spec
     # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan (an H100's)
@@ -274,7 +275,9 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     key, memory = planned_gpu(cards) if cards else ("h100", None)
     host = None if simulated or not (cards or on_cpu) else available_ram_gib()
     try:
-        result = memory_plan(cfg, key, memory, on_cpu=on_cpu, loading=spec.loading.path, host_gib=host)
+        result = memory_plan(
+            cfg, key, memory, on_cpu=on_cpu, loading=spec.loading.path, host_gib=host, image_size=largest(spec)
+        )
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")
         return

@@ -21,6 +21,7 @@ from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, mesh_sizes
 from fsdp_tune.decide.spec import Loading, ShardedPlan
+from fsdp_tune.decide.vision import layer_classes
 from fsdp_tune.sources import model as model_source
 from fsdp_tune.sources.moe import has_experts
 
@@ -114,7 +115,7 @@ def sharded_plan(cfg: RunConfig, d: Derived, qlora_policy: dict[str, str] | None
         dtype = DTYPE_OF_PRECISION[d.precision]
         policy = {"param_dtype": dtype, "reduce_dtype": dtype, "output_dtype": dtype}
     return ShardedPlan(
-        layer_cls=tuple(f.transformer_layer_cls_to_wrap),
+        layer_cls=layer_classes(cfg),  # the user's, or a vision-language family's (decide/vision.py)
         reshard_after_forward=f.reshard_after_forward,
         activation_checkpointing=f.activation_checkpointing,
         activation_checkpointing_offload=f.activation_checkpointing_offload and not d.on_cpu,

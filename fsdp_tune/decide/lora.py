@@ -8,6 +8,7 @@ from typing import Any
 from fsdp_tune.config.lora_fields import VERDICTS
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.vision import scoped_lora
 from fsdp_tune.sources.moe import param_targets
 
 
@@ -31,7 +32,7 @@ def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
             kwargs[name] = list(value) if isinstance(value, tuple) else value
     if cfg.model.model_revision:
         kwargs["revision"] = cfg.model.model_revision  # recorded in adapter_config.json, as PEFT does
-    return kwargs
+    return scoped_lora(cfg, kwargs)  # a vision-language model's language model, by default (decide/vision.py)
 
 
 def dropout(cfg: RunConfig) -> float:

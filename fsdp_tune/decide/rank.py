@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide import vision
 from fsdp_tune.decide.data import data_spec
 from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.decide.env import backend, rank_env
@@ -163,8 +164,8 @@ def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:
             out["use_orig_params"] = False
     else:
         out["reshard_after_forward"] = f.reshard_after_forward
-    if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and f.transformer_layer_cls_to_wrap:
-        out["transformer_layer_cls_to_wrap"] = list(f.transformer_layer_cls_to_wrap)
+    if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and vision.layer_classes(cfg):
+        out["transformer_layer_cls_to_wrap"] = list(vision.layer_classes(cfg))  # a vision model's: both towers
     if f.auto_wrap_policy == "SIZE_BASED_WRAP":
         out["min_num_params"] = f.min_num_params
     return out
@@ -201,6 +202,7 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
     if not args["fp16"]:
         args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
     args.setdefault("report_to", "none")
+    args = vision.trainer_args(cfg, args)  # a vision-language model's rows keep their images (decide/vision.py)
     return method_args(cfg, args)  # what the method's TRL config takes (decide/method.py)
 
 
@@ -235,6 +237,8 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
         chat_template=None if template == "none" else template,
         adapter=os.path.abspath(os.path.expanduser(cfg.model.adapter)) if cfg.model.adapter else None,
         reference=cfg.model.reference if cfg.model.adapter else "base",
+        kind=vision.model_kind(cfg),  # config/model_kinds.py: the Auto class, a processor or not
+        vision=vision.vision_spec(cfg),
     )
 
 

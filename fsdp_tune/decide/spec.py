@@ -40,6 +40,22 @@ class World:
 
 
 @dataclass(frozen=True)
+class VisionSpec:
+    """A vision-language model's decisions (decide/vision.py): its family's row (config/model_kinds.py), what trains
+    besides the language model, and how every rank runs the vision tower's collectives each step."""
+
+    family: str  # the row's model_type
+    tower: str  # the vision tower's module path
+    projector: str  # the projector's module path
+    train_tower: bool  # --freeze_vision_tower false: the tower trains too (LoRA on its linear layers)
+    train_projector: bool  # --freeze_multi_modal_projector false: the projector trains whole
+    # "dummy_image": a batch without images gets one tiny image whose tokens sit past every row's end (no row
+    # attends to them, none is in the loss), so every rank runs the vision tower, and its FSDP all-gathers, every
+    # step (worker/data/vision_collate.py)
+    guard: Literal["dummy_image", "none"] = "dummy_image"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name_or_path: str  # what from_pretrained reads (a builtin model's folder once materialised)
     requested: str  # as the user named it (builtin:tiny-llama, a hub id, a folder)
@@ -53,6 +69,9 @@ class ModelSpec:
     # DPO/KTO's reference: "base" (the base model: a fresh adapter's start) or "adapter" (a frozen copy of the
     # starting adapter); on the sharded path it is the frozen "ref" adapter either way (worker/loading/reference.py)
     reference: Literal["base", "adapter"] = "base"
+    # the model's kind (config/model_kinds.py): its Auto class, a processor or not
+    kind: Literal["causal_lm", "vision_language"] = "causal_lm"
+    vision: VisionSpec | None = None  # a vision-language model's decisions
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,22 @@ def _tokenized(found: dict[str, Any] | None) -> str:
     return f"; tokenized here: {part}, {skipped}"
 
 
+def image_lines(report: dict[str, Any]) -> list[str]:
+    """A vision-language run's images, and the batches that ran the vision tower on the guard's dummy image."""
+    images = report.get("images") or {}
+    seen, dummies = images.get("train"), images.get("dummy_batches")
+    lines = []
+    if seen:
+        lines.append(
+            f"  data: {seen['image_sequences']} of {report['sequences']} training sequences have images "
+            f"({seen['images']} images, {seen['image_tokens']} image tokens)"
+        )
+    if dummies:
+        each = ", ".join(f"rank {i}: {n}" for i, n in enumerate(dummies))
+        lines.append(f"  vision: batches without images that ran the tower on a dummy image: {each}")
+    return lines
+
+
 def summary_lines(report: dict[str, Any] | None) -> list[str]:
     """The summary's data lines: formats and rows, skipped rows by reason, the share of tokens in the loss."""
     if not report:
@@ -83,6 +99,7 @@ def summary_lines(report: dict[str, Any] | None) -> list[str]:
         )
     if report.get("loss_share") is not None:
         lines.append(f"  data: {report['loss_share']:.1%} of the {report['tokens']} training tokens are in the loss")
+    lines += image_lines(report)
     held = report.get("eval")
     if held and held["tokens"]:
         share = held["loss_tokens"] / held["tokens"]

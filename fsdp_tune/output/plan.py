@@ -10,6 +10,20 @@ from fsdp_tune.planner.grpo import GENERATION, LOG_PROBS
 METHOD_PHASES = (GENERATION, LOG_PROBS)  # phases before the training step (GRPO's), said even off the peak
 
 
+def vision_lines(plan: dict[str, Any]) -> list[str]:
+    """A vision-language model's tower and an image's patches and tokens (planner/vision.py)."""
+    v = plan.get("vision")
+    if not v:
+        return []
+    image = v["image"]
+    return [
+        f"vision: {v['family']}, tower and projector {v['tower_and_projector_params'] / 1e6:.1f}M parameters "
+        f"({v['tower_blocks']} blocks; tower {v['tower']}, projector {v['projector']}); a {image['width']}x"
+        f"{image['height']} image{' (assumed)' if image['assumed'] else ''}: {v['patches_per_image']} patches, "
+        f"{v['tokens_per_image']} tokens"
+    ]
+
+
 def format_plan(plan: dict[str, Any]) -> str:
     m = plan["model"]
     method = plan.get("method", SFT)
@@ -18,6 +32,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"model: {m['name']} ({plan['total_params'] / 1e9:.2f}B parameters, {m['layers']} x {m['layer_class']}); "
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
     ]
+    lines += vision_lines(plan)
     if plan["per_gpu_memory_gib"] is not None:
         low, high = plan["range_gib"]
         lines.append(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fsdp_tune.config.methods import SFT, metric_keys, row_of
+from fsdp_tune.config.model_kinds import FAMILIES, KINDS
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
 from fsdp_tune.decide.spec import RankSpec
@@ -118,6 +119,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
             f"  QLoRA: 4-bit {q['bnb_4bit_quant_type']}, storage {q['bnb_4bit_quant_storage']}, compute "
             f"{q['bnb_4bit_compute_dtype']}, nested={show(q['bnb_4bit_use_double_quant'])}"
         )
+    lines += vision_lines(spec)
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
     lines += plan_lines(d, d.packing_strategy)
@@ -145,6 +147,29 @@ def method_lines(spec: RankSpec) -> list[str]:
         lines += grpo_lines(spec)
     if m.adapter:
         lines.append(f"  start: the adapter in {m.adapter} (its LoRA shape, its weights)")
+    return lines
+
+
+def vision_lines(spec: RankSpec) -> list[str]:
+    """A vision-language model's plan: what trains, the guard, and the images pre-flight found."""
+    v = spec.model.vision
+    if v is None:
+        return []
+    family = FAMILIES[v.family]
+    parts = [
+        f"vision tower ({v.tower}) " + ("trains (LoRA)" if v.train_tower else "frozen"),
+        f"projector ({v.projector}) " + ("trains whole" if v.train_projector else "frozen"),
+    ]
+    guard = "a batch without images gets a dummy image: every rank runs the vision tower each step"
+    title = family.title + ("" if family.tested else " (its row is by reading: no test of fsdp-tune trains it)")
+    lines = [f"  vision: {title}, {KINDS[spec.model.kind].title}; {', '.join(parts)}; {guard}"]
+    for s in spec.data.sources:
+        if s.images and s.images.get("image_rows"):
+            w, h = s.images["largest"]
+            lines.append(
+                f"  images: {s.label}: {s.images['image_rows']} rows with images, {s.images['text_rows']} text-only; "
+                f"largest {w}x{h}"
+            )
     return lines
 
 

@@ -18,6 +18,7 @@ from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight import reach
 from fsdp_tune.preflight.disk import check_disk
 from fsdp_tune.preflight.memory import check_memory
+from fsdp_tune.preflight.vision import vision_data_findings
 from fsdp_tune.rundir import outdir, ownership
 from fsdp_tune.runfiles import links_in
 from fsdp_tune.sources.model import hub_cached, offline
@@ -116,6 +117,7 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
     tokens = TokenCheck(spec) if spec.method.data == "sft" else None  # a preference method's rows: preference_check
     sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method.name)
     spec = replace(spec, data=replace(d, sources=sources))
+    findings += vision_data_findings(spec)  # images for this model and trainer (preflight/vision.py)
     if spec.grpo is not None and not any(f.severity is Severity.ERROR for f in findings):
         from fsdp_tune.preflight.rewards import check_rewards
 

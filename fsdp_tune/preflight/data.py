@@ -13,6 +13,7 @@ from typing import Any
 
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.preflight import images as image_check
 from fsdp_tune.preflight import prompts as prompt_check
 from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, sliced
 from fsdp_tune.preflight.rows import row_findings as _row_findings
@@ -23,7 +24,7 @@ from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
 from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.model import offline
-from fsdp_tune.sources.rowcheck import Problem, check_row
+from fsdp_tune.sources.rowcheck import PREFLIGHT_REFUSES, Problem, check_row
 from fsdp_tune.sources.sample import SCAN_SECONDS, Sample, read_sample
 
 
@@ -118,10 +119,13 @@ def settle_source(
     fmt, as_text = renders_to_text(fmt, first.columns, peft_text_field)
     train_all = source.train_on_prompt or as_text
     tokenized: dict[str, Any] | None = None
-    usable = None
+    usable = images = None
     for s in splits:
         rows = sliced(s, [r for x in samples[s] for r in x.rows])
         findings += check_rows(split_name(s), rows, fmt, source.roles)
+        seen, said = image_check.split_images(split_name(s), rows, fmt, source, first.columns, files)
+        findings += said
+        images = seen if s == source.split else images
         found = tokens.check(rows, fmt, source.roles, train_all) if tokens else None
         if found is not None:
             findings += token_findings(split_name(s), found, tokens.encoder.reach, tokens.max_seq_len)
@@ -138,6 +142,7 @@ def settle_source(
         train_on_prompt=train_all,
         rows_checked=usable,
         tokenized=tokenized,
+        images=images,
     )
     return settled, findings
 
@@ -235,6 +240,8 @@ def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format, roles: dict
             mixed.setdefault(other, []).append(where)
             continue
         for problem in check_row(row, fmt, roles):
+            if problem.code in PREFLIGHT_REFUSES:
+                continue  # refused with the images (PF079, preflight/images.py)
             by_code.setdefault(problem.code, []).append(where)
             first.setdefault(problem.code, problem)
     findings = [

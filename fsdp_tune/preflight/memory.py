@@ -12,6 +12,7 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity, UsageError
+from fsdp_tune.preflight.vision import largest
 
 # nvidia-smi's name -> the planner's GPU (its TFLOP/s and links; the memory is the card's own)
 _GPU_KEYS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("4090", "4090"))
@@ -50,7 +51,7 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
     from fsdp_tune.planner.plan import memory_plan
 
     try:
-        plan = memory_plan(cfg, *planned_gpu(gpus), loading=spec.loading.path)
+        plan = memory_plan(cfg, *planned_gpu(gpus), loading=spec.loading.path, image_size=largest(spec))
     except UsageError as err:
         return [Finding("PF050", Severity.NOTE, "--model_name_or_path", "this machine", f"memory not checked: {err}")]
     card = f"{mib / 1024:.1f} GiB {name}" + (f" (the smallest of {len(gpus)} GPUs here)" if len(gpus) > 1 else "")

@@ -55,4 +55,5 @@ def _load_families() -> None:
         preference,
         quant,
         training,
+        vision,
     )

@@ -29,9 +29,11 @@ class Encoder:
     eos_token: str | None = None  # SFTConfig's eos_token, else the tokenizer's
     keep_end: bool = False  # --truncation_mode keep_end
     seq_len: int | None = None  # max_seq_len, which bounds the work per row even when max_len is None (clip.py)
+    images: Any = None  # a vision-language run's ImageTokens (vision_rows.py): rows with images are measured by it
+    text_only: bool = False  # rank 0 of a language model's run: a row with images is skipped (the launcher: False)
 
     @classmethod
-    def for_run(cls, tokenizer, data: Any) -> Encoder:
+    def for_run(cls, tokenizer, data: Any, images: Any = None) -> Encoder:
         """Cut at max_seq_len as TRL would, here, so the rows whose answer is cut away are counted, not dropped
         silently; TRL's packing strategies that keep every token (bfd_split, wrapped) get whole sequences.
         `data`: the rank spec's DataSpec (its packing and cutting settings)."""
@@ -43,6 +45,7 @@ class Encoder:
             eos_token=data.eos_token,
             keep_end=data.truncation_mode == "keep_end",
             seq_len=data.max_seq_len,
+            images=images,
         )
 
     def encode(self, row: dict[str, Any], train_all: bool) -> list[Encoded]:
@@ -72,7 +75,9 @@ class Encoder:
             raise TooLarge(f"{size:,} characters, over the per-row bound of {reach.bound:,}")
         return row, False
 
-    def sequences(self, row: dict[str, Any], train_all: bool) -> list[Encoded]:
+    def sequences(self, row: dict[str, Any], train_all: bool, cut: bool = True) -> list[Encoded]:
+        """The row's sequences, cut at max_len (`cut`; a row with images is cut where its image tokens are counted:
+        vision_rows.py)."""
         if "messages" in row:
             messages = row["messages"]
             if any(m.get("tool_calls") for m in messages) and not self.renders_tool_calls:
@@ -84,7 +89,7 @@ class Encoder:
             out = [self.prompt_completion(row["prompt"], row["completion"], row.get("tools"), train_all)]
         else:
             out = [self.text(row["text"])]
-        return [truncate(e, self.max_len, self.keep_end) for e in out]
+        return [truncate(e, self.max_len, self.keep_end) for e in out] if cut else out
 
     @cached_property
     def renders_tool_calls(self) -> bool:

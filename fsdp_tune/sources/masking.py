@@ -47,6 +47,10 @@ class Encoded:
     truncated: bool = False
     problems: list[str] = field(default_factory=list)
     clipped: bool = False  # text past max_seq_len's reach was left out before rendering (clip.py)
+    # a vision-language run's sequence: the images its placeholders stand for, and each one's tokens once expanded
+    # (sources/vision_rows.py)
+    images: list = field(default_factory=list)
+    image_tokens: list[int] = field(default_factory=list)
 
 
 def _ids(out) -> list[int]:

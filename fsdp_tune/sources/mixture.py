@@ -41,6 +41,8 @@ class Source:
     detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it
     rows_checked: int | None = None  # training rows the pre-flight found usable; None: not counted (many, or Hub)
     tokenized: dict[str, Any] | None = None  # train's pre-flight tokenizing: {rows, of, skipped} or {why_not}
+    # what pre-flight found of the training split's images (preflight/images.py Found.as_dict); None: no images
+    images: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.sources import vision_rows
 from fsdp_tune.sources.clip import ROW_BOUND, TooLarge
 from fsdp_tune.sources.convert import to_trl
 from fsdp_tune.sources.encode import Encoder
@@ -16,6 +17,7 @@ from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.masking import Encoded, RowRejected
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.rowcheck import SKIPPED, check_row
+from fsdp_tune.sources.vision import image_root
 
 # what tokenizing finds (the rest is rowcheck's, found before launch too)
 TOKENIZED = {
@@ -23,21 +25,35 @@ TOKENIZED = {
     "too-long": "the prompt fills max_seq_len: nothing left to learn",
     "too-large": f"far longer than max_seq_len and it cannot be cut (over {ROW_BOUND} x max_seq_len's worth of text)",
     "no-loss": "no answer token in the rendered text (the chat template drops the answers?)",
+    **vision_rows.SKIPS,
 }
 REASONS = {**SKIPPED, **TOKENIZED}
 CLIPPED = "far longer than max_seq_len: only the text within its reach was rendered and tokenized"
 LISTED = 5  # rows named per reason
 COLUMNS = ("input_ids", "assistant_masks", "skip", "row", "n_tokens", "n_loss", "truncated", "note", "clipped")
+IMAGE_COLUMNS = ("images", "image_tokens")  # a vision-language run's (vision_rows.py)
 
 
-def encode_row(row: dict, form: Format, roles: dict, encoder: Encoder, train_all: bool) -> tuple[str, list[Encoded]]:
-    """(why the row is skipped, or ""; its sequences with an answer left after the cut at max_seq_len). The
-    launcher's pre-flight (preflight/tokens.py) calls it too, on the rows it reads."""
+def encode_row(
+    row: dict, form: Format, roles: dict, encoder: Encoder, train_all: bool, root: Path | None = None
+) -> tuple[str, list[Encoded]]:
+    """(why the row is skipped, or ""; its sequences with an answer left after the cut at max_seq_len; a row with
+    images in a vision-language run: each carrying its images and their token counts, sources/vision_rows.py, `root`
+    the folder of its relative image paths). The launcher's pre-flight (preflight/tokens.py) calls it too, on the
+    rows it reads (there without images: their tokens are counted on rank 0)."""
     problems = [p for p in check_row(row, form, roles) if p.skips]
     if problems:
         return problems[0].code, []
+    converted = to_trl(row, form, roles)
+    if converted.get("images") and encoder.text_only:
+        return "no-vision", []
     try:
-        sequences = encoder.encode(to_trl(row, form, roles), train_all)
+        if converted.get("images") and encoder.images is not None:
+            why, sequences = vision_rows.sequences(encoder, converted, train_all, root or Path.cwd())
+            if why:
+                return why, []
+        else:
+            sequences = encoder.encode(converted, train_all)
     except TooLarge:
         return "too-large", []
     except RowRejected:
@@ -48,21 +64,32 @@ def encode_row(row: dict, form: Format, roles: dict, encoder: Encoder, train_all
     return ("too-long" if any(s.truncated for s in sequences) else "no-loss"), []
 
 
-def encode_batch(batch: dict[str, list], indices: list[int], fmt: dict, roles: dict, encoder: Encoder, train_all: bool):
+def encode_batch(
+    batch: dict[str, list],
+    indices: list[int],
+    fmt: dict,
+    roles: dict,
+    encoder: Encoder,
+    train_all: bool,
+    root: str | None = None,
+):
     """Rows -> sequences (a skipped row leaves one empty sequence carrying its reason; the 'split' fallback
-    may give a row several sequences)."""
+    may give a row several sequences). A vision-language run's sequences also carry their images and each one's
+    token count (IMAGE_COLUMNS, empty for a text-only row)."""
     form = Format.from_dict(fmt)
-    out: dict[str, list] = {c: [] for c in COLUMNS}
+    columns = COLUMNS + (IMAGE_COLUMNS if encoder.images is not None else ())
+    out: dict[str, list] = {c: [] for c in columns}
 
     def emit(ids: list[int], mask: list[int], skip: str, row: int, s: Encoded | None = None) -> None:
         extra = (s.truncated, _note(s.problems), s.clipped) if s is not None else (False, "", False)
-        values = (ids, mask, skip, row, len(ids), sum(mask), *extra)
-        for column, value in zip(COLUMNS, values, strict=True):
+        media = (s.images, s.image_tokens) if s is not None else ([], [])
+        values = (ids, mask, skip, row, len(ids), sum(mask), *extra, *media)
+        for column, value in zip(columns, values, strict=False):  # the image columns only where they are
             out[column].append(value)
 
     for k, index in enumerate(indices):
         row = {column: values[k] for column, values in batch.items()}
-        skip, sequences = encode_row(row, form, roles, encoder, train_all)
+        skip, sequences = encode_row(row, form, roles, encoder, train_all, Path(root) if root else None)
         if skip:
             emit([], [], skip, index)
         for s in sequences:
@@ -85,12 +112,15 @@ def _note(problems: list[str]) -> str:
 
 def encode_split(raw, fmt: Format, source: Source, split: str, encoder: Encoder, train_all: bool, work: Path, num_proc):
     work.mkdir(parents=True, exist_ok=True)
+    root = str(image_root(source.path, [f for group in source.files.values() for f in group]))
+    kwargs = {"fmt": fmt.as_dict(), "roles": dict(source.roles), "encoder": encoder, "train_all": train_all}
     every = raw.map(
         encode_batch,
         batched=True,
         with_indices=True,
         remove_columns=raw.column_names,
-        fn_kwargs={"fmt": fmt.as_dict(), "roles": dict(source.roles), "encoder": encoder, "train_all": train_all},
+        features=features() if encoder.images is not None else None,  # empty image lists have no type of their own
+        fn_kwargs={**kwargs, "root": root},
         num_proc=num_proc if num_proc and num_proc > 1 else None,
         cache_file_name=str(work / "encoded.arrow"),
         new_fingerprint=f"fsdp-tune-{work.name}",  # our own cache decides reuse: the tokenizer need not hash
@@ -104,6 +134,28 @@ def encode_split(raw, fmt: Format, source: Source, split: str, encoder: Encoder,
         new_fingerprint=f"fsdp-tune-{work.name}-kept",
     )
     return EncodedSplit(kept, every, len(raw), where(source, split))
+
+
+def features():
+    """The columns of a vision-language run's encoded rows, typed (datasets cannot infer a type from a batch whose
+    rows hold no image)."""
+    from datasets import Features, List, Value
+
+    ints, text, flag = List(Value("int64")), Value("string"), Value("bool")
+    image = {k: Value(v) for k, v in vision_rows.IMAGE_FEATURE.items()}
+    return Features(
+        input_ids=ints,
+        assistant_masks=ints,
+        skip=text,
+        row=Value("int64"),
+        n_tokens=Value("int64"),
+        n_loss=Value("int64"),
+        truncated=flag,
+        note=text,
+        clipped=flag,
+        images=List(image),
+        image_tokens=ints,
+    )
 
 
 def where(source: Source, split: str) -> str:

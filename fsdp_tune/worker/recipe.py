@@ -21,11 +21,12 @@ from fsdp_tune.worker import faults, phases, process
 from fsdp_tune.worker.data.lengths import packed, truncated_rows
 from fsdp_tune.worker.data.preference_lengths import preference_truncation
 from fsdp_tune.worker.data.prepare import Prepared
+from fsdp_tune.worker.data.vision_collate import collator_for, dummy_batches
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.build import Loaded, load
+from fsdp_tune.worker.loading.processor import load_processing, save_processor
 from fsdp_tune.worker.loading.reference import REF, reset_to_base
 from fsdp_tune.worker.loading.report import FirstStepMemory
-from fsdp_tune.worker.loading.tokenizer import load_tokenizer
 from fsdp_tune.worker.logs import console
 from fsdp_tune.worker.rank import is_main, restart_count
 from fsdp_tune.worker.saving.hub import push_final
@@ -87,19 +88,19 @@ class Recipe:
 
     def run(self) -> None:
         process.start(self.spec)
-        tokenizer = load_tokenizer(self.spec.model)
+        tokenizer, processor = load_processing(self.spec.model)  # a vision-language model's processor, or None
         args = self.seeded_config()
         with args.main_process_first(desc="dataset preparation"):
-            data = self.prepare_data(tokenizer)
+            data = self.prepare_data(tokenizer, processor)
         loaded = self.load_model(tokenizer, args)
-        built = self.build_trainer(loaded, tokenizer, data)
+        built = self.build_trainer(loaded, tokenizer, data, processor)
         truncation = self.report_truncation(built.trainer, len(data.train) if hasattr(data.train, "__len__") else None)
         result = self.train(built.trainer)
         if built.stopper.stopped_at is not None:
             self.finish_interrupted(built)
             return
         check_finite(built.nan_guard)
-        saved = self.save(built.trainer, loaded, tokenizer)
+        saved = self.save(built.trainer, loaded, tokenizer, processor)
         self.push(built.trainer)
         self.write_summary(built, result, truncation, saved, data, loaded)
 
@@ -116,9 +117,9 @@ class Recipe:
         args = self.spec.trainer_args if path is None else self.spec.trainer_args_on(path)
         return trainer_config(self.spec, self.method.config_class, args)
 
-    def prepare_data(self, tokenizer) -> Prepared:
+    def prepare_data(self, tokenizer, processor=None) -> Prepared:
         with self.phases.timed("build_data"):
-            return self.method.prepare(self.spec, tokenizer)
+            return self.method.prepare(self.spec, tokenizer, processor)
 
     def load_model(self, tokenizer, args) -> Loaded:
         """The model on the spec's loading path (worker/loading/build.py), and the config that trains it (the
@@ -131,7 +132,9 @@ class Recipe:
             phases.show_model(self.phases.took["build_model"], loaded.model, self.spec.model)
         return loaded
 
-    def build_trainer(self, loaded: Loaded, tokenizer, data: Prepared) -> Built:
+    def build_trainer(self, loaded: Loaded, tokenizer, data: Prepared, processor=None) -> Built:
+        """The method's trainer; a vision-language model's with its processor and, for data with images, the
+        collator that expands them and keeps every rank running the vision tower (worker/data/vision_collate.py)."""
         spec = self.spec
         with self.phases.timed("build_trainer"):
             metrics = MetricsCallback(spec.output_dir, self.run_id)
@@ -154,7 +157,8 @@ class Recipe:
                 args=loaded.args,
                 train_dataset=data.train,
                 eval_dataset=data.eval if spec.evaluation else None,
-                processing_class=tokenizer,
+                processing_class=processor or tokenizer,
+                data_collator=collator_for(spec, data, processor, tokenizer),
                 peft_config=None if loaded.prebuilt else lora_config(spec),  # sharded loading applied LoRA already
                 callbacks=[metrics, nan_guard, stopper, sharding, self_check, progress, FirstStepMemory(loaded.report)]
                 + faults.callbacks(),
@@ -235,9 +239,10 @@ class Recipe:
             run_summary.write(self.spec.output_dir, stopped, self.run_id)
         built.trainer.accelerator.wait_for_everyone()
 
-    def save(self, trainer, loaded: Loaded, tokenizer) -> dict:
-        """The final adapter (all ranks gather, rank 0 writes), the tokenizer and trainer state; rank 0 re-opens
-        the adapter and proves it whole and trained. Returns what the summary records about it."""
+    def save(self, trainer, loaded: Loaded, tokenizer, processor=None) -> dict:
+        """The final adapter (all ranks gather, rank 0 writes), the tokenizer (a vision-language model's whole
+        processor) and trainer state; rank 0 re-opens the adapter and proves it whole and trained. Returns what the
+        summary records about it."""
         spec = self.spec
         with self.phases.timed("save_and_verify"):
             expected = expected_adapter(trainer) if spec.lora is not None else (None, None)
@@ -245,6 +250,8 @@ class Recipe:
             out = {"vocab_grew": vocab_growth(inner(trainer), loaded.vocab_grew_from, tokenizer), "adapter_check": None}
             if is_main():
                 tokenizer.save_pretrained(spec.output_dir)
+                if processor is not None:
+                    save_processor(processor, spec.output_dir)
                 trainer.state.save_to_json(str(Path(spec.output_dir) / "trainer_state.json"))
                 if spec.lora is not None:
                     out["adapter_check"] = verify_adapter(spec.output_dir, *expected)
@@ -261,6 +268,9 @@ class Recipe:
     def write_summary(self, built: Built, result, truncation, saved: dict, data: Prepared, loaded: Loaded) -> None:
         loading = loaded.report.summary()  # a collective, as collect is
         trainer, d = built.trainer, self.spec.data
+        dummies = dummy_batches(trainer.data_collator)  # a collective too: the guard's batches, each rank's
+        if dummies is not None:
+            data.report.setdefault("images", {})["dummy_batches"] = dummies
         if d.packing:  # the sequences TRL packed, into how many rows (#25: "50 rows -> 50 sequences" said nothing)
             data.report["packed"] = packed(
                 trainer.train_dataset, len(data.train), trainer.args.packing_strategy, d.max_seq_len

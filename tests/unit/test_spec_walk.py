@@ -27,6 +27,7 @@ from fsdp_tune.decide.spec import (
     SaveSpec,
     ShardedPlan,
     Steps,
+    VisionSpec,
     World,
     from_dict,
 )
@@ -131,6 +132,16 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "revision": (RANK, "worker/loading/pretrained.py"),
         "adapter": (RANK, "worker/loading/build.py"),  # the starting adapter (sharded.py loads it there too)
         "reference": (RANK, "worker/recipe.py"),  # --reference base: the reference adapter reset to the base
+        "kind": (RANK, "worker/loading/pretrained.py"),  # the Auto class (and a processor: loading/processor.py)
+        "vision": (RANK, "worker/loading/pretrained.py"),  # freeze_vision; the collator reads its guard
+    },
+    VisionSpec: {
+        "family": (PLAN, PLAN_TEXT),  # the row's title on the plan's vision line
+        "tower": (RANK, "worker/loading/pretrained.py"),  # full fine-tuning: frozen unless it trains
+        "projector": (RANK, "worker/loading/pretrained.py"),
+        "train_tower": (RANK, "worker/loading/pretrained.py"),  # under LoRA: the adapter's targets (decide/vision.py)
+        "train_projector": (RANK, "worker/loading/pretrained.py"),
+        "guard": (RANK, "worker/data/vision_collate.py"),
     },
     DataSpec: {
         "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
@@ -168,6 +179,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "detected": (RANK, "worker/data/splits.py"),
         "rows_checked": (PREFLIGHT, "preflight/batch.py"),  # rows per step against world size x batch (PF064)
         "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
+        "images": (PREFLIGHT, "preflight/vision.py"),  # PF081/PF082; the plan's images line too
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
@@ -227,6 +239,10 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.encode",  # rows rendered, masked and cut, as the launcher's pre-flight counts them
     "fsdp_tune.sources.rows",
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
+    "fsdp_tune.config.model_kinds",  # the model kinds' Auto classes and whether they have a processor: a table
+    "fsdp_tune.sources.vision",  # images in the rows: converted as the launcher checks them
+    "fsdp_tune.sources.vision_rows",  # rows with images measured and cut, each image's tokens counted
+    "fsdp_tune.models.processor",  # a vision-language model's processor loaded and saved, torchvision or not
     "fsdp_tune.sources.prompts",  # GRPO's prompt rows: detected and converted as the launcher checks them
     "fsdp_tune.rewards.builtin",  # the built-in rewards, the user's imported, every result checked: the callables
     "fsdp_tune.rewards.guard",

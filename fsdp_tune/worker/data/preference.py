@@ -33,7 +33,7 @@ from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
 UNPAIRED = "unpaired"  # MethodSpec.data of a method that trains on unpaired rows (KTO): pairs become two rows
 
 
-def prepare_preference(spec: RankSpec, tokenizer) -> Prepared:
+def prepare_preference(spec: RankSpec, tokenizer, processor=None) -> Prepared:
     """(train, eval or None, the data report): TRL's preference columns, converted once by rank 0 of each machine."""
     key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:{spec.method.data}".encode()).hexdigest()[:16]
     return load_prepared(spec, tokenizer, key, build)

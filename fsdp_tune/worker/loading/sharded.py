@@ -24,18 +24,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from accelerate import init_empty_weights
 from peft import get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, set_seed
+from transformers import AutoConfig, GenerationConfig, set_seed
 from transformers.quantizers import AutoHfQuantizer
 
+from fsdp_tune.config.model_kinds import KINDS
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.loading import units
 from fsdp_tune.worker.loading.adapter import lora_config
-from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder
+from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder, renamed_keys
 from fsdp_tune.worker.loading.files import rank_fallback_reason as _config_reason
 from fsdp_tune.worker.loading.four_bit import pack_meta_weights
 from fsdp_tune.worker.loading.pretrained import quantization_config
@@ -67,6 +69,7 @@ def build_sharded_model(spec: RankSpec, tokenizer, args) -> ShardedModel:
     t0 = time.time()
     ckpt = Checkpoint(model_folder(m.name_or_path))
     meta = _meta_model(spec, ckpt, len(tokenizer))
+    ckpt.names = renamed_keys(meta.model, ckpt)  # transformers' own renames (a vision-language checkpoint's keys)
     model = _with_lora(meta.model, spec, meta.quantizer is not None, plan.upcast_trainable, spec.seed)
     prefix = "base_model.model." if spec.lora is not None else ""
     _check_keys(model, ckpt, prefix, meta.packed, meta.new_rows)
@@ -98,7 +101,7 @@ def _meta_model(spec: RankSpec, ckpt: Checkpoint, vocab: int) -> MetaModel:
     dtype = _dtype(m.dtype)
     rng = torch.get_rng_state()
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(
+        model = getattr(transformers, KINDS[m.kind].auto_class).from_config(
             config, dtype=dtype, attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code
         )
     torch.set_rng_state(rng)  # the meta build draws nothing today; LoRA's draws must stay where they are
