@@ -155,6 +155,7 @@ class Recipe:
                     spec.full_state_dict,
                     spec.save.final,
                     spec.save.resume,
+                    spec.save.checkpoint,
                     loaded.vocab_grew_from is not None,
                     self.run_id,
                 ),
