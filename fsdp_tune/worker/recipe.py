@@ -134,6 +134,7 @@ class Recipe:
             nan_guard = NanGuardCallback(check_grad_norm=spec.check_grad_norm)
             stopper = StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device)
             sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
+            first_step = FirstStepMemory(loaded.report, lambda: getattr(trainer, "model_wrapped", None))
             progress = ProgressCallback(
                 spec.device,
                 spec.world.world_size,
@@ -149,8 +150,7 @@ class Recipe:
                 eval_dataset=data.eval if spec.evaluation else None,
                 processing_class=tokenizer,
                 peft_config=None if loaded.prebuilt else lora_config(spec),  # sharded loading applied LoRA already
-                callbacks=[metrics, nan_guard, stopper, sharding, progress, FirstStepMemory(loaded.report)]
-                + faults.callbacks(),
+                callbacks=[metrics, nan_guard, stopper, sharding, progress, first_step] + faults.callbacks(),
                 saving=Saving(
                     spec.full_state_dict,
                     spec.save.final,
