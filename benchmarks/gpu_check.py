@@ -111,7 +111,7 @@ def probe(out: Out, mode: Mode, timing: dict) -> dict:
     for line in gpu_probe.lines(found):
         out.log(line)
     out.log(
-        f"probe: {'ok' if found['ok'] else 'FAILED'} in {found['seconds']} s (its decisions go on beside the scenario)"
+        f"probe: {'ok' if found['ok'] else 'FAILED'} in {found['seconds']} s (its decisions go on beside the scenarios)"
     )
     out.write("probe.json", found)
     return found
