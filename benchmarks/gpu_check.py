@@ -71,7 +71,7 @@ def machine_mode(cpu_smoke: bool) -> Mode:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if cpu_smoke:
         return Mode("cpu", 0, "cpu", None, steps=4, warmup=1, env=env)
-    from fsdp_tune.launch.machine import probe
+    from fsdp_tune.decide.machine import probe
 
     machine = probe()
     names, mib = list(machine.gpu_names), list(machine.gpu_memory_mib)

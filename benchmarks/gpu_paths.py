@@ -2,7 +2,7 @@
 datasets or bitsandbytes needed): what the GPU check can still run on a machine that lacks those.
 
 Run by benchmarks/gpu_check.py on a GPU machine, one rank per GPU (torchrun). Each check is one decision of
-launch/decide.py, exercised the way the ranks execute it:
+decide/rank.py, exercised the way the ranks execute it:
 - the process group "cuda:nccl,cpu:gloo" with cpu_offload: gradient clipping all-reduces CPU tensors;
 - fsdp-tune's adapter gather (worker/saving/save.py) from CPU-offloaded FSDP2 shards on an NCCL mesh;
 - a CPU mesh on a CUDA build (a CPU run on a GPU machine shards on the CPU, not on the GPUs);

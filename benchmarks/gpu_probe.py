@@ -198,8 +198,8 @@ def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tu
     name -> the rules that refused the scenario on this machine, for each scenario the pre-flight refused."""
     from trl import SFTConfig
 
+    from fsdp_tune.decide.machine import Machine, probe
     from fsdp_tune.errors import FsdpTuneError
-    from fsdp_tune.launch.machine import Machine, probe
     from fsdp_tune.launch.train import plan_run
     from fsdp_tune.worker.training.spelling import installed_names
 

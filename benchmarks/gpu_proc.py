@@ -55,7 +55,7 @@ def cli(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProce
 
 def plan(args: list[str], gpu_name: str, gpu_mib: int | None, on_cpu: bool, env: dict, timeout: float) -> dict:
     """`fsdp-tune plan --json` for the same flags, on this machine's GPU (its name and memory) or its CPU."""
-    from fsdp_tune.launch.memory_check import gpu_key
+    from fsdp_tune.preflight.memory import gpu_key
 
     where = (
         ["--cpu"] if on_cpu else ["--gpu", gpu_key(gpu_name)] + (["--gpu_memory", f"{gpu_mib}MiB"] if gpu_mib else [])

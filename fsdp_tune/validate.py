@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from fsdp_tune.config import fsdp2, idiom
 from fsdp_tune.config.adapter_start import apply_adapter_start
 from fsdp_tune.config.flags import parse_flags
-from fsdp_tune.config.method_defaults import apply_method_defaults
 from fsdp_tune.config.normalize import build_config
 from fsdp_tune.config.readers import read_file
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.config.trl_defaults import apply_trl_defaults
+from fsdp_tune.decide.method_defaults import apply_method_defaults
+from fsdp_tune.decide.trl_defaults import apply_trl_defaults
 from fsdp_tune.errors import ConfigError, Finding, Severity
 from fsdp_tune.rules.catalog import run_rules
 

@@ -65,8 +65,8 @@ def offline_env(model_cache: Path) -> dict[str, str]:
 def checked_spec(*flags: str, machine=None, config: str | None = None):
     """(the rank spec `train` decides for a config and flags on `machine`, the check it came from); this
     machine's CPU when no machine is given. A launch with errors is refused, as `train` refuses it."""
-    from fsdp_tune.launch.decide import decide
-    from fsdp_tune.launch.machine import Machine
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
     from fsdp_tune.validate import check
 
     checked = check(config, list(flags))

@@ -49,8 +49,8 @@ def _train(
     `node`: (--gpu, --gpus), a simulated GPU node to preview on."""
     import sys
 
-    from fsdp_tune.launch import simulate
-    from fsdp_tune.launch.decide import console_mode
+    from fsdp_tune.decide import simulate
+    from fsdp_tune.decide.rank import console_mode
     from fsdp_tune.launch.train import execute, plan_run
     from fsdp_tune.output.run import format_summary
 
@@ -190,8 +190,8 @@ def _plan_target(gpu: str | None, gpu_memory: str | None, on_cpu: bool) -> tuple
     """(the GPU to plan, its memory, this machine's available RAM when the plan is for this machine): a CPU run
     is; a GPU plan is when no --gpu/--gpu_memory names another card and this machine has NVIDIA GPUs (the
     smallest is planned, as train's memory pre-flight does)."""
-    from fsdp_tune.launch.machine import available_ram_gib, probe
-    from fsdp_tune.launch.memory_check import planned_gpu
+    from fsdp_tune.decide.machine import available_ram_gib, probe
+    from fsdp_tune.preflight.memory import planned_gpu
 
     if on_cpu:
         return gpu or "h100", gpu_memory, available_ram_gib()
@@ -221,11 +221,11 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     """The planner's memory summary for a dry run, on the rank spec's loading path and the GPUs the ranks will use
     (the smallest, as train's memory pre-flight plans), host RAM judged when the machine is this one; a model it
     cannot see is a note, not a failure."""
+    from fsdp_tune.decide.machine import available_ram_gib
     from fsdp_tune.errors import UsageError
-    from fsdp_tune.launch.machine import available_ram_gib
-    from fsdp_tune.launch.memory_check import planned_gpu, ranks_gpus
     from fsdp_tune.output.plan import format_plan
     from fsdp_tune.planner.plan import memory_plan
+    from fsdp_tune.preflight.memory import planned_gpu, ranks_gpus
 
     cfg, spec = planned.config, planned.spec
     # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan (an H100's)

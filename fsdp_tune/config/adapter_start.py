@@ -146,7 +146,7 @@ def _taken(start: StartAdapter, key: str = "model_name_or_path") -> Origin:
 def apply_adapter_start(cfg: RunConfig) -> tuple[RunConfig, list[Finding]]:
     """The starting adapter's base model and LoRA shape for whatever this launch left unset; FT121 for a folder
     that is no usable adapter and for settings that contradict it. Runs before TRL's LoRA defaults
-    (config/trl_defaults.py), which then find these settings set."""
+    (decide/trl_defaults.py), which then find these settings set."""
     if not cfg.model.adapter:
         return cfg, []
     start, why = read_start(cfg.model.adapter)

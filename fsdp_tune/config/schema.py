@@ -26,7 +26,7 @@ DATASET_FORMATS = ("auto", "text", "messages", "prompt_completion", "alpaca", "s
 DATASET_FORMATS += ("preference", "preference_implicit", "unpaired", "ranked")  # sources/preference.py
 MASK_FALLBACKS = ("split", "locate", "error")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
-LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (launch/loading.py)
+LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (decide/loading.py)
 REFERENCES = ("adapter", "base")  # DPO/KTO's reference with a starting adapter: a frozen copy of it, or the base
 
 
@@ -117,7 +117,7 @@ class ModelSettings:
     use_unsloth: bool = _f(False)
     loading: str = _f("auto", choices=LOADINGS)
     # an adapter to start from (a finished run's folder, e.g. an SFT run's): the policy's start and, for DPO/KTO,
-    # the reference unless `reference: base` (config/adapter_start.py reads its shape, launch/decide.py uses it)
+    # the reference unless `reference: base` (config/adapter_start.py reads its shape, decide/rank.py uses it)
     adapter: str | None = _f(None, kind="str")
     reference: str = _f("adapter", choices=REFERENCES)
 

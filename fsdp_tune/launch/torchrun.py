@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.launch.failure import Outcome
-from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.launch.stopping import TORCHRUN_SIGNALS, StopRelay
 from fsdp_tune.redact import redact
 from fsdp_tune.runfiles import (

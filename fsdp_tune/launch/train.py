@@ -11,14 +11,16 @@ from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.machine import Machine, probe
+from fsdp_tune.decide.rank import decide
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
-from fsdp_tune.launch import batch, manifest, outdir, ownership, torchrun
-from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
-from fsdp_tune.launch.decide import decide
+from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome, failure_report
-from fsdp_tune.launch.machine import Machine, probe
-from fsdp_tune.launch.resume import fsdp_version_findings, resume_findings
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.preflight import batch
+from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings
+from fsdp_tune.rundir import manifest, outdir, ownership
+from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
 from fsdp_tune.validate import Checked, load
 
@@ -45,7 +47,7 @@ class Planned:
 
 def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
     """The checkpoint to resume, verified against its completion marker (PF036 when it is not whole); what it was
-    trained with is compared in pre-flight (launch/resume.py: PF039, PF051)."""
+    trained with is compared in pre-flight (preflight/resume.py: PF039, PF051)."""
     return _resume_point(cfg, echo)
 
 
@@ -78,9 +80,9 @@ def _resume_point(cfg: RunConfig, echo: Echo) -> str | None:
 
 
 def check_loadable(checkpoint: str | None) -> str | None:
-    """`checkpoint` when every pickle a resume loads from it is data (launch/pickles.py); PF060 otherwise.
+    """`checkpoint` when every pickle a resume loads from it is data (rundir/pickles.py); PF060 otherwise.
     Refused outright, never passed over for an older one: a planted pickle is not an accident."""
-    from fsdp_tune.launch.pickles import check_checkpoint
+    from fsdp_tune.rundir.pickles import check_checkpoint
 
     unsafe = check_checkpoint(checkpoint) if checkpoint else None
     if unsafe is None:
@@ -144,7 +146,7 @@ def plan_run(
     """Everything decided before a process starts; nothing is written. `console`: what rank 0 shows
     (decide.console_mode); `machine`: the machine to decide for (a function of the config for a simulated node
     sized by it, `train --dry_run --gpu`), this one by default."""
-    from fsdp_tune.launch.preflight import check_data, check_machine
+    from fsdp_tune.preflight.checks import check_data, check_machine
 
     checked = load(config, argv)
     cfg = checked.config

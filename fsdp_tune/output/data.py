@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_tune.launch.spec import DataSpec
+from fsdp_tune.decide.spec import DataSpec
 from fsdp_tune.sources.formats import TEXT, Format
 
 # TRL's packing strategies (SFTConfig.packing_strategy), as the plan says them
@@ -41,7 +41,7 @@ def plan_lines(data: DataSpec, packing_strategy: str | None = None) -> list[str]
 
 
 def _tokenized(found: dict[str, Any] | None) -> str:
-    """What the pre-flight's tokenizing said about a source (sources/tokencheck.py), for its plan line."""
+    """What the pre-flight's tokenizing said about a source (preflight/tokens.py), for its plan line."""
     if not found:
         return ""
     if found.get("why_not"):

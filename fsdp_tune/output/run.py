@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fsdp_tune.config.methods import METRICS, TITLE, WITH_REFERENCE
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch import loading
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide import loading
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.output.data import plan_lines, summary_lines
 from fsdp_tune.output.findings import show
 from fsdp_tune.summary import RunSummary

@@ -19,9 +19,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fsdp_tune.config.derived import gradient_checkpointing
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.loading import why_not_sharded
+from fsdp_tune.decide.derived import gradient_checkpointing
+from fsdp_tune.decide.loading import why_not_sharded
 from fsdp_tune.planner.allocator import device_memory
 from fsdp_tune.planner.memory import GiB, estimate
 from fsdp_tune.planner.shape import ModelShape

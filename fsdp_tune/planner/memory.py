@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsdp_tune.config.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
 from fsdp_tune.planner import gathered, host
 from fsdp_tune.planner.adapters import expert_copy_bytes
 from fsdp_tune.planner.method import REFERENCE_PHASE, loss_terms, reference_phase, step_of

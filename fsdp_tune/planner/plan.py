@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from fsdp_tune.config.fsdp2 import version_note
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.config.trl_defaults import defaults_note
+from fsdp_tune.decide.gpus import GPUS
+from fsdp_tune.decide.loading import loading_path
+from fsdp_tune.decide.trl_defaults import defaults_note
 from fsdp_tune.errors import UsageError
-from fsdp_tune.launch.loading import loading_path
 from fsdp_tune.planner.advice import Target, search
 from fsdp_tune.planner.allocator import assumptions, device_memory
 from fsdp_tune.planner.memory import LOADINGS, GiB, estimate
 from fsdp_tune.planner.shape import find_config, measure
 from fsdp_tune.planner.stack import Stack, stack_of
-from fsdp_tune.planner.steptime import GPUS, parse_memory, step_time
+from fsdp_tune.planner.steptime import parse_memory, step_time
 
 
 def _check(cfg: RunConfig, gpu_key: str, loading: str) -> str:
@@ -48,7 +49,7 @@ def memory_plan(
 ) -> dict:
     """The plan `fsdp-tune plan` prints. `stack` replaces fsdp-tune's own code path (benchmarks/ uses it to
     plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS): by default
-    the path the run takes (launch/loading.py, as the rank spec decides it); `host_gib`: the RAM of the machine
+    the path the run takes (decide/loading.py, as the rank spec decides it); `host_gib`: the RAM of the machine
     the plan is for, when it is this one (host_fits judges the node's peak against it; None: not judged)."""
     loading, note = (loading, None) if loading else loading_path(cfg)
     name = _check(cfg, gpu_key, loading)

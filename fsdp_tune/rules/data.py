@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import TRL_LOSS_FLAGS, evaluation, train_on_prompt
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, evaluation, train_on_prompt
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 from fsdp_tune.sources.convert import STANDARD_ROLES

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import fsdp1_unsharded, offload_active
 from fsdp_tune.config.fsdp2 import kept_reason
 from fsdp_tune.config.keys import FSDP1_ONLY, STRATEGY_TO_RESHARD
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import fsdp1_unsharded, offload_active
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 

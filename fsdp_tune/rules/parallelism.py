@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import evaluation, mesh_sizes
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
+from fsdp_tune.decide.derived import evaluation, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 

@@ -35,7 +35,7 @@ class Source:
     weight: float | None = None  # ours: share of the mixture, repeating rows of small sources if needed
     samples: int | None = None  # ours: exactly this many rows (repeated if the source has fewer)
     train_on_prompt: bool = False  # every token trained (--train_on_prompt, or PEFT's rendered-text path)
-    # filled in on the launcher from the files (sources/datacheck.py); a Hub dataset keeps the defaults
+    # filled in on the launcher from the files (preflight/data.py); a Hub dataset keeps the defaults
     loader: str | None = None  # json | csv | parquet | arrow | disk; None: load_dataset(path, name=...)
     files: dict[str, list[str]] = field(default_factory=dict)  # split name -> local files
     detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it

@@ -1,4 +1,4 @@
-"""The data pre-flight for preference methods (sources/datacheck.py runs it in place of SFT's format checks when the
+"""The data pre-flight for preference methods (preflight/data.py runs it in place of SFT's format checks when the
 run's method is dpo, kto or reward): the format from the columns, what the method cannot use refused with file and
 line, rows that cannot be trained on reported with file and line (and skipped on rank 0, counted in the summary).
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdp_tune.decide.spec import RankSpec, read_from
 from fsdp_tune.errors import UsageError
-from fsdp_tune.launch.spec import RankSpec, read_from
 from fsdp_tune.tools.base import check_adapter_folder, is_reward_adapter, recorded_base, resize_as_trained
 from fsdp_tune.tools.quiet import libraries_quiet, quiet_transformers
 

@@ -22,8 +22,8 @@ import json
 import struct
 from pathlib import Path
 
+from fsdp_tune.decide.spec import read_from
 from fsdp_tune.errors import FsdpTuneError, UsageError
-from fsdp_tune.launch.spec import read_from
 from fsdp_tune.runfiles import RESOLVED_NAME
 from fsdp_tune.tools.base import (
     check_adapter_folder,
@@ -166,7 +166,7 @@ def _checked(adapter_dir: Path, base: str | None, out: Path, dtype: str | None, 
 
 def _holds_a_run(out: Path, adapter_dir: Path) -> str | None:
     """What in `out` a merge must not write into: the adapter's own folder, another adapter, a run's folder."""
-    from fsdp_tune.launch.outdir import inspect
+    from fsdp_tune.rundir.outdir import inspect
 
     if out.exists() and out.resolve() == adapter_dir.resolve():
         return "is the adapter's own folder"

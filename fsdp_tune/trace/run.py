@@ -38,8 +38,8 @@ class Trace:
 
 def rank_spec(cfg: RunConfig):
     """The spec every rank of this run executes, decided for a machine with the run's GPUs."""
-    from fsdp_tune.launch.decide import decide
-    from fsdp_tune.launch.machine import Machine
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
 
     per_node = cfg.launch.nproc_per_node
     return decide(cfg, Machine(cuda=True, gpus=per_node, gpu_names=("simulated GPU",) * per_node))

@@ -15,8 +15,8 @@ from typing import Any
 from transformers import set_seed
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.launch.checkpoints import restart_checkpoint
-from fsdp_tune.launch.spec import RankSpec, from_dict
+from fsdp_tune.decide.spec import RankSpec, from_dict
+from fsdp_tune.rundir.checkpoints import restart_checkpoint
 from fsdp_tune.worker import faults, phases, process
 from fsdp_tune.worker.data.lengths import packed, truncated_rows
 from fsdp_tune.worker.data.preference_lengths import preference_truncation

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from fsdp_tune.config.methods import METRICS
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.summary import RankMemory, RunSummary
 from fsdp_tune.worker.loading.report import peak_gpu_mib, peak_rss_mib
 from fsdp_tune.worker.wrappers import base, describe_units, outer

@@ -68,7 +68,7 @@ def test_dry_run_json_is_the_rank_spec(tmp_path) -> None:
     """`--dry_run --json` prints the RankSpec the ranks would execute, parseable, and starts nothing."""
     import json
 
-    from fsdp_tune.launch.spec import from_dict
+    from fsdp_tune.decide.spec import from_dict
 
     out = tmp_path / "o"
     r = train("--config", BASE, "--output_dir", str(out), "--dry_run", "--json")

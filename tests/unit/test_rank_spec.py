@@ -1,14 +1,14 @@
 """GPU decisions as data: the RankSpec fsdp-tune decides for machines this one is not (no GPU runs here).
 
 Each row is a machine (GPU count and model, driver) and a launch; the expected fields are what the ranks then
-execute. The reasons are in launch/decide.py, each with the library source it follows.
+execute. The reasons are in decide/rank.py, each with the library source it follows.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
 from fsdp_tune.launch.torchrun import torchrun_args
 from tests.conftest import REPO, seed_flags, spec_for
 

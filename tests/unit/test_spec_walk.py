@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_tune.launch.machine import Machine
-from fsdp_tune.launch.spec import DataSpec, Loading, ModelSpec, RankSpec, SaveSpec, ShardedPlan, World, from_dict
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.spec import DataSpec, Loading, ModelSpec, RankSpec, SaveSpec, ShardedPlan, World, from_dict
 from fsdp_tune.sources.mixture import Source
 from tests.conftest import REPO, spec_for
 
@@ -52,7 +52,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "seed": (RANK, "worker/recipe.py"),
         "full_state_dict": (RANK, "worker/recipe.py"),
         "method": (RANK, "worker/training/methods.py"),
-        "spec_version": (RANK, "launch/spec.py"),  # from_dict, as the worker reads the spec
+        "spec_version": (RANK, "decide/spec.py"),  # from_dict, as the worker reads the spec
         "notes": (PLAN, PLAN_TEXT),
         "console": (RANK, "worker/process.py"),
         "save": (RANK, "worker/recipe.py"),
@@ -89,12 +89,12 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
         "splits": (PLAN, PLAN_TEXT),
         "text_field": (RANK, "worker/data/prepare.py"),
-        "max_seq_len": (RANK, "worker/data/encode.py"),
-        "packing": (RANK, "worker/data/encode.py"),
+        "max_seq_len": (RANK, "sources/encode.py"),
+        "packing": (RANK, "sources/encode.py"),
         "seed": (RANK, "worker/data/prepare.py"),
         "sources": (RANK, "worker/data/prepare.py"),
         "test_split_size": (RANK, "worker/data/prepare.py"),
-        "mask_fallback": (RANK, "worker/data/encode.py"),
+        "mask_fallback": (RANK, "sources/encode.py"),
         "peft_text_field": (RANK, "worker/data/prepare.py"),
     },
     Source: {
@@ -106,7 +106,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "data_files": (RANK, "worker/data/splits.py"),
         "columns": (RANK, "worker/data/splits.py"),
         "column_map": (RANK, "worker/data/splits.py"),
-        "roles": (RANK, "worker/data/rows.py"),
+        "roles": (RANK, "sources/rows.py"),
         "format": (RANK, "worker/data/splits.py"),
         "fraction": (RANK, "worker/data/prepare.py"),
         "weight": (RANK, "sources/mixture.py"),  # plan_counts, called by worker/data/prepare.py
@@ -115,14 +115,14 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "loader": (RANK, "worker/data/splits.py"),
         "files": (RANK, "worker/data/splits.py"),
         "detected": (RANK, "worker/data/splits.py"),
-        "rows_checked": (PREFLIGHT, "launch/batch.py"),  # rows per step against world size x batch (PF064)
+        "rows_checked": (PREFLIGHT, "preflight/batch.py"),  # rows per step against world size x batch (PF064)
         "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
         "why": (RANK, "worker/loading/build.py"),  # into the load report; the plan shows it too
         "sharded": (RANK, "worker/loading/build.py"),
-        "transformers_fsdp_config": (RANK, "launch/spec.py"),  # RankSpec.trainer_args_on, for a rank falling back
+        "transformers_fsdp_config": (RANK, "decide/spec.py"),  # RankSpec.trainer_args_on, for a rank falling back
     },
     ShardedPlan: {
         "layer_cls": (RANK, "worker/loading/sharded.py"),
@@ -136,7 +136,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
     },
 }
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
-RANK_SIDE = ("worker/", "launch/spec.py", "sources/mixture.py")
+RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
@@ -158,9 +158,9 @@ ENV = {
 # reads the user's config or decides.
 ALLOWED_IMPORTS = {
     "fsdp_tune",  # __version__
-    "fsdp_tune.launch.spec",
-    "fsdp_tune.launch.checkpoints",  # completion markers, the newest complete checkpoint after a restart
-    "fsdp_tune.launch.loading",  # checkpoint file names and the remote-code predicate a rank applies itself
+    "fsdp_tune.decide.spec",
+    "fsdp_tune.rundir.checkpoints",  # completion markers, the newest complete checkpoint after a restart
+    "fsdp_tune.decide.loading",  # checkpoint file names and the remote-code predicate a rank applies itself
     "fsdp_tune.runfiles",
     "fsdp_tune.summary",
     "fsdp_tune.config.templates",
@@ -170,6 +170,8 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.rowcheck",
     "fsdp_tune.sources.preference",  # preference rows: detected and converted as the launcher checks them
     "fsdp_tune.sources.preference_rows",
+    "fsdp_tune.sources.encode",  # rows rendered, masked and cut, as the launcher's pre-flight counts them
+    "fsdp_tune.sources.rows",
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
 }
 
@@ -205,7 +207,7 @@ def test_each_reader_reads_its_field(cls, name: str) -> None:
         TORCHRUN: ("launch/torchrun.py",),
         PLAN: (PLAN_TEXT, "output/data.py"),  # run.py's data lines, kept there
         AFTER: ("tools/",),
-        PREFLIGHT: ("launch/",),
+        PREFLIGHT: ("preflight/", "rundir/", "launch/"),
     }[how]
     assert rel.startswith(expected), f"{cls.__name__}.{name}: {rel} is not where {how} happens"
 

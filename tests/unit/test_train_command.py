@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.rank import decide
 from fsdp_tune.launch.torchrun import torchrun_args
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES, REPO, seed_flags
@@ -89,7 +89,7 @@ def test_fsdp1_on_cpu_is_refused(tmp_path) -> None:
 
 def test_fsdp1_on_a_machine_without_gpus_is_refused(tmp_path) -> None:
     """A GPU config (use_cpu false) on a machine without GPUs: the rules accept FSDP1, pre-flight refuses it."""
-    from fsdp_tune.launch.preflight import check_machine
+    from fsdp_tune.preflight.checks import check_machine
 
     flags = ["--use_cpu", "false", "--fsdp_version", "1", "--output_dir", str(tmp_path / "o")]
     cfg = check(BASE, flags).config
@@ -206,7 +206,7 @@ def test_accelerate_launch_keys_reach_the_ranks_environment() -> None:
 
 def test_more_ranks_than_visible_gpus_is_refused(tmp_path) -> None:
     """One rank per GPU: 4 ranks with 2 visible GPUs would fail in NCCL after loading the model."""
-    from fsdp_tune.launch.preflight import check_machine
+    from fsdp_tune.preflight.checks import check_machine
 
     flags = ["--use_cpu", "false", "--num_processes", "4", "--output_dir", str(tmp_path / "o")]
     cfg = check(BASE, flags).config

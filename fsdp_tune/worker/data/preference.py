@@ -20,14 +20,14 @@ from typing import Any
 
 from datasets import Dataset, concatenate_datasets
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.runfiles import write_atomic
 from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.mixture import Source, plan_counts
 from fsdp_tune.sources.preference import PAIRED, detect_preference
 from fsdp_tune.sources.preference_rows import canonical, unpair
+from fsdp_tune.sources.rows import LISTED, where
 from fsdp_tune.worker.data.prepare import REPORT, Prepared, cache_key, check_template, load_prepared, take
-from fsdp_tune.worker.data.rows import LISTED, where
 from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
 
 KTO = "kto"

@@ -25,12 +25,12 @@ import numpy as np
 from datasets import concatenate_datasets, load_from_disk
 
 from fsdp_tune import __version__
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.runfiles import DATA_DIR, write_atomic
+from fsdp_tune.sources.encode import Encoder
 from fsdp_tune.sources.formats import TEXT, Format
 from fsdp_tune.sources.mixture import Source, plan_counts
-from fsdp_tune.worker.data.encode import Encoder
-from fsdp_tune.worker.data.rows import CLIPPED, encode_split, loss_counts, report_source
+from fsdp_tune.sources.rows import CLIPPED, encode_split, loss_counts, report_source
 from fsdp_tune.worker.data.splits import format_of, load_split
 from fsdp_tune.worker.rank import local_rank
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from huggingface_hub import snapshot_download
 from safetensors import safe_open
 
-from fsdp_tune.launch.loading import INDEX_FILE, SINGLE_FILE, remote_code_reason
+from fsdp_tune.decide.loading import INDEX_FILE, SINGLE_FILE, remote_code_reason
 from fsdp_tune.worker.wrappers import canonical_name
 
 

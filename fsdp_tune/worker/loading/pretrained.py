@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BitsAndBytesConfig
 
-from fsdp_tune.launch.spec import ModelSpec, RankSpec
+from fsdp_tune.decide.spec import ModelSpec, RankSpec
 
 
 def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:

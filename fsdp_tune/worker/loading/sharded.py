@@ -6,7 +6,7 @@ shards plus one tensor in flight, where from_pretrained holds the whole model on
 The result equals the transformers path (from_pretrained, get_peft_model in SFTTrainer, accelerate's
 fully_shard) bit for bit: the same config through from_config under init_empty_weights (buffers such as rotary
 inv_freq computed as usual), LoRA's initial values drawn from the same RNG in the same order, accelerate 1.15's
-units and policies (the rank spec's loading.sharded says which: decided on the launcher, launch/loading.py), and
+units and policies (the rank spec's loading.sharded says which: decided on the launcher, decide/loading.py), and
 4-bit bytes and quant states as bitsandbytes makes them (four_bit.py). The Trainer then gets an FSDP2 model,
 which accelerate leaves as it is (fsdp2_prepare_model returns an FSDPModule untouched), with NO_WRAP and FSDP
 activation checkpointing off in its fsdp_config, and no peft_config.
@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, set
 from transformers.quantizers import AutoHfQuantizer
 
 from fsdp_tune.config.methods import WITH_REFERENCE
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.loading import units
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder

@@ -17,7 +17,7 @@ from typing import Any
 
 from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.data.preference import prepare_preference
 from fsdp_tune.worker.data.prepare import Prepared, prepare
 from fsdp_tune.worker.training.progress import Metric

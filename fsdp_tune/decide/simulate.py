@@ -1,26 +1,26 @@
 """`train --dry_run --gpu KEY [--gpus N]`: a GPU node as data, so a laptop previews the rank spec and the console that
-node would get. launch/decide.py decides from a Machine whichever way it was found (launch/machine.py probes this
+node would get. decide/rank.py decides from a Machine whichever way it was found (decide/machine.py probes this
 one); the node's cards are named as nvidia-smi names them, so train's memory pre-flight plans them as on the node.
 Only a dry run takes it: a launch on a machine it is not would lie about it."""
 
 from __future__ import annotations
 
+from fsdp_tune.decide.machine import Machine
 from fsdp_tune.errors import UsageError
-from fsdp_tune.launch.machine import Machine
 
-# the planner's GPUs (planner/steptime.py GPUS) as nvidia-smi names them (launch/memory_check.py reads them back)
+# the planner's GPUs (decide/gpus.py GPUS) as nvidia-smi names them (preflight/memory.py reads them back)
 NVIDIA_NAMES = {
     "h100": "NVIDIA H100 80GB HBM3",
     "h200": "NVIDIA H200",
     "a100": "NVIDIA A100-SXM4-80GB",
     "4090": "NVIDIA GeForce RTX 4090",
 }
-DRIVER = "560.35.03"  # a current driver: no NCCL P2P workaround (launch/machine.py needs_nccl_p2p_off)
+DRIVER = "560.35.03"  # a current driver: no NCCL P2P workaround (decide/machine.py needs_nccl_p2p_off)
 
 
 def gpu_node(key: str, gpus: int) -> Machine:
     """A node with `gpus` cards of the planner's GPU `key` (its memory as the planner knows it)."""
-    from fsdp_tune.planner.steptime import GPUS
+    from fsdp_tune.decide.gpus import GPUS
 
     if key not in NVIDIA_NAMES:
         raise UsageError(f"--gpu {key}: unknown", f"one of: {', '.join(NVIDIA_NAMES)}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.checkpoints import folder_run_id, list_checkpoints
+from fsdp_tune.rundir.checkpoints import folder_run_id, list_checkpoints
 from fsdp_tune.runfiles import (
     ADAPTER_WEIGHTS,
     LOCK_NAME,

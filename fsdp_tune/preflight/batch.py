@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.checkpoints import trained_batch
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.rundir.checkpoints import trained_batch
 
 
 def _ours(spec: RankSpec) -> tuple[int, int, int]:

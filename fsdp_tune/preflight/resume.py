@@ -16,9 +16,9 @@ from typing import Any
 
 from fsdp_tune.config.lora_fields import lora_fields
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.checkpoints import folder_run_id, marker_run_id
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.rundir.checkpoints import folder_run_id, marker_run_id
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
 
 # LoraConfig fields that decide the adapter's tensors or what they mean (not dropout or init: they only start it)

@@ -1,5 +1,5 @@
 """The training method's part of the rank spec: the arguments its TRL config takes (DPOConfig has no `packing`,
-RewardConfig no `loss_type`). Pure, like decide.py.
+RewardConfig no `loss_type`). Pure, like rank.py.
 
 fsdp-tune sets some SFTConfig fields for every run (max_length, packing, dataset_text_field); a method whose
 config lacks one does not get it. A field the user set that the method's config lacks never gets here: FT110

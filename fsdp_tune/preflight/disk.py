@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.planner.host import GiB
 from fsdp_tune.planner.weights import DTYPE_BYTES
 from fsdp_tune.sources.model import model_config

@@ -175,7 +175,7 @@ def restart_checkpoint(output_dir: str | Path) -> str | None:
     held to the same check as the launcher's resume, since the launcher never saw it (it was written, or
     planted, after launch; a marker rewritten to match proves nothing). Raises Unsafe, naming PF060, rather
     than passing over it for an older one: a planted pickle is not an accident."""
-    from fsdp_tune.launch.pickles import Unsafe, check_checkpoint
+    from fsdp_tune.rundir.pickles import Unsafe, check_checkpoint
 
     best, _ = latest_complete(output_dir)
     if best is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fsdp_tune import __version__
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.redact import drop_secrets, redact, redact_argv
 from fsdp_tune.runfiles import MANIFEST_NAME, write_atomic
 

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from fsdp_tune.launch.spec import DataSpec
+from fsdp_tune.sources.clip import Reach, TooLarge, clip, row_chars
 from fsdp_tune.sources.convert import tool_calls_as_text
-from fsdp_tune.worker.data.clip import Reach, TooLarge, clip, row_chars
-from fsdp_tune.worker.data.masking import (
+from fsdp_tune.sources.masking import (
     Encoded,
     Renderer,
     RowRejected,
@@ -32,7 +31,7 @@ class Encoder:
     seq_len: int | None = None  # max_seq_len, which bounds the work per row even when max_len is None (clip.py)
 
     @classmethod
-    def for_run(cls, tokenizer, data: DataSpec, trainer_args: dict[str, Any]) -> Encoder:
+    def for_run(cls, tokenizer, data: Any, trainer_args: dict[str, Any]) -> Encoder:
         """Cut at max_seq_len as TRL would, here, so the rows whose answer is cut away are counted, not dropped
         silently; TRL's packing strategies that keep every token (bfd_split, wrapped) get whole sequences."""
         packs_whole = data.packing and trainer_args.get("packing_strategy", "bfd") != "bfd"

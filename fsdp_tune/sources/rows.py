@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.sources.clip import ROW_BOUND, TooLarge
 from fsdp_tune.sources.convert import to_trl
+from fsdp_tune.sources.encode import Encoder
 from fsdp_tune.sources.formats import Format
+from fsdp_tune.sources.masking import Encoded, RowRejected
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.rowcheck import SKIPPED, check_row
-from fsdp_tune.worker.data.clip import ROW_BOUND, TooLarge
-from fsdp_tune.worker.data.encode import Encoder
-from fsdp_tune.worker.data.masking import Encoded, RowRejected
 
 # what tokenizing finds (the rest is rowcheck's, found before launch too)
 TOKENIZED = {
@@ -32,7 +32,7 @@ COLUMNS = ("input_ids", "assistant_masks", "skip", "row", "n_tokens", "n_loss", 
 
 def encode_row(row: dict, form: Format, roles: dict, encoder: Encoder, train_all: bool) -> tuple[str, list[Encoded]]:
     """(why the row is skipped, or ""; its sequences with an answer left after the cut at max_seq_len). The
-    launcher's pre-flight (sources/tokencheck.py) calls it too, on the rows it reads."""
+    launcher's pre-flight (preflight/tokens.py) calls it too, on the rows it reads."""
     problems = [p for p in check_row(row, form, roles) if p.skips]
     if problems:
         return problems[0].code, []

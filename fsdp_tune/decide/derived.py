@@ -1,7 +1,7 @@
 """Settings derived from the typed config that the rules, the rank spec and the planner all need.
 
 Pure functions of the RunConfig (no torch, no machine): each decision is made here once. Decisions that
-depend on the machine (the backend, whether offload can act) are the rank spec's (launch/decide.py), which
+depend on the machine (the backend, whether offload can act) are the rank spec's (decide/rank.py), which
 reads them from one `Derived`, computed once per launch by `derive`.
 """
 
@@ -115,7 +115,7 @@ def evaluation(cfg: RunConfig) -> bool:
 
 @dataclass(frozen=True)
 class Derived:
-    """Every derived value the rank spec's decisions read, computed once per launch (launch/decide.py passes
+    """Every derived value the rank spec's decisions read, computed once per launch (decide/rank.py passes
     it to each decision instead of each asking the functions above again)."""
 
     on_cpu: bool  # the ranks compute on CPU (--use_cpu, or no GPU on this machine)

@@ -12,12 +12,13 @@ import tempfile
 from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.machine import Machine, visible_gpus
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch import outdir, ownership, reach
-from fsdp_tune.launch.disk import check_disk
-from fsdp_tune.launch.machine import Machine, visible_gpus
-from fsdp_tune.launch.memory_check import check_memory
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.preflight import reach
+from fsdp_tune.preflight.disk import check_disk
+from fsdp_tune.preflight.memory import check_memory
+from fsdp_tune.rundir import outdir, ownership
 from fsdp_tune.runfiles import links_in
 from fsdp_tune.sources.model import hub_cached, offline
 from fsdp_tune.sources.modelcheck import check_model_folder
@@ -103,12 +104,12 @@ def _hub_model(name: str) -> list[Finding]:
 
 def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
     """The data files, read on this machine: their format detected and written into the spec (the ranks
-    execute it), unreadable files and bad rows reported with file and row (sources/datacheck.py), and their
-    rows tokenized as rank 0 will (sources/tokencheck.py)."""
+    execute it), unreadable files and bad rows reported with file and row (preflight/data.py), and their
+    rows tokenized as rank 0 will (preflight/tokens.py)."""
     from dataclasses import replace
 
-    from fsdp_tune.sources.datacheck import settle
-    from fsdp_tune.sources.tokencheck import TokenCheck
+    from fsdp_tune.preflight.data import settle
+    from fsdp_tune.preflight.tokens import TokenCheck
 
     d = spec.data
     eval_wanted = spec.evaluation and not d.test_split_size

@@ -1,7 +1,7 @@
 """train's memory pre-flight on a GPU machine: the run planned on the GPUs it will use, refused when its peak does
 not fit the smallest of them (PF050), naming the phase, the figures and the cheapest change that fits.
 
-The GPUs' memory is read without torch (nvidia-smi, launch/machine.py); the plan is the same `fsdp-tune plan`
+The GPUs' memory is read without torch (nvidia-smi, decide/machine.py); the plan is the same `fsdp-tune plan`
 prints, on the loading path the rank spec takes. `--skip_memory_check` launches anyway (the planner is a model,
 not a measurement: BENCHMARKS.md section 6 says how close it has been).
 """
@@ -9,9 +9,9 @@ not a measurement: BENCHMARKS.md section 6 says how close it has been).
 from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity, UsageError
-from fsdp_tune.launch.machine import Machine
-from fsdp_tune.launch.spec import RankSpec
 
 # nvidia-smi's name -> the planner's GPU (its TFLOP/s and links; the memory is the card's own)
 _GPU_KEYS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("4090", "4090"))

@@ -1,13 +1,13 @@
 """The data part of the rank spec: which datasets, which splits, which format was asked for, what is in the
-loss. Pure, like decide.py; what the files themselves say (the detected format, the files of a folder) is
-added on the launcher by sources/datacheck.py before the spec is written.
+loss. Pure, like rank.py; what the files themselves say (the detected format, the files of a folder) is
+added on the launcher by preflight/data.py before the spec is written.
 """
 
 from __future__ import annotations
 
-from fsdp_tune.config.derived import Derived
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.spec import DataSpec
+from fsdp_tune.decide.derived import Derived
+from fsdp_tune.decide.spec import DataSpec
 from fsdp_tune.sources.mixture import Source, from_entry, mixture_problems
 
 
@@ -48,7 +48,7 @@ def split_names(cfg: RunConfig) -> tuple[str, str | None]:
 
 
 def sources(cfg: RunConfig, everything: bool) -> tuple[Source, ...]:
-    """The Sources of the run; `everything`: --train_on_prompt as config/derived.py reads it."""
+    """The Sources of the run; `everything`: --train_on_prompt as decide/derived.py reads it."""
     d = cfg.data
     if d.datasets:
         if mixture_problems(list(d.datasets)):

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.config.derived import DTYPE_OF_PRECISION, Derived, mesh_sizes
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.spec import Loading, ShardedPlan
+from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, mesh_sizes
+from fsdp_tune.decide.spec import Loading, ShardedPlan
 from fsdp_tune.sources import model as model_source
 from fsdp_tune.sources.moe import has_experts
 

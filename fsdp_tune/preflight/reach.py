@@ -16,8 +16,8 @@ import urllib.request
 from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.spec import RankSpec
 
 PROBE_TIMEOUT_S = 3.0
 HUB_ENDPOINT = "https://huggingface.co"

@@ -5,7 +5,7 @@ longer than max_seq_len was found by the time it took).
 The tokenizer is the run's own, loaded without torch: transformers' class for a tokenizer.json (AutoTokenizer
 would import torch through AutoConfig), from the model folder or the local Hub cache, or the builtin model's,
 with the chat template the run applies (config/templates.py). `train` does this in its pre-flight (never
-validate-config). Each row goes through what rank 0 does to it (worker/data/rows.py encode_row): converted,
+validate-config). Each row goes through what rank 0 does to it (sources/rows.py encode_row): converted,
 checked, cut to max_seq_len's reach, rendered, tokenized, cut at max_seq_len. Up to ROWS rows a split (spread
 evenly) within SECONDS for the whole run; the plan says how many were. Every row read is measured (cheap): rows
 cut before tokenizing, or too large to tokenize at all, are named (PF071).
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdp_tune.config.templates import apply_template
+from fsdp_tune.decide.spec import ModelSpec, RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.launch.spec import ModelSpec, RankSpec
 from fsdp_tune.sources.convert import to_trl
 from fsdp_tune.sources.formats import Format
 
@@ -89,7 +89,7 @@ class TokenCheck:
     @property
     def encoder(self) -> Any:
         if not self._loaded:
-            from fsdp_tune.worker.data.encode import Encoder
+            from fsdp_tune.sources.encode import Encoder
 
             self._loaded = True
             tokenizer, self.why_not = load_tokenizer(self.spec.model)
@@ -102,7 +102,7 @@ class TokenCheck:
         """None when there is no tokenizer."""
         if self.encoder is None:
             return None
-        from fsdp_tune.worker.data.rows import encode_row
+        from fsdp_tune.sources.rows import encode_row
 
         found = Tokenized(of=len(rows))
         self.measure(rows, fmt, roles, found)
@@ -133,7 +133,7 @@ class TokenCheck:
         reach = encoder.reach if encoder is not None else None
         if reach is None:
             return
-        from fsdp_tune.worker.data.clip import row_chars
+        from fsdp_tune.sources.clip import row_chars
 
         for where, row in rows:
             if not isinstance(row, dict) or _raw_chars(row) <= reach.chars:
@@ -179,7 +179,7 @@ LISTED = 5  # rows named in one finding
 def token_findings(split: str, found: Tokenized, reach: Any, max_seq_len: int) -> list[Finding]:
     """PF070: rows tokenizing skips (an error when no row is left and every row was tokenized); PF071: rows
     cut before tokenizing (a note) or too large to tokenize (skipped)."""
-    from fsdp_tune.worker.data.rows import TOKENIZED
+    from fsdp_tune.sources.rows import TOKENIZED
 
     findings = _size_findings(split, found, reach, max_seq_len)
     if found.fails:
@@ -208,7 +208,7 @@ def token_findings(split: str, found: Tokenized, reach: Any, max_seq_len: int) -
 
 
 def _size_findings(split: str, found: Tokenized, reach: Any, max_seq_len: int) -> list[Finding]:
-    from fsdp_tune.worker.data.clip import ROW_BOUND
+    from fsdp_tune.sources.clip import ROW_BOUND
 
     findings = []
     if found.clipped:

@@ -12,6 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.preflight.tokens import TokenCheck, token_findings
+from fsdp_tune.preflight.tokens import listed as _listed
 from fsdp_tune.sources import preference_check
 from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
@@ -19,11 +21,9 @@ from fsdp_tune.sources.mixture import Source, slice_rows, split_name
 from fsdp_tune.sources.model import offline
 from fsdp_tune.sources.rowcheck import Problem, check_row
 from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS, SCAN_SECONDS, Sample, read_sample
-from fsdp_tune.sources.tokencheck import TokenCheck, token_findings
-from fsdp_tune.sources.tokencheck import listed as _listed
 
 DETECT_ROWS = 100  # rows detection looks at
-COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (launch/batch.py compares it with a step)
+COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (preflight/batch.py compares it with a step)
 
 
 def settle(
@@ -35,7 +35,7 @@ def settle(
     method: str = "sft",
 ) -> tuple[tuple[Source, ...], list[Finding]]:
     """(the sources with what their files say, findings). `eval_wanted`: read each source's held-out split;
-    `tokens`: tokenize their rows as rank 0 will (train's pre-flight; sources/tokencheck.py); `method`: the
+    `tokens`: tokenize their rows as rank 0 will (train's pre-flight; preflight/tokens.py); `method`: the
     training method (a preference method's data is checked by sources/preference_check.py)."""
     if not sources:
         hint = "--dataset_name data/train.jsonl (a file, a folder, a Hub name), or a `datasets:` list"

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fsdp_tune.config.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.decide_data import data_spec
-from fsdp_tune.launch.decide_method import method_args
-from fsdp_tune.launch.loading import decide_loading, trainer_fsdp_config_for
-from fsdp_tune.launch.lora import lora_kwargs
-from fsdp_tune.launch.machine import Machine, needs_nccl_p2p_off
-from fsdp_tune.launch.spec import ModelSpec, RankSpec, SaveSpec, World
+from fsdp_tune.decide.data import data_spec
+from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
+from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
+from fsdp_tune.decide.lora import lora_kwargs
+from fsdp_tune.decide.machine import Machine, needs_nccl_p2p_off
+from fsdp_tune.decide.method import method_args
+from fsdp_tune.decide.spec import ModelSpec, RankSpec, SaveSpec, World
 from fsdp_tune.sources.classes import chosen_attention
 
 DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
@@ -32,11 +32,11 @@ def console_mode(verbose: bool, tty: bool) -> str:
 
 def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
     on_cpu = cfg.launch.use_cpu or not machine.cuda
-    d = derive(cfg, on_cpu)  # config/derived.py, once: every decision below reads it
+    d = derive(cfg, on_cpu)  # decide/derived.py, once: every decision below reads it
     output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
     qlora_policy = fsdp2_qlora_policy(cfg, d)
     units = fsdp_config(cfg, d)  # the transformers path's fsdp_config
-    loading = decide_loading(cfg, d, units, qlora_policy)  # launch/loading.py
+    loading = decide_loading(cfg, d, units, qlora_policy)  # decide/loading.py
     args = trainer_args(cfg, d, output_dir, trainer_fsdp_config_for(loading, units))
     return RankSpec(
         world=world(cfg),
@@ -199,7 +199,7 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
     kwargs = args.pop("gradient_checkpointing_kwargs", None) or {}
     args.pop("resume_from_checkpoint", None)  # resolved by the launcher: RankSpec.resume_from_checkpoint
     args.pop("overwrite_output_dir", None)
-    for name in TRL_LOSS_FLAGS:  # our rows carry their answer masks: read as --train_on_prompt (decide_data.py)
+    for name in TRL_LOSS_FLAGS:  # our rows carry their answer masks: read as --train_on_prompt (decide/data.py)
         args.pop(name, None)
     if args["activation_checkpointing"]:
         args["activation_checkpointing_kwargs"] = {"use_reentrant": cfg.run.use_reentrant, **kwargs}
@@ -208,7 +208,7 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
     if not args["fp16"]:
         args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
     args.setdefault("report_to", "none")
-    return method_args(cfg, args)  # what the method's TRL config takes (launch/decide_method.py)
+    return method_args(cfg, args)  # what the method's TRL config takes (decide/method.py)
 
 
 def attention(cfg: RunConfig) -> str | None:

@@ -1,4 +1,4 @@
-"""The rank spec: every decision a rank executes, made once on the launcher side (see decide.py).
+"""The rank spec: every decision a rank executes, made once on the launcher side (see rank.py).
 
 Plain, frozen, typed data. It is written to OUTPUT_DIR/fsdp_tune_resolved.json, printed by `train --dry_run`
 (`--dry_run --json` prints it whole), and the worker reads nothing else: no rank re-decides the backend,
@@ -55,7 +55,7 @@ class ModelSpec:
 @dataclass(frozen=True)
 class ShardedPlan:
     """What the sharded model builder (worker/loading/sharded.py) applies that accelerate applies on the
-    transformers path, decided as accelerate 1.15 decides it (launch/loading.py sharded_plan)."""
+    transformers path, decided as accelerate 1.15 decides it (decide/loading.py sharded_plan)."""
 
     layer_cls: tuple[str, ...]  # the classes made FSDP units; empty: the model's _no_split_modules
     reshard_after_forward: bool
@@ -69,7 +69,7 @@ class ShardedPlan:
 
 @dataclass(frozen=True)
 class Loading:
-    """How the weights reach the ranks (launch/loading.py): "sharded" (each rank reads only its shards,
+    """How the weights reach the ranks (decide/loading.py): "sharded" (each rank reads only its shards,
     worker/loading/sharded.py) or "transformers" (from_pretrained on every rank)."""
 
     path: str = "transformers"
@@ -153,7 +153,7 @@ class RankSpec:
     resume_from_checkpoint: str | None
     checkpoint_on_stop: bool  # a stop request (signal, stop file) ends with a checkpoint
     check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
-    loading: Loading  # how the model loads (launch/loading.py)
+    loading: Loading  # how the model loads (decide/loading.py)
     evaluation: bool  # the Trainer evaluates (--eval_strategy other than no): the ranks get the held-out rows
     seed: int  # set_seed before data and model (LoRA's initial values): --seed, TRL's default when not given
     full_state_dict: bool  # checkpoints hold the whole adapter (FULL_STATE_DICT): fsdp-tune's gather saves them
