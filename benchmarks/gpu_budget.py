@@ -151,7 +151,8 @@ def timeline(plan: list[Scenario], mode: Mode, rehearsal: dict, runnable, speed=
     t = (at or 0.0) + head["wheels"] + head["probe"]
     built, ready, decided_at = t, {}, t + head["decisions"]
     if cuda:
-        for model in dict.fromkeys(mode.model(s) for s in plan if runnable(s) and s.model in ("small", "big")):
+        trains = (s for s in plan if runnable(s) and s.model in ("small", "big") and s.kind not in ("paths", "refuse"))
+        for model in dict.fromkeys(mode.model(s) for s in trains):
             built += build_seconds(model, rehearsal, speed)
             ready[model] = round(built, 1)
     rows = []

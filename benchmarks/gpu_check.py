@@ -30,7 +30,9 @@ from pathlib import Path
 
 from benchmarks import gpu_budget, gpu_runs, gpu_verdict
 from benchmarks.gpu_builds import Builds
-from benchmarks.gpu_scenarios import REPO, Mode, Scenario, args_for, scenarios
+from benchmarks.gpu_scenarios import REPO, Mode, Scenario, args_for, scenarios, with_flags
+
+TRAINS = ("train", "resume", "throughput")  # the kinds of scenario that train a model (and wait for its build)
 
 
 class Out:
@@ -126,7 +128,7 @@ def decide(mode: Mode, plan: list[Scenario]) -> dict:
     h200 = Mode("cuda", 1, "NVIDIA H200", 143771, mode.steps, mode.warmup)
     items, work = [], tempfile.mkdtemp()
     for s in plan:
-        if s.kind not in ("train", "resume", "refuse", "throughput") or skip_reason(s, mode, None) not in (
+        if s.kind not in (*TRAINS, "refuse") or skip_reason(s, mode, None) not in (
             None,
             s.gpu_only,
         ):
@@ -140,7 +142,9 @@ def decide(mode: Mode, plan: list[Scenario]) -> dict:
     extra = {}
     for s in plan:  # refused here by the pre-flight, and with a way out: decided again with it
         if s.if_refused and s.name in refused and mode.device == "cuda":
-            again, still, _ = gpu_probe.decisions([(s.name, [*args_for(s, mode), *s.if_refused], "run", False)], work)
+            again, still, _ = gpu_probe.decisions(
+                [(s.name, with_flags(args_for(s, mode), s.if_refused), "run", False)], work
+            )
             why = f"{', '.join(refused[s.name])} refused it without"
             lines += [f"{x} (with {' '.join(s.if_refused)}: {why})" for x in again]
             if not still:
@@ -174,7 +178,7 @@ def run_one(s: Scenario, mode: Mode, out: Out, ctx: dict, i: int, left: float, e
         decisions_done(out, ctx)
     if s.cpu_run:  # nothing else may hold the GPU while the CPU run is watched from outside
         ctx["builds"].wait_all(left)
-    if s.kind != "refuse" and not ctx["builds"].wait(model, left):
+    if s.kind in TRAINS and not ctx["builds"].wait(model, left):
         record = {"status": "fail", "checks": {f"{model} built": False}, "lines": [ctx["builds"].said(model)]}
     else:
         cap = gpu_budget.cap_of(s, mode, est["seconds"])
@@ -274,7 +278,7 @@ def main(argv: list[str]) -> int:
         return 2
     ctx["deciding"] = ThreadPoolExecutor(1).submit(decide, mode, plan)
     runnable = [s for s in plan if not skip_reason(s, mode, opts["only"])]
-    wanted = [mode.model(s) for s in runnable if s.kind != "refuse"]
+    wanted = [mode.model(s) for s in runnable if s.kind in TRAINS]
     ctx["builds"] = Builds(list(dict.fromkeys(wanted)), out.log, mode.device == "cuda")
     if mode.device == "cpu":  # the rehearsal's tiny build, timed (the estimates scale it)
         ctx["builds"].wait_all(900)

@@ -112,7 +112,7 @@ def same_losses(mine: list, other: list | None, tolerance: float, what: str) -> 
 def different_paths(mine: str | None, other: str | None, what: str) -> tuple[bool, str]:
     """A pair compares two paths: the same path twice would pass for nothing."""
     ok = bool(mine and other and mine != other)
-    return ok, f"pair: loading {mine!r} here, {other!r} in {what}: {'two paths' if ok else 'NOT two paths'}"
+    return ok, f"pair: loading {mine!r} here, {other!r} in {what}: {'two paths: PASS' if ok else 'NOT two paths: FAIL'}"
 
 
 def no_gpu_use(baseline: dict, samples: list[dict], limit_mib: float = GPU_USE_MIB) -> tuple[bool | None, str]:

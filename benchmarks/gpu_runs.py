@@ -15,7 +15,7 @@ from pathlib import Path
 from benchmarks import gpu_criteria as crit
 from benchmarks import gpu_measures as meas
 from benchmarks.gpu_proc import GpuWatch, cli, failure_text, metrics, plan, read_json, stand_in_nvidia_smi
-from benchmarks.gpu_scenarios import THROUGHPUT_SHAPE, Mode, Scenario, args_for
+from benchmarks.gpu_scenarios import THROUGHPUT_SHAPE, Mode, Scenario, args_for, with_flags
 from fsdp_tune.runfiles import RESOLVED_NAME, SUMMARY_NAME
 
 MFU_GOAL = 0.40  # BENCHMARKS.md's target for bf16 LoRA on the 8B-class model, at 4N
@@ -44,7 +44,7 @@ def run(s: Scenario, mode: Mode, work: Path, cap: float, done: dict, extra: tupl
 
 def one(s: Scenario, mode: Mode, out: Path, clock: Clock, steps: int | None = None, extra=()) -> dict:
     """One training command and what it left: {"ok", "summary", "resolved", "metrics", "plan", "watch", ...}."""
-    args = [*args_for(s, mode, steps), *extra]
+    args = with_flags(args_for(s, mode, steps), extra)
     on_cpu = mode.device == "cpu" or s.cpu_run
     env = mode.env
     if s.cpu_run and mode.device == "cpu":  # rehearse the outside watch against a stand-in nvidia-smi

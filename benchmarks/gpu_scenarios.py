@@ -195,6 +195,17 @@ def args_for(s: Scenario, mode: Mode, steps: int | None = None) -> list[str]:
     return [*out, *s.flags]
 
 
+def with_flags(args: list[str], extra: tuple[str, ...] | list[str]) -> list[str]:
+    """`args` with `extra` ("--key value" pairs) in place of the same keys' values, the others appended."""
+    out, extra = list(args), list(extra)
+    for key, value in zip(extra[::2], extra[1::2], strict=True):
+        if key in out:
+            out[out.index(key) + 1] = value
+        else:
+            out += [key, value]
+    return out
+
+
 def throughput_data(rows: int = 64, words: int = 6000) -> Path:
     """A text dataset whose every row is longer than the throughput run's sequence (cut there: full rows), made
     once per machine from a fixed seed (the shipped chat data is a few thousand tokens in all)."""

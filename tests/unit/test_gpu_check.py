@@ -176,3 +176,16 @@ def test_trainer_arguments_in_the_installed_transformers_spelling() -> None:
     _Config517(**old)
     with pytest.raises(TypeError, match="takes no packing"):
         installed_names({"output_dir": "x", "packing": True}, _Config524)
+
+
+def test_flags_added_on_the_machine_replace_the_scenarios_own() -> None:
+    """Scenario.if_refused and the resume's saving flags replace a value the command already has (never a flag
+    given twice)."""
+    from benchmarks.gpu_scenarios import with_flags
+
+    args = ["--config", "c.yaml", "--fsdp_activation_checkpointing", "false", "--max_steps", "8"]
+    got = with_flags(args, ("--fsdp_activation_checkpointing", "true", "--save_steps", "4"))
+    assert got == ["--config", "c.yaml", "--fsdp_activation_checkpointing", "true", "--max_steps", "8"] + [
+        "--save_steps",
+        "4",
+    ]
