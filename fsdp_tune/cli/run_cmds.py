@@ -155,17 +155,18 @@ def plan_cmd(
     config, args = split_config(config, list(ctx.args))
 
     def run() -> None:
+        from fsdp_tune.decide.derived import runs_on_cpu
         from fsdp_tune.output.plan import format_plan
         from fsdp_tune.planner.plan import memory_plan
         from fsdp_tune.validate import load
 
         cfg = load(config, args).config
+        on_cpu = runs_on_cpu(cfg, asked=cpu)  # the run the config describes, or a CPU plan asked for (--cpu)
         if trace:  # refused up front (TR001, TR002) rather than after the plan
             from fsdp_tune.trace import guard
 
-            guard.check_settings(cfg, on_cpu=cpu)
+            guard.check_settings(cfg, on_cpu=on_cpu)
             guard.check_versions(cfg.quantization.use_4bit_quantization)
-        on_cpu = cpu or cfg.launch.use_cpu
         gpu_key, memory, host_gib = _plan_target(gpu, gpu_memory, on_cpu)
         result = memory_plan(cfg, gpu_key, memory, on_cpu=on_cpu, host_gib=host_gib)
         text = None if as_json else format_plan(result)
@@ -221,6 +222,7 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     """The planner's memory summary for a dry run, on the rank spec's loading path and the GPUs the ranks will use
     (the smallest, as train's memory pre-flight plans), host RAM judged when the machine is this one; a model it
     cannot see is a note, not a failure."""
+    from fsdp_tune.decide.derived import runs_on_cpu
     from fsdp_tune.decide.machine import available_ram_gib
     from fsdp_tune.errors import UsageError
     from fsdp_tune.output.plan import format_plan
@@ -229,11 +231,12 @@ def _dry_run_memory(planned, simulated: bool) -> None:
 
     cfg, spec = planned.config, planned.spec
     # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan (an H100's)
+    on_cpu = runs_on_cpu(cfg)
     cards = ranks_gpus(spec, planned.machine) if spec.device == "cuda" and planned.machine else []
     key, memory = planned_gpu(cards) if cards else ("h100", None)
-    host = None if simulated or not (cards or cfg.launch.use_cpu) else available_ram_gib()
+    host = None if simulated or not (cards or on_cpu) else available_ram_gib()
     try:
-        result = memory_plan(cfg, key, memory, on_cpu=cfg.launch.use_cpu, loading=spec.loading.path, host_gib=host)
+        result = memory_plan(cfg, key, memory, on_cpu=on_cpu, loading=spec.loading.path, host_gib=host)
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")
         return

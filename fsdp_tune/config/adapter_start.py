@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import Origin, RunConfig
 from fsdp_tune.config.values import BadValue, coerce
 from fsdp_tune.errors import Finding, Severity
@@ -117,7 +118,7 @@ def _problems(cfg: RunConfig, start: StartAdapter) -> list[Finding]:
         )
         hint = f"fsdp-tune merge --adapter {start.folder} -o MERGED, then --model_name_or_path MERGED"
         found.append(_error(cfg, "model.adapter", why, hint))
-    if cfg.run.method == "reward":
+    if row_of(cfg.run.method).head == "score":
         why = "a reward model starts from its base: its score head is new, and its LoRA is a sequence classifier's"
         found.append(_error(cfg, "model.adapter", why, "drop --adapter (or --method dpo / kto)"))
     return found

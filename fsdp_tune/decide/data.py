@@ -24,6 +24,11 @@ def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
         test_split_size=d.test_split_size,
         mask_fallback=d.mask_fallback,
         peft_text_field=peft_text_field(cfg),
+        # as the method's config reads them (its default when unset; a config without the field: TRL's SFT one)
+        truncation_mode=cfg.training.get("truncation_mode") or "keep_start",
+        packing_strategy=cfg.training.get("packing_strategy") or "bfd",
+        eos_token=cfg.training.get("eos_token"),
+        num_proc=cfg.training.get("dataset_num_proc"),
     )
 
 

@@ -1,8 +1,10 @@
-"""Settings derived from the typed config that the rules, the rank spec and the planner all need.
+"""The decisions every reader of a run shares, made here once: the machine the run is for (CPU or GPUs: the one
+definition, `runs_on_cpu`), the precision and dtypes, gradient vs activation checkpointing, whether offload acts,
+the method's row, the seeds. The rank spec (decide/rank.py), the rules, the planner and the trace read them
+through one `Derived` (`derive`), never each its own way.
 
-Pure functions of the RunConfig (no torch, no machine): each decision is made here once. Decisions that
-depend on the machine (the backend, whether offload can act) are the rank spec's (decide/rank.py), which
-reads them from one `Derived`, computed once per launch by `derive`.
+Pure (no torch): the machine comes in as data (decide/machine.py), or not at all for a config judged as written
+(validate-config, plan): then only --use_cpu makes a CPU run.
 """
 
 from __future__ import annotations
@@ -10,12 +12,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fsdp_tune.config.methods import MethodRow, row_of
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
+from fsdp_tune.decide.machine import Machine
 
 FLOATS = ("bfloat16", "float16", "float32")
 DTYPE_OF_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "no": "float32"}
 # TRL's own loss switches: read as --train_on_prompt (not value) when --train_on_prompt is not given (FT103)
 TRL_LOSS_FLAGS = ("assistant_only_loss", "completion_only_loss")
+
+
+def runs_on_cpu(cfg: RunConfig, machine: Machine | None = None, asked: bool = False) -> bool:
+    """Whether the ranks compute on CPU: asked for (--use_cpu, or `plan --cpu`), or the machine the run is decided
+    for has no GPU. `machine` None: the run the config describes, on GPUs unless it says use_cpu (validate-config,
+    `plan`, a dry run's memory plan on a laptop)."""
+    return asked or cfg.launch.use_cpu or (machine is not None and not machine.cuda)
 
 
 def compute_precision(cfg: RunConfig) -> str:
@@ -118,7 +129,8 @@ class Derived:
     """Every derived value the rank spec's decisions read, computed once per launch (decide/rank.py passes
     it to each decision instead of each asking the functions above again)."""
 
-    on_cpu: bool  # the ranks compute on CPU (--use_cpu, or no GPU on this machine)
+    on_cpu: bool  # the ranks compute on CPU: runs_on_cpu
+    machine_has_gpus: bool  # False only when the machine decided for has none (a CPU run it did not ask for)
     precision: str  # compute_precision
     model_dtype: str
     quant_storage: str  # meaningful under 4-bit quantization
@@ -129,14 +141,18 @@ class Derived:
     evaluation: bool
     seed: int  # --seed (TRL's default when not given)
     data_seed: int  # --data_seed, else the seed (as the data step has always read them)
+    method: MethodRow  # the training method's row (config/methods.py)
 
 
-def derive(cfg: RunConfig, on_cpu: bool) -> Derived:
+def derive(cfg: RunConfig, machine: Machine | None = None, cpu: bool = False) -> Derived:
+    """The run's decisions on `machine` (None: as the config describes it; `cpu`: a CPU run asked for)."""
+    on_cpu = runs_on_cpu(cfg, machine, cpu)
     precision = compute_precision(cfg)
     dtype = model_dtype(cfg, precision)
     seed = int(cfg.training.get("seed"))
     return Derived(
         on_cpu=on_cpu,
+        machine_has_gpus=machine is None or machine.cuda,
         precision=precision,
         model_dtype=dtype,
         quant_storage=quant_storage(cfg, dtype),
@@ -147,4 +163,5 @@ def derive(cfg: RunConfig, on_cpu: bool) -> Derived:
         evaluation=evaluation(cfg),
         seed=seed,
         data_seed=int(cfg.training.get("data_seed") or seed),
+        method=row_of(cfg.run.method),
     )

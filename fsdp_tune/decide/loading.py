@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, mesh_sizes
 from fsdp_tune.decide.spec import Loading, ShardedPlan
@@ -50,9 +51,9 @@ def why_not_sharded(cfg: RunConfig) -> str | None:
 
 def _setting_reason(cfg: RunConfig) -> str | None:
     f, lo = cfg.fsdp, cfg.lora
-    if cfg.run.method == "reward":
+    if row_of(cfg.run.method).head == "score":
         return (
-            "reward model: a sequence classifier whose score head a causal LM's checkpoint does not hold "
+            f"{cfg.run.method}: a sequence classifier whose score head a causal LM's checkpoint does not hold "
             "(from_pretrained initialises it)"
         )
     if f.version != 2:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_tune.config.lora_fields import VERDICTS
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.sources.moe import param_targets
 
@@ -23,7 +24,7 @@ def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
         "use_dora": lo.use_dora,
         "bias": "none",
         # a reward model's adapter is a sequence classifier's: PEFT then also trains the new score head
-        "task_type": "SEQ_CLS" if cfg.run.method == "reward" else "CAUSAL_LM",
+        "task_type": "SEQ_CLS" if row_of(cfg.run.method).head == "score" else "CAUSAL_LM",
     }
     for name, value in cfg.peft.args.items():
         if VERDICTS.get(name) is not None and VERDICTS[name].action == "pass":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fsdp_tune.config.methods import WITH_REFERENCE
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import Origin, RunConfig
 from fsdp_tune.errors import Finding, Severity
 
@@ -22,7 +22,7 @@ RULE = "FT116"
 def apply_method_defaults(cfg: RunConfig) -> tuple[RunConfig, list[Finding]]:
     """DPO/KTO with TRL's default gradient checkpointing left as it is: FSDP's activation checkpointing instead."""
     method = cfg.run.method
-    if method not in WITH_REFERENCE or cfg.training.is_set("gradient_checkpointing"):
+    if not row_of(method).recompute_with_fsdp or cfg.training.is_set("gradient_checkpointing"):
         return cfg, []
     if cfg.fsdp.activation_checkpointing or not cfg.training.get("gradient_checkpointing"):
         return cfg, []

@@ -13,13 +13,16 @@ from typing import Any
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.data import data_spec
 from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
+from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_kwargs
-from fsdp_tune.decide.machine import Machine, needs_nccl_p2p_off
-from fsdp_tune.decide.method import method_args
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.method import method_args, method_spec, steps
 from fsdp_tune.decide.spec import ModelSpec, RankSpec, SaveSpec, World
+from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
+BUILTIN = "builtin:"  # a model fsdp-tune builds: the ranks read the folder it is built into (launch/torchrun.py)
 DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
 DEFAULT_TIMEOUT_S = 1800  # TrainingArguments' ddp_timeout default
 
@@ -31,8 +34,8 @@ def console_mode(verbose: bool, tty: bool) -> str:
 
 
 def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
-    on_cpu = cfg.launch.use_cpu or not machine.cuda
-    d = derive(cfg, on_cpu)  # decide/derived.py, once: every decision below reads it
+    d = derive(cfg, machine)  # decide/derived.py, once: every decision below reads it
+    on_cpu = d.on_cpu
     output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
     qlora_policy = fsdp2_qlora_policy(cfg, d)
     units = fsdp_config(cfg, d)  # the transformers path's fsdp_config
@@ -65,7 +68,8 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         notes=_notes(cfg, d),
         console=console,
         save=save_spec(cfg),
-        method=cfg.run.method,
+        method=method_spec(cfg),
+        steps=steps(cfg),
     )
 
 
@@ -74,7 +78,8 @@ def save_spec(cfg: RunConfig) -> SaveSpec:
     unit (torch's full state dict would gather the whole model, and clone it on the GPU for an unsharded unit).
     A FULL_STATE_DICT checkpoint of an adapter is that same adapter file: accelerate's save_fsdp_model, which the
     Trainer calls beside it, would take FSDP1's full state dict of the whole model (accelerate 1.15
-    utils/fsdp_utils.py: get_peft_model_state_dict -> model.state_dict() inside FULL_STATE_DICT), by reading."""
+    utils/fsdp_utils.py: get_peft_model_state_dict -> model.state_dict() inside FULL_STATE_DICT; measured on CPU with
+    FSDP1 NO_SHARD in one process, tests/lib/test_fsdp1_units_on_cpu.py)."""
     adapter_file = cfg.fsdp.state_dict_type == "FULL_STATE_DICT" and cfg.lora.use_peft_lora
     checkpoint = "adapter_file" if adapter_file else "accelerate"
     if cfg.fsdp.version == 1:
@@ -139,14 +144,6 @@ def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> dict[str, str] | None:
     return {"param_dtype": storage, "reduce_dtype": storage, "output_dtype": storage}
 
 
-def backend(d: Derived) -> str:
-    """gloo on CPU; NCCL on GPUs, with gloo beside it for the CPU tensors cpu_offload leaves (gradient
-    clipping all-reduces the offloaded gradients' norms on the CPU), as accelerate does (state.py)."""
-    if d.on_cpu:
-        return "gloo"
-    return "cuda:nccl,cpu:gloo" if d.offload else "nccl"
-
-
 def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:
     """Transformers' `fsdp_config` dict, in the spelling TrainingArguments reads."""
     f = cfg.fsdp
@@ -198,6 +195,7 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
     args.pop("gradient_checkpointing", None)
     kwargs = args.pop("gradient_checkpointing_kwargs", None) or {}
     args.pop("resume_from_checkpoint", None)  # resolved by the launcher: RankSpec.resume_from_checkpoint
+    args.pop("hub_token", None)  # a secret: the ranks get it as HF_TOKEN in their environment (secret_env)
     args.pop("overwrite_output_dir", None)
     for name in TRL_LOSS_FLAGS:  # our rows carry their answer masks: read as --train_on_prompt (decide/data.py)
         args.pop(name, None)
@@ -232,7 +230,7 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
     name = cfg.model.model_name_or_path or ""
     template = cfg.data.chat_template_format
     return ModelSpec(
-        name_or_path=name,
+        name_or_path=str(builtin_folder(name.removeprefix(BUILTIN))) if name.startswith(BUILTIN) else name,
         requested=name,
         revision=cfg.model.model_revision,
         dtype=d.model_dtype,
@@ -245,49 +243,7 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
     )
 
 
-def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:
-    """The ranks' environment: what accelerate launch exports for the config's launch keys
-    (accelerate/utils/launch.py), so the ranks' Accelerator behaves the same, and fsdp-tune's own."""
-    lc = cfg.launch
-    env: dict[str, str] = {
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "ACCELERATE_USE_FSDP": "true",
-        "FSDP_CPU_RAM_EFFICIENT_LOADING": str(cfg.fsdp.cpu_ram_efficient_loading).lower(),
-    }
-    if machine.omp_num_threads is None and cfg.launch.nproc_per_node > 1:
-        # what torchrun sets then (torch/distributed/run.py), said here so it prints no banner about it
-        env["OMP_NUM_THREADS"] = "1"
-    if not on_cpu and needs_nccl_p2p_off(machine):
-        env.update(NCCL_P2P_DISABLE="1", NCCL_IB_DISABLE="1")  # what `accelerate launch` sets on such hosts
-    if on_cpu and machine.cuda:
-        # a CPU run on a machine with GPUs: fully_shard would put the shards on the default accelerator
-        # under a gloo group; the ranks must not see the GPUs at all
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    elif lc.gpu_ids and lc.gpu_ids != "all" and not on_cpu:
-        env["CUDA_VISIBLE_DEVICES"] = lc.gpu_ids
-    if cfg.fsdp.activation_checkpointing_offload and not on_cpu:
-        # accelerate's plugin reads it from the environment (Transformers' fsdp_config does not carry it)
-        env["FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"] = "true"
-    if lc.enable_cpu_affinity:
-        env["ACCELERATE_CPU_AFFINITY"] = "1"
-    if lc.accelerate_debug:
-        env["ACCELERATE_DEBUG_MODE"] = "true"
-    if lc.dynamo_backend.lower() != "no":
-        env.update(
-            ACCELERATE_DYNAMO_BACKEND=lc.dynamo_backend.upper(),
-            ACCELERATE_DYNAMO_MODE=lc.dynamo_mode,
-            ACCELERATE_DYNAMO_USE_FULLGRAPH=str(lc.dynamo_use_fullgraph),
-            ACCELERATE_DYNAMO_USE_DYNAMIC=str(lc.dynamo_use_dynamic),
-            ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=str(lc.dynamo_use_regional_compilation),
-        )
-    return env
-
-
 def _notes(cfg: RunConfig, d: Derived) -> tuple[str, ...]:
     notes = []
-    if cfg.fsdp.cpu_offload and not d.offload:
-        notes.append("cpu_offload has no effect on a CPU run: off")
-    if cfg.fsdp.activation_checkpointing_offload and d.on_cpu:
-        notes.append("activation_checkpointing_offload has no effect on a CPU run: off")
+    # offload on a CPU run is FT031's (rules/fsdp.py, on the machine it launches on too), not a note here
     return tuple(notes)

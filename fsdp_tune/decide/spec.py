@@ -11,14 +11,16 @@ Transformers receives. Because GPU decisions are data here, they are tested as t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from fsdp_tune.config.methods import DataKind, Head, Truncation
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
-from fsdp_tune.sources.mixture import Source, source_from_dict
+from fsdp_tune.sources.mixture import Source
+from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 2
+SPEC_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class ModelSpec:
     adapter: str | None = None  # a trained adapter's folder the policy starts from (--adapter), absolute
     # DPO/KTO's reference: "base" (the base model: a fresh adapter's start) or "adapter" (a frozen copy of the
     # starting adapter); on the sharded path it is the frozen "ref" adapter either way (worker/loading/reference.py)
-    reference: str = "base"
+    reference: Literal["base", "adapter"] = "base"
 
 
 @dataclass(frozen=True)
@@ -72,19 +74,12 @@ class Loading:
     """How the weights reach the ranks (decide/loading.py): "sharded" (each rank reads only its shards,
     worker/loading/sharded.py) or "transformers" (from_pretrained on every rank)."""
 
-    path: str = "transformers"
+    path: Literal["transformers", "sharded"] = "transformers"
     why: str | None = None  # why the run takes the transformers path, when sharded loading does not apply
     sharded: ShardedPlan | None = None  # on the sharded path: what the builder applies
     # on the sharded path, the transformers path's fsdp_config: the units the builder makes follow it, and a rank
     # that falls back gives it to the Trainer (the Trainer is otherwise told NO_WRAP); None on the transformers path
     transformers_fsdp_config: dict[str, Any] | None = None
-
-
-def loading_from_dict(data: dict[str, Any]) -> Loading:
-    sharded = data.get("sharded")
-    if sharded is not None:
-        sharded = ShardedPlan(**{**sharded, "layer_cls": tuple(sharded["layer_cls"])})
-    return Loading(**{**data, "sharded": sharded})
 
 
 @dataclass(frozen=True)
@@ -101,8 +96,14 @@ class DataSpec:
     seed: int  # mixing sources and carving held-out rows: --data_seed, else --seed
     sources: tuple[Source, ...] = ()
     test_split_size: float | None = None  # held-out share carved from the mixed training rows
-    mask_fallback: str = "split"  # chat templates that re-render earlier turns: split | locate | error
+    mask_fallback: Literal["split", "locate", "error"] = "split"  # chat templates that re-render earlier turns
     peft_text_field: str | None = None  # PEFT's examples path: chats rendered into this text, every token trained
+    # how the trainer cuts and packs sequences, as its config reads them (the run's, or TRL's defaults): rank 0
+    # encodes the rows to match, and the pre-flight counts what would be cut
+    truncation_mode: Literal["keep_start", "keep_end"] = "keep_start"
+    packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped (TRL's packing)
+    eos_token: str | None = None  # SFTConfig's eos_token; None: the tokenizer's
+    num_proc: int | None = None  # --dataset_num_proc: processes rank 0 maps the rows with
 
 
 @dataclass(frozen=True)
@@ -113,36 +114,59 @@ class SaveSpec:
 
     # "gather_trainable": FSDP2, every rank all-gathers the trainable tensors only, rank 0 writes them;
     # "fsdp1_units": FSDP1, one unit unsharded at a time, its adapter tensors copied off (worker/saving/fsdp1_units.py)
-    final: str = "gather_trainable"
+    final: Literal["gather_trainable", "fsdp1_units"] = "gather_trainable"
     # "local_rows": FSDP2, each rank copies its rows of the saved adapter into its shards where they live (GPU, or
     # pinned host memory under cpu_offload); "fsdp1_units": FSDP1, unit by unit, written back to each shard
-    resume: str = "local_rows"
+    resume: Literal["local_rows", "fsdp1_units"] = "local_rows"
     # how a checkpoint holds the model: "adapter_file" (FULL_STATE_DICT with an adapter: the adapter file `final`
     # writes, and nothing else; accelerate's save_fsdp_model is skipped, whose FULL state dict gathers the whole
     # model under FSDP1, cloned on the GPU for an unsharded unit, and gathers the adapter a second time under FSDP2;
     # the best model comes back from the adapter file as a resume does); "accelerate" (SHARDED_STATE_DICT, or full
     # fine-tuning: accelerate's save_fsdp_model, the shards or the whole model, and its load)
-    checkpoint: str = "accelerate"
+    checkpoint: Literal["adapter_file", "accelerate"] = "accelerate"
 
 
-def data_spec_from_dict(data: dict[str, Any]) -> DataSpec:
-    sources = tuple(source_from_dict(s) for s in data.get("sources", ()))
-    return DataSpec(**{**data, "splits": tuple(data["splits"]), "sources": sources})
+@dataclass(frozen=True)
+class MethodSpec:
+    """The training method as the ranks execute it: its row's traits (config/methods.py), so no rank decides
+    anything from the method's name."""
+
+    name: str = "sft"  # the ranks' hook: the TRL config and trainer classes, the data preparation
+    data: DataKind = "sft"  # the rows it trains on
+    head: Head = "lm"  # "score": a sequence classifier with one number (AutoModelForSequenceClassification)
+    reference_adapter: bool = False  # a frozen "ref" adapter beside the policy's (worker/loading/reference.py)
+    truncation: Truncation = "sft"  # what the trainer cuts or drops at max_seq_len, as rank 0 counts it
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How many rows a step takes, how it ends, and when checkpoints are written: the Trainer reads these from
+    trainer_args; here they are typed, with the method's config defaults filled in, for the pre-flight (a resume's
+    batch, the disk a run's checkpoints take) and `plan --trace`."""
+
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_steps: int = -1
+    max_grad_norm: float = 1.0
+    optim: str = "adamw_torch_fused"
+    save_strategy: Literal["no", "steps", "epoch", "best"] = "steps"
+    save_steps: float = 500
+    save_total_limit: int | None = None
 
 
 @dataclass(frozen=True)
 class RankSpec:
     world: World
-    device: str  # "cpu" | "cuda": where the ranks compute
+    device: Literal["cpu", "cuda"]  # where the ranks compute
     backend: str  # the process-group backend string, e.g. "gloo", "nccl", "cuda:nccl,cpu:gloo"
     timeout_s: int  # collectives time out after this long (--ddp_timeout)
     env: dict[str, str]  # exported to torchrun and every rank, as `accelerate launch` would
     cpu_fsdp_shim: bool  # accelerate's FSDP path on CPU (worker/cpu_fsdp.py)
     fsdp_version: int  # shown by the plan; the ranks get it in trainer_args' fsdp_config
-    precision: str  # mixed precision, shown by the plan: no | bf16 | fp16 | fp8 (the ranks: trainer_args' bf16/fp16)
+    precision: Literal["no", "bf16", "fp16", "fp8"]  # mixed precision, shown by the plan (ranks: trainer_args')
     # shown by the plan: "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"; the ranks get
     # it as fsdp_config's activation_checkpointing, trainer_args' activation_checkpointing and loading.sharded's
-    checkpointing: str
+    checkpointing: Literal["fsdp", "gradient", "off"]
     trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
     parallelism: dict[str, Any] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
     fsdp_mixed_precision: dict[str, str] | None  # FSDP2 MixedPrecisionPolicy dtypes (QLoRA), None: accelerate's
@@ -157,13 +181,14 @@ class RankSpec:
     evaluation: bool  # the Trainer evaluates (--eval_strategy other than no): the ranks get the held-out rows
     seed: int  # set_seed before data and model (LoRA's initial values): --seed, TRL's default when not given
     full_state_dict: bool  # checkpoints hold the whole adapter (FULL_STATE_DICT): fsdp-tune's gather saves them
-    method: str = "sft"  # the training method (worker/training/methods.py): SFTTrainer
+    method: MethodSpec = field(default_factory=MethodSpec)  # the training method (worker/training/methods.py)
+    steps: Steps = field(default_factory=Steps)  # the batch, the end and the checkpoints, typed
     spec_version: int = SPEC_VERSION
     notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
     # what rank 0 shows people (worker/logs.py, worker/training/progress.py): "live" (a terminal: one progress
     # line redrawn in place), "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also
     # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
-    console: str = "lines"
+    console: Literal["live", "lines", "verbose"] = "lines"
     save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
 
     @property
@@ -188,7 +213,7 @@ class RankSpec:
         return str(Path(self.output_dir) / resolved_name(self.world.node_rank, self.world.nnodes))
 
     def as_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        return to_plain(self)
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=2)
@@ -201,14 +226,7 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
             f"rank spec version {data.get('spec_version')} (this fsdp-tune reads {SPEC_VERSION}): the launcher "
             "and the ranks run different fsdp-tune versions"
         )
-    kwargs = dict(data)
-    kwargs["world"] = World(**data["world"])
-    kwargs["model"] = ModelSpec(**data["model"])
-    kwargs["data"] = data_spec_from_dict(data["data"])
-    kwargs["loading"] = loading_from_dict(data["loading"])
-    kwargs["notes"] = tuple(data.get("notes", ()))
-    kwargs["save"] = SaveSpec(**data.get("save", {}))
-    return RankSpec(**kwargs)
+    return from_plain(RankSpec, data)
 
 
 def read_from(run_dir: str | Path) -> RankSpec | None:
@@ -218,11 +236,3 @@ def read_from(run_dir: str | Path) -> RankSpec | None:
         if path.exists():
             return from_dict(json.loads(path.read_text())["spec"])
     return None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -6,11 +6,12 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.env import secret_env as decided_secrets
 from fsdp_tune.decide.machine import Machine, probe
 from fsdp_tune.decide.rank import decide
 from fsdp_tune.decide.spec import RankSpec
@@ -147,15 +148,17 @@ def plan_run(
     (decide.console_mode); `machine`: the machine to decide for (a function of the config for a simulated node
     sized by it, `train --dry_run --gpu`), this one by default."""
     from fsdp_tune.preflight.checks import check_data, check_machine
+    from fsdp_tune.rules.catalog import machine_findings
 
     checked = load(config, argv)
     cfg = checked.config
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
     spec, findings = check_data(decide(cfg, machine, resume, console))
-    spec, secret_env = _token_out(spec)
+    secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
+    findings += machine_findings(cfg, machine, checked.findings)  # the config's rules on this machine's decisions
     findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
@@ -163,16 +166,6 @@ def plan_run(
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
     return Planned(checked, spec, findings, run_id, secret_env, machine)
-
-
-def _token_out(spec: RankSpec) -> tuple[RankSpec, dict[str, str]]:
-    """--hub_token leaves the rank spec (a file, fsdp_tune_resolved.json) for the ranks' environment: HF_TOKEN,
-    which the Trainer's and fsdp-tune's pushes read when hub_token is unset (huggingface_hub's get_token)."""
-    token = spec.trainer_args.get("hub_token")
-    if "hub_token" not in spec.trainer_args:
-        return spec, {}
-    args = {k: v for k, v in spec.trainer_args.items() if k != "hub_token"}
-    return replace(spec, trainer_args=args), ({"HF_TOKEN": str(token)} if token else {})
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_tune.config.methods import TITLE
+from fsdp_tune.config.methods import SFT, row_of
 
 
 def format_plan(plan: dict[str, Any]) -> str:
     m = plan["model"]
-    method = plan.get("method", "sft")
-    lines = [] if method == "sft" else [f"method: {TITLE.get(method, method)}"]
+    method = plan.get("method", SFT)
+    lines = [] if method == SFT else [f"method: {row_of(method).title}"]
     lines += [
         f"model: {m['name']} ({plan['total_params'] / 1e9:.2f}B parameters, {m['layers']} x {m['layer_class']}); "
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"

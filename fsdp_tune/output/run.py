@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdp_tune.config.methods import METRICS, TITLE, WITH_REFERENCE
+from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
 from fsdp_tune.decide.spec import RankSpec
@@ -66,7 +66,7 @@ def method_summary(s: RunSummary) -> list[str]:
         return []
     shown = [
         f"{label} {s.method_metrics[key]['first']:.3g} -> {s.method_metrics[key]['last']:.3g}"
-        for key, label in METRICS.get(s.method, ())
+        for key, label in ((m.key, m.label) for m in row_of(s.method).metrics)
         if key in s.method_metrics
     ]
     return [f"  {s.method}: " + ", ".join(shown)]
@@ -115,7 +115,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
         )
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
-    lines += plan_lines(d, spec.trainer_args.get("packing_strategy"))
+    lines += plan_lines(d, d.packing_strategy)
     lines.append(f"  loading: {loading.describe(spec.loading)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
@@ -130,8 +130,9 @@ def method_lines(spec: RankSpec) -> list[str]:
     """The training method (none for SFT, the default), and for DPO/KTO what the policy is compared with; a
     starting adapter."""
     m = spec.model
-    lines = [] if spec.method == "sft" else [f"  method: {TITLE.get(spec.method, spec.method)}"]
-    if spec.method in WITH_REFERENCE:
+    name = spec.method.name
+    lines = [] if name == SFT else [f"  method: {row_of(name).title}"]
+    if spec.method.reference_adapter:
         ref = "a frozen copy of the starting adapter" if m.reference == "adapter" else "the base model"
         how = 'a frozen "ref" adapter inside FSDP\'s units' if spec.loading.path == "sharded" else "TRL's"
         lines.append(f"  reference: {ref} ({how}; no grad, nothing saved for backward)")

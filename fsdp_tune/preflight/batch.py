@@ -21,9 +21,8 @@ from fsdp_tune.rundir.checkpoints import trained_batch
 
 
 def _ours(spec: RankSpec) -> tuple[int, int, int]:
-    args = spec.trainer_args
-    per_device = int(args.get("per_device_train_batch_size") or 8)  # TrainingArguments' default
-    return spec.world.world_size, per_device, int(args.get("gradient_accumulation_steps") or 1)
+    s = spec.steps
+    return spec.world.world_size, s.per_device_train_batch_size, s.gradient_accumulation_steps
 
 
 def resume_batch(checkpoint: str | None, spec: RankSpec) -> list[Finding]:

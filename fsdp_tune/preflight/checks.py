@@ -113,8 +113,8 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
 
     d = spec.data
     eval_wanted = spec.evaluation and not d.test_split_size
-    tokens = TokenCheck(spec) if spec.method == "sft" else None  # a preference method's rows: preference_check
-    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method)
+    tokens = TokenCheck(spec) if spec.method.data == "sft" else None  # a preference method's rows: preference_check
+    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method.name)
     return replace(spec, data=replace(d, sources=sources)), findings
 
 
@@ -168,26 +168,6 @@ def _gpus(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
                 f"{w.nproc_per_node} processes per machine, but the ranks would see {gpus} GPU(s) here: one "
                 "rank per GPU (NCCL)",
                 f"--num_processes {gpus * w.nnodes}, or check CUDA_VISIBLE_DEVICES / gpu_ids",
-            )
-        )
-    mesh = spec.parallelism or {}
-    if spec.device == "cpu" and mesh.get("cp_size", 1) > 1:
-        findings.append(
-            _err(
-                "PF026",
-                "parallelism_config_cp_size",
-                "this machine has no GPU, and context parallelism has no CPU implementation (torch 2.13: no "
-                "sharding strategy for SDPA's CPU kernel)",
-                "run it on GPUs; on CPU, set parallelism_config_cp_size to 1",
-            )
-        )
-    if cfg.fsdp.version == 1 and spec.device == "cpu":
-        findings.append(
-            _err(
-                "PF022",
-                "fsdp_version",
-                "this machine has no GPU and FSDP1 does not run on CPU",
-                f"fsdp-tune convert --fsdp2 {cfg.config_path or 'CONFIG'} (or --fsdp_version 2)",
             )
         )
     return findings

@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight.tokens import TokenCheck, token_findings
 from fsdp_tune.preflight.tokens import listed as _listed
@@ -46,7 +47,7 @@ def settle(
         one, found = settle_source(source, text_field, peft_text_field, eval_wanted, tokens, method)
         settled.append(one)
         findings += found
-    if method != "sft" and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
+    if row_of(method).preference and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
         findings.append(_error("PF077", "datasets", settled[0].path, why, "train on one kind of source"))
     return tuple(settled), findings
 
@@ -104,7 +105,7 @@ def settle_source(
         return source, findings + problems
     first = samples[source.split][0]
     rows = [r for x in samples[source.split] for _, r in x.rows]
-    if method != "sft":
+    if row_of(method).preference:
         return _settle_preference(source, splits, samples, findings, located, method)
     try:
         fmt = detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source, text_field)

@@ -59,14 +59,14 @@ def sizes(cfg: RunConfig, spec: RankSpec, config: dict) -> tuple[float, float]:
 
 def kept_checkpoints(spec: RankSpec) -> int:
     """How many checkpoints the run holds at once at most (1 when that cannot be told in advance)."""
-    args = spec.trainer_args
-    if args.get("save_strategy", "steps") == "no":
+    s = spec.steps
+    if s.save_strategy == "no":
         return 0
     planned = 1
-    steps, every = args.get("max_steps") or 0, args.get("save_steps") or 0
-    if args.get("save_strategy", "steps") == "steps" and steps > 0 and every:
+    steps, every = max(s.max_steps, 0), s.save_steps
+    if s.save_strategy == "steps" and steps > 0 and every:
         planned = max(1, int(1 / every) if every < 1 else steps // int(every))
-    limit = args.get("save_total_limit")
+    limit = s.save_total_limit
     return min(planned, limit) if limit else planned
 
 

@@ -128,11 +128,19 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
             "trained_targets": trained,
             "method": _method(lora, model.get("quantization")),
             "model": model.get("requested"),
-            "training method": record.get("method", "sft"),
+            "training method": _method_name(record.get("method")),
         }
     if isinstance(config, dict):
         return {"lora": config, "fields": CORE, "trained_targets": trained}
     return None
+
+
+def _method_name(recorded) -> str:
+    """The method a checkpoint's run trained with: its rank spec's method part (version 3), or its name alone
+    (version 2), or SFT before either."""
+    if isinstance(recorded, dict):
+        return str(recorded.get("name") or "sft")
+    return str(recorded or "sft")
 
 
 def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str, str, str]]:
@@ -140,9 +148,9 @@ def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str,
     found = []
     if before.get("model") and before["model"] != spec.model.requested:
         found.append(("base model", before["model"], spec.model.requested, f"--model_name_or_path {before['model']}"))
-    if before.get("training method", spec.method) != spec.method:
+    if before.get("training method", spec.method.name) != spec.method.name:
         found.append(
-            ("training method", before["training method"], spec.method, f"--method {before['training method']}")
+            ("training method", before["training method"], spec.method.name, f"--method {before['training method']}")
         )
     method = _method(spec.lora, spec.model.quantization)
     if "method" in before and before["method"] != method:

@@ -35,8 +35,8 @@ def load_tokenizer(model: ModelSpec) -> tuple[Any | None, str]:
     try:
         from transformers import PreTrainedTokenizerFast
 
-        if name.startswith("builtin:"):
-            tok = _builtin(name.removeprefix("builtin:"))
+        if model.requested.startswith("builtin:"):  # its folder may not be built yet: the recipe's tokenizer then
+            tok = _builtin(model.requested.removeprefix("builtin:"))
         else:
             revision = {"revision": model.revision} if model.revision else {}
             tok = PreTrainedTokenizerFast.from_pretrained(name, local_files_only=True, **revision)
@@ -94,7 +94,7 @@ class TokenCheck:
             self._loaded = True
             tokenizer, self.why_not = load_tokenizer(self.spec.model)
             if tokenizer is not None:
-                self._encoder = Encoder.for_run(tokenizer, self.spec.data, self.spec.trainer_args)
+                self._encoder = Encoder.for_run(tokenizer, self.spec.data)
             self.deadline = time.monotonic() + SECONDS
         return self._encoder
 

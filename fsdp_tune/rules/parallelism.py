@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
-from fsdp_tune.decide.derived import evaluation, mesh_sizes
+from fsdp_tune.decide.derived import Derived, evaluation, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 
@@ -191,10 +191,10 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT049", "parallelism", "context parallelism has no CPU implementation")
-def cp_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT049", "parallelism", "context parallelism has no CPU implementation", decided=True)
+def cp_on_cpu(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     p = cfg.parallelism
-    if p.enabled and p.cp_size > 1 and cfg.launch.use_cpu:
+    if p.enabled and p.cp_size > 1 and d.on_cpu:
         yield error(
             cfg,
             "FT049",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import DPO, PREFERENCE, REWARD, WITH_REFERENCE
+from fsdp_tune.config.methods import DPO, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.method import loss_types
@@ -17,7 +17,7 @@ SMOOTHED = ("exo_pair", "robust", "aot", "aot_unpaired")
 
 @rule("FT119", "method", "the reward model's head: one score, a sequence classifier's adapter")
 def reward_head(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method != REWARD:
+    if row_of(cfg.run.method).head != "score":
         return
     init = cfg.training.get("model_init_kwargs")
     labels = init.get("num_labels") if isinstance(init, dict) else None
@@ -45,8 +45,9 @@ def reward_head(cfg: RunConfig) -> Iterator[Finding]:
 @rule("FT120", "method", "settings the training method accepts and ignores (dropped, with a warning)")
 def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
     method, t = cfg.run.method, cfg.training
+    row = row_of(method)
     unused = []
-    if method in WITH_REFERENCE:
+    if row.reference:
         if not t.get("sync_ref_model"):
             synced = ("ref_model_mixup_alpha", "ref_model_sync_steps")
             unused += [(n, "only read with --sync_ref_model") for n in synced]
@@ -60,7 +61,7 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
             unused.append(("discopop_tau", "only the discopop loss reads it"))
         if t.get("f_divergence_type") != "alpha_divergence":
             unused.append(("f_alpha_divergence_coef", "only read with --f_divergence_type alpha_divergence"))
-    if method in PREFERENCE:
+    if row.preference:
         why = "fsdp-tune passes no compute_metrics: evaluation reports the loss and the method's own metrics"
         unused += [(n, why) for n in ("batch_eval_metrics", "include_for_metrics")]
     for name, why in unused:
@@ -69,7 +70,7 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
     if cfg.is_set("model.reference") and not cfg.model.adapter:
         why = "without --adapter the reference is the base model (the new adapter starts at zero)"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it, or add --adapter RUN_DIR")
-    elif cfg.is_set("model.reference") and method not in WITH_REFERENCE:
+    elif cfg.is_set("model.reference") and not row.reference:
         why = f"--method {method} has no reference model"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it")
 
@@ -79,7 +80,7 @@ def reference_base(cfg: RunConfig) -> Iterator[Finding]:
     """The base as reference, while the policy starts from an adapter: the reference adapter's lora_B is zeroed
     after TRL copies the start into it (W + A·0 = W). DoRA's magnitudes, modules_to_save copies and trainable
     tokens have no such zero."""
-    if cfg.run.method not in WITH_REFERENCE or not cfg.model.adapter or cfg.model.reference != "base":
+    if not row_of(cfg.run.method).reference or not cfg.model.adapter or cfg.model.reference != "base":
         return
     extra = [
         name
@@ -103,7 +104,7 @@ def reference_base(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT123", "method", "router_aux_loss_coef on a model without experts")
 def router_aux(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE or cfg.training.get("router_aux_loss_coef") is None:
+    if not row_of(cfg.run.method).reference or cfg.training.get("router_aux_loss_coef") is None:
         return
     from fsdp_tune.sources.model import model_config
     from fsdp_tune.sources.moe import has_experts
@@ -124,7 +125,7 @@ def router_aux(cfg: RunConfig) -> Iterator[Finding]:
 def format_for_method(cfg: RunConfig) -> Iterator[Finding]:
     from fsdp_tune.sources.formats import KINDS, PREFERENCE_KINDS
 
-    preference = cfg.run.method in PREFERENCE
+    preference = row_of(cfg.run.method).preference
     wrong, right = (KINDS, PREFERENCE_KINDS) if preference else (PREFERENCE_KINDS, KINDS)
     asked = [("data.dataset_format", cfg.data.dataset_format)]
     asked += [("data.datasets", e.get("format")) for e in cfg.data.datasets or () if isinstance(e, dict)]

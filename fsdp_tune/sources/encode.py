@@ -31,16 +31,17 @@ class Encoder:
     seq_len: int | None = None  # max_seq_len, which bounds the work per row even when max_len is None (clip.py)
 
     @classmethod
-    def for_run(cls, tokenizer, data: Any, trainer_args: dict[str, Any]) -> Encoder:
+    def for_run(cls, tokenizer, data: Any) -> Encoder:
         """Cut at max_seq_len as TRL would, here, so the rows whose answer is cut away are counted, not dropped
-        silently; TRL's packing strategies that keep every token (bfd_split, wrapped) get whole sequences."""
-        packs_whole = data.packing and trainer_args.get("packing_strategy", "bfd") != "bfd"
+        silently; TRL's packing strategies that keep every token (bfd_split, wrapped) get whole sequences.
+        `data`: the rank spec's DataSpec (its packing and cutting settings)."""
+        packs_whole = data.packing and data.packing_strategy != "bfd"
         return cls(
             tokenizer,
             None if packs_whole else data.max_seq_len,
             fallback=data.mask_fallback,
-            eos_token=trainer_args.get("eos_token"),
-            keep_end=trainer_args.get("truncation_mode") == "keep_end",
+            eos_token=data.eos_token,
+            keep_end=data.truncation_mode == "keep_end",
             seq_len=data.max_seq_len,
         )
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.config.methods import METRICS, SFT
+from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
 
 
@@ -34,8 +34,11 @@ def method_of(run_dir: str | Path) -> str:
         spec = json.loads((Path(run_dir) / RESOLVED_NAME).read_text()).get("spec") or {}
     except (OSError, ValueError, AttributeError):
         spec = {}
-    if isinstance(spec, dict) and spec.get("method"):
-        return str(spec["method"])
+    method = spec.get("method") if isinstance(spec, dict) else None
+    if isinstance(method, dict) and method.get("name"):  # spec version 3: the method's part
+        return str(method["name"])
+    if isinstance(method, str) and method:  # spec version 2 named it alone
+        return method
     s = run_summary.read(run_dir)
     return s.method if isinstance(s, run_summary.RunSummary) else SFT
 
@@ -49,7 +52,7 @@ def figure(run_dirs: list[str | Path]):
     from matplotlib.figure import Figure
 
     methods = [method_of(r) for r in run_dirs]
-    extra = any(METRICS.get(m) for m in methods)
+    extra = any(row_of(m).metrics for m in methods)
     fig = Figure(figsize=(8, 9 if extra else 6))
     FigureCanvasAgg(fig)
     ratios = [3, 2, 2, 1] if extra else [3, 1]
@@ -78,11 +81,13 @@ def figure(run_dirs: list[str | Path]):
 
 
 def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None:
-    """Each preference run's first two metrics (config/methods.py METRICS), one panel each, in the run's colour."""
+    """Each preference run's first two metrics (config/methods.py: its row's), one panel each, in the run's colour."""
     names: list[set[str]] = [set(), set()]
     for i, (run_dir, label, method) in enumerate(zip(run_dirs, labels(run_dirs), methods, strict=True)):
         records = load_metrics(run_dir)
-        for ax, (key, name), seen in zip(axes, METRICS.get(method, ())[:2], names, strict=False):
+        for ax, (key, name), seen in zip(
+            axes, [(m.key, m.label) for m in row_of(method).metrics][:2], names, strict=False
+        ):
             steps, values = series(records, key)
             if steps:
                 ax.plot(steps, values, color=f"C{i % 10}", marker="." if len(steps) < 50 else None, label=label)
@@ -135,7 +140,9 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
 def _method_values(records: list[dict], method: str) -> dict:
     """The last logged value of the method's first two metrics, under neutral names for the table."""
     out = {}
-    for column, (key, _) in zip(("metric_1", "metric_2"), METRICS.get(method, ())[:2], strict=False):
+    for column, (key, _) in zip(
+        ("metric_1", "metric_2"), [(m.key, m.label) for m in row_of(method).metrics][:2], strict=False
+    ):
         _, values = series(records, key)
         out[column] = {"key": key, "last": values[-1] if values else None}
     return out

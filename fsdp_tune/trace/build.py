@@ -62,7 +62,7 @@ def unit_plan(spec: RankSpec, cfg: RunConfig) -> ShardedPlan:
     """The sharded builder's plan: the spec's own, or the one accelerate follows on the transformers path."""
     if spec.loading.sharded is not None:
         return spec.loading.sharded
-    return sharded_plan(cfg, derive(cfg, on_cpu=False), spec.fsdp_mixed_precision)
+    return sharded_plan(cfg, derive(cfg, cpu=spec.device == "cpu"), spec.fsdp_mixed_precision)
 
 
 def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:

@@ -80,7 +80,7 @@ def run(resolved_path: str, started: float | None = None) -> None:
 class Recipe:
     def __init__(self, handoff: Handoff, started: float):
         self.spec, self.run_id = handoff.spec, handoff.run_id
-        self.method = method_of(self.spec)
+        self.method, self.row = method_of(self.spec)  # the ranks' hook, and the row (config/methods.py)
         self.phases = phases.Phases(started)
 
     def run(self) -> None:
@@ -140,8 +140,8 @@ class Recipe:
                 spec.world.world_size,
                 self.phases,
                 spec.console == "live",
-                self.method.metrics,
-                self.method.progress,
+                self.row.eval_metrics,
+                self.row.progress,
             )
             trainer = fsdp_trainer(self.method.trainer_class)(
                 model=loaded.model,
@@ -176,8 +176,8 @@ class Recipe:
         without a word. `rows_in`: the training rows before the trainer tokenized them."""
         max_len = self.spec.data.max_seq_len
         try:
-            if self.spec.method != "sft":
-                found = preference_truncation(trainer.train_dataset, rows_in or 0, max_len, self.spec.method)
+            if self.method.sequences is not None:  # the trainer tokenized its own columns (preference data)
+                found = preference_truncation(trainer.train_dataset, rows_in or 0, max_len, self.method.sequences)
                 cut, total = found["cut"], found["total"]
             else:
                 cut, total = truncated_rows(trainer.train_dataset, max_len, self.spec.data.packing)
@@ -189,7 +189,8 @@ class Recipe:
                 f"warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
                 f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)"
             )
-        what = "chosen or rejected sequence is longer than" if self.spec.method == "reward" else "prompt alone reaches"
+        whole = self.spec.method.truncation == "whole"  # RewardTrainer drops a pair with a sequence longer
+        what = "chosen or rejected sequence is longer than" if whole else "prompt alone reaches"
         if rows_in and found.get("dropped") == rows_in:
             raise ValueError(
                 f"no training row fits max_seq_len {max_len}: the trainer left out all {rows_in}, whose {what} it; "

@@ -251,5 +251,5 @@ def test_method_argument_reaches_its_config(method: str, name: str) -> None:
     if said:
         return
     after = decide(changed.config, GPUS)
-    assert after.method == method
+    assert after.method.name == method
     assert after.trainer_args.get(name) == changed.config.training.get(name), f"--{name} does not reach {method}"

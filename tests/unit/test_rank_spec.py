@@ -219,7 +219,7 @@ def test_seed_launches_keep_fsdp1_when_asked(script: str) -> None:
 @pytest.mark.parametrize(
     "flags,expected",
     [
-        ((), {"seed": 42, "data.seed": 42, "evaluation": False, "full_state_dict": False, "method": "sft"}),
+        ((), {"seed": 42, "data.seed": 42, "evaluation": False, "full_state_dict": False, "method.name": "sft"}),
         (
             (
                 "--seed",
@@ -231,7 +231,7 @@ def test_seed_launches_keep_fsdp1_when_asked(script: str) -> None:
                 "--fsdp_state_dict_type",
                 "FULL_STATE_DICT",
             ),
-            {"seed": 7, "data.seed": 11, "evaluation": True, "full_state_dict": True, "method": "sft"},
+            {"seed": 7, "data.seed": 11, "evaluation": True, "full_state_dict": True, "method.name": "sft"},
         ),
         (("--seed", "7"), {"seed": 7, "data.seed": 7}),
     ],

@@ -16,7 +16,18 @@ from pathlib import Path
 import pytest
 
 from fsdp_tune.decide.machine import Machine
-from fsdp_tune.decide.spec import DataSpec, Loading, ModelSpec, RankSpec, SaveSpec, ShardedPlan, World, from_dict
+from fsdp_tune.decide.spec import (
+    DataSpec,
+    Loading,
+    MethodSpec,
+    ModelSpec,
+    RankSpec,
+    SaveSpec,
+    ShardedPlan,
+    Steps,
+    World,
+    from_dict,
+)
 from fsdp_tune.sources.mixture import Source
 from tests.conftest import REPO, spec_for
 
@@ -56,6 +67,24 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "notes": (PLAN, PLAN_TEXT),
         "console": (RANK, "worker/process.py"),
         "save": (RANK, "worker/recipe.py"),
+        "steps": (PREFLIGHT, "preflight/batch.py"),  # the ranks' Trainer reads trainer_args; the trace reads it too
+    },
+    MethodSpec: {
+        "name": (RANK, "worker/training/methods.py"),  # the ranks' hook: TRL's classes and the data preparation
+        "data": (RANK, "worker/data/preference.py"),  # KTO's unpaired rows
+        "head": (RANK, "worker/loading/pretrained.py"),  # a score head: AutoModelForSequenceClassification
+        "reference_adapter": (RANK, "worker/loading/sharded.py"),
+        "truncation": (RANK, "worker/recipe.py"),
+    },
+    Steps: {
+        "per_device_train_batch_size": (PREFLIGHT, "preflight/batch.py"),  # a resume's batch (PF063), PF064
+        "gradient_accumulation_steps": (PREFLIGHT, "preflight/batch.py"),
+        "max_steps": (PREFLIGHT, "preflight/disk.py"),  # how many checkpoints the run keeps (PF037)
+        "max_grad_norm": (PREFLIGHT, "trace/run.py"),  # plan --trace's step, before any rank
+        "optim": (PREFLIGHT, "trace/run.py"),
+        "save_strategy": (PREFLIGHT, "preflight/disk.py"),
+        "save_steps": (PREFLIGHT, "preflight/disk.py"),
+        "save_total_limit": (PREFLIGHT, "preflight/disk.py"),
     },
     SaveSpec: {
         "final": (RANK, "worker/recipe.py"),  # into training/trainer.py's Saving and saving/save.py
@@ -96,6 +125,10 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "test_split_size": (RANK, "worker/data/prepare.py"),
         "mask_fallback": (RANK, "sources/encode.py"),
         "peft_text_field": (RANK, "worker/data/prepare.py"),
+        "truncation_mode": (RANK, "sources/encode.py"),
+        "packing_strategy": (RANK, "sources/encode.py"),
+        "eos_token": (RANK, "sources/encode.py"),
+        "num_proc": (RANK, "worker/data/prepare.py"),
     },
     Source: {
         "path": (RANK, "worker/data/splits.py"),
@@ -207,7 +240,7 @@ def test_each_reader_reads_its_field(cls, name: str) -> None:
         TORCHRUN: ("launch/torchrun.py",),
         PLAN: (PLAN_TEXT, "output/data.py"),  # run.py's data lines, kept there
         AFTER: ("tools/",),
-        PREFLIGHT: ("preflight/", "rundir/", "launch/"),
+        PREFLIGHT: ("preflight/", "rundir/", "launch/", "trace/"),
     }[how]
     assert rel.startswith(expected), f"{cls.__name__}.{name}: {rel} is not where {how} happens"
 

@@ -75,8 +75,8 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     """Convert, encode, mix and save; the folder appears whole or not at all (other machines may share it)."""
     work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(work, ignore_errors=True)
-    encoder = Encoder.for_run(tokenizer, spec.data, spec.trainer_args)
-    num_proc = spec.trainer_args.get("dataset_num_proc")
+    encoder = Encoder.for_run(tokenizer, spec.data)
+    num_proc = spec.data.num_proc
     trains, evals, reports = [], [], []
     for i, source in enumerate(spec.data.sources):
         raw = load_split(source, source.split)
@@ -203,8 +203,7 @@ def cache_key(spec: RankSpec, tokenizer) -> str:
     its template, how TRL cuts sequences, the seed (in the data settings), and this code's version."""
     files = [f for s in spec.data.sources for group in s.files.values() for f in group]
     stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files if os.path.exists(f)]
-    args = {k: spec.trainer_args.get(k) for k in ("truncation_mode", "packing_strategy", "eos_token")}
-    data = asdict(spec.data)
+    data = asdict(spec.data)  # how TRL cuts and packs included (DataSpec's truncation_mode, packing_strategy, ...)
     for source in data["sources"]:  # what the launcher's pre-flight counted, which changes nothing prepared here
         source.pop("tokenized", None)
         source.pop("rows_checked", None)
@@ -212,7 +211,6 @@ def cache_key(spec: RankSpec, tokenizer) -> str:
         "data": data,
         "files": stats,
         "tokenizer": [tokenizer.name_or_path, tokenizer.chat_template, len(tokenizer), tokenizer.eos_token],
-        "args": args,
         "version": __version__,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

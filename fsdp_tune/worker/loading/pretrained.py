@@ -31,7 +31,7 @@ def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]
         kwargs["revision"] = m.revision
     if m.quantization:
         kwargs["quantization_config"] = quantization_config(spec)
-    if spec.method == "reward":  # RewardTrainer's own choice for a model it loads by name: one score
+    if spec.method.head == "score":  # RewardTrainer's own choice for a model it loads by name: one score
         model = AutoModelForSequenceClassification.from_pretrained(m.name_or_path, num_labels=1, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(m.name_or_path, **kwargs)

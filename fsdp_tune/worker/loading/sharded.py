@@ -32,7 +32,6 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, set_seed
 from transformers.quantizers import AutoHfQuantizer
 
-from fsdp_tune.config.methods import WITH_REFERENCE
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.loading import units
 from fsdp_tune.worker.loading.adapter import lora_config
@@ -203,7 +202,7 @@ def _with_lora(model, spec: RankSpec, quantized: bool, upcast: bool, seed: int):
                 p.data = p.data.to(torch.bfloat16)
             elif upcast and p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.to(torch.float32)
-        if spec.method in WITH_REFERENCE:  # DPO/KTO's frozen reference adapter, inside FSDP's units (reference.py)
+        if spec.method.reference_adapter:  # DPO/KTO's frozen reference adapter, inside FSDP's units (reference.py)
             add_reference_adapter(model)
     return model
 
