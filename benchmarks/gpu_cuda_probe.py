@@ -101,7 +101,8 @@ def _nccl(device: str) -> str:
             _sync(where)
             assert float(t[0]) == 1.0, f"all-reduce on {where} gave {float(t[0])}"
             done.append(where)
-        version = ".".join(map(str, torch.cuda.nccl.version())) if device == "cuda" else "-"
+        version = torch.cuda.nccl.version() if device == "cuda" else "-"
+        version = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     finally:
         dist.destroy_process_group()
     return f"{backend}: all-reduce on {' and '.join(done)} ok (NCCL {version})"

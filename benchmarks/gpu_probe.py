@@ -237,7 +237,7 @@ def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tu
 def _decided(spec) -> str:
     fsdp = spec.trainer_args.get("fsdp_config", {})
     offload = "cpu_offload" if fsdp.get("cpu_offload") else "no offload"
-    save = f"save {spec.save.final}/{spec.save.resume}"
+    save = f"save {spec.save.final}/{spec.save.resume}, checkpoints {spec.save.checkpoint}"
     return (
         f"{spec.device}, FSDP{spec.fsdp_version}, {spec.world.world_size} rank(s), backend {spec.backend}, "
         f"loading {spec.loading.path}, {offload}, checkpointing {spec.checkpointing}, {save}"
