@@ -30,7 +30,7 @@ BUDGET_S = {"cuda": 420.0, "cpu": 3600.0}  # the whole command, wheels included;
 LENT_IMPORTS_S = 15.0  # the probe's imports on the lent machine (16 cores, not shared), until it measures them
 HOST_SPEED = 0.5  # host work there against the rehearsal's, when the rehearsal recorded no imports
 CUDA_START_S = 5.0  # a rank's CUDA context, NCCL communicator and first allocations, per launch
-READ_GIB_S = 2.0  # a launch reading its model's safetensors
+READ_GIB_S = 4.0  # a launch reading its model's safetensors: written minutes before, in the page cache (128 GiB)
 WRITE_GIB_S = 1.0  # a builtin model written once (initialised on the GPU: seconds)
 ASSUMED_MFU = 0.30  # at 4N, for an estimate's step time (the throughput run measures it)
 OFFLOAD_FACTOR = 3.0  # step time under cpu_offload: every step's parameters and gradients cross PCIe
@@ -160,7 +160,8 @@ def timeline(plan: list[Scenario], mode: Mode, rehearsal: dict, runnable, speed=
         if not runnable(s):
             continue
         est = estimate(s, mode, rehearsal, speed)
-        start = max(t, ready.get(mode.model(s), 0.0), decided_at if s.if_refused else 0.0)
+        needs = ready.get(mode.model(s), 0.0) if s.kind in ("train", "resume", "throughput") else 0.0
+        start = max(t, needs, decided_at if s.if_refused else 0.0)
         t = start + est["seconds"]
         rows.append({"name": s.name, "start": round(start, 1), "end": round(t, 1), **est, "matters": s.matters})
     matters_end = max((r["end"] for r in rows if r["matters"]), default=t)
