@@ -21,6 +21,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# a scheduler's variables would place every `train` of the suite in its job (fsdp_tune/schedulers/topology.py):
+# the tests that mean a scheduler set its variables themselves
+for _name in [n for n in os.environ if n.startswith(("SLURM_", "SLURMD_", "PET_", "SKYPILOT_"))]:
+    del os.environ[_name]
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

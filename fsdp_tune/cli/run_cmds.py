@@ -25,6 +25,14 @@ def train(
     gpus: Optional[int] = typer.Option(
         None, "--gpus", help="With --gpu: the simulated node's GPUs (default: the run's processes per machine)."
     ),
+    emit: Optional[str] = typer.Option(
+        None, "--emit", help="Write the launch as a slurm | skypilot | kubeflow job (nothing is submitted)."
+    ),
+    emit_file: Optional[str] = typer.Option(None, "-o", "--emit_file", help="With --emit: the file (default: stdout)."),
+    shared: Optional[str] = typer.Option(
+        None, "--shared", help="With --emit: the nodes' shared folder (slurm), bucket (skypilot) or PVC (kubeflow)."
+    ),
+    image: Optional[str] = typer.Option(None, "--image", help="With --emit kubeflow: the container image."),
     debug: bool = DebugOpt,
 ) -> None:
     """Validate, check this machine, then train through torchrun (same flags as validate-config).
@@ -39,7 +47,35 @@ def train(
     """
     config, args = split_config(config, list(ctx.args))
     node = (gpu, gpus)
+    if emit or emit_file or shared or image:
+        job = (emit, emit_file, shared, image)
+        guard(lambda: _emit(config, args, job, node), debug)
+        return
     guard(lambda: _train(config, args, dry_run=dry_run, as_json=as_json, verbose=verbose, node=node), debug)
+
+
+def _emit(config: str | None, args: list[str], job: tuple, node: tuple) -> None:
+    """`--emit KIND [-o FILE]`: the validated launch as a scheduler's job (launch/emit.py); nothing starts."""
+    from fsdp_tune.errors import UsageError
+    from fsdp_tune.launch.emit import emit
+    from fsdp_tune.schedulers.emitters import EMITTERS
+
+    kind, out, shared, image = job
+    if not kind:
+        raise UsageError("-o, --shared and --image describe an emitted job", "add --emit slurm|skypilot|kubeflow")
+    if node[1] is not None:
+        raise UsageError("--gpus: an emitted job asks for the launch's processes a machine", "drop --gpus")
+    decided = emit(kind, config, args, lambda m: typer.echo(m, err=True), gpu=node[0], shared=shared, image=image)
+    text = EMITTERS[kind].render(decided)
+    if not out:
+        typer.echo(text, nl=False)
+        return
+    Path(out).write_text(text)
+    typer.echo(
+        f"wrote {out}: {EMITTERS[kind].title} job, {decided.nodes} machine(s) x {decided.procs_per_node} "
+        f"{'GPUs' if decided.gpu else 'CPU processes'}; nothing was submitted",
+        err=True,
+    )
 
 
 def _train(
@@ -101,6 +137,8 @@ def _show_plan(config: str | None, planned) -> None:
     if planned.checked.findings:
         typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
     echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+    if planned.topology:  # where this node's place in the job came from (schedulers/topology.py)
+        echo_out("  " + planned.topology.describe())
     echo_out(f"  run id: {planned.run_id}")
 
 

@@ -5,6 +5,7 @@ console and `report` need to know about a method, so none of them branches on it
     dpo     DPOTrainer     preference pairs against a reference (the starting adapter, or the base)
     kto     KTOTrainer     unpaired desirable / undesirable answers against a reference
     reward  RewardTrainer  a sequence-classification head that scores the preferred answer higher
+    grpo    GRPOTrainer    online RL: completions generated on the ranks, scored by reward functions
 
 A method is added as a row here and a hook on the ranks (worker/training/methods.py: the TRL config and trainer
 classes, its data preparation and its trainer arguments); tests/unit/test_method_rows.py walks every row to the
@@ -20,17 +21,18 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-SFT, DPO, KTO, REWARD = "sft", "dpo", "kto", "reward"
+SFT, DPO, KTO, REWARD, GRPO = "sft", "dpo", "kto", "reward", "grpo"
 
-# the rows a method trains on (sources/ detects them): SFT's rows, preference pairs, or KTO's unpaired rows
-# (pairs become two unpaired rows: worker/data/preference.py)
-DataKind = Literal["sft", "pairs", "unpaired"]
+# the rows a method trains on (sources/ detects them): SFT's rows, preference pairs, KTO's unpaired rows (pairs
+# become two unpaired rows: worker/data/preference.py), or prompts it generates the completions of (sources/prompts.py)
+DataKind = Literal["sft", "pairs", "unpaired", "prompts"]
 # what the model ends in: the language-model head, or a one-number score head (AutoModelForSequenceClassification)
 Head = Literal["lm", "score"]
 # what the trainer leaves out at max_seq_len, and how rank 0 counts it (worker/recipe.py report_truncation):
 # "sft": sequences cut, none dropped; "prompt": sequences cut, rows whose prompt alone reaches it dropped;
-# "whole": pairs with a sequence longer than it dropped (RewardTrainer)
-Truncation = Literal["sft", "prompt", "whole"]
+# "whole": pairs with a sequence longer than it dropped (RewardTrainer); "none": the trainer cuts nothing (GRPO: rank
+# 0 left out the prompts that leave no room for a completion, worker/data/prompts.py)
+Truncation = Literal["sft", "prompt", "whole", "none"]
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,17 @@ class MethodRow:
     metrics: tuple[Metric, ...] = ()  # its own training metrics: the summary's first and last, `report`'s panels
     progress: tuple[Metric, ...] = ()  # shown on the progress line, from each training log
     eval_metrics: tuple[Metric, ...] = (Metric("eval_loss", "loss", ".4f"),)  # rank 0's line after an evaluation
+    panels: int = 2  # how many of its first metrics `report` plots, a panel each (tools/report.py)
 
     @property
     def preference(self) -> bool:
         """It trains on preference data (pairs, or unpaired rows), not SFT rows."""
-        return self.data != "sft"
+        return self.data in ("pairs", "unpaired")
+
+    @property
+    def generates(self) -> bool:
+        """It generates its completions from prompts and scores them with rewards (online RL: GRPO)."""
+        return self.data == "prompts"
 
 
 _MARGIN = Metric("rewards/margins", "reward margin")
@@ -188,6 +196,41 @@ ROWS: dict[str, MethodRow] = {
                 Metric("eval_margin", "margin"),
             ),
         ),
+        # GRPO's reference (beta > 0) and its no-grad log-prob passes depend on its config, not on the method: they
+        # are GrpoSpec's (decide/method.py) and planner/grpo.py's; the trainer toggles the Trainer's gradient
+        # checkpointing around every generation (recompute_with_fsdp)
+        MethodRow(
+            GRPO,
+            "GRPO (online RL: completions generated and scored by rewards, TRL's GRPOTrainer)",
+            "GRPOConfig",
+            "GRPOTrainer",
+            data="prompts",
+            reference=False,
+            head="lm",
+            packs=False,
+            truncation="none",
+            recompute_with_fsdp=True,
+            step=Step(
+                describe="completions generated on the ranks, then trained on as SFT rows (planner/grpo.py: the "
+                "generation and the log-prob passes before it)",
+            ),
+            fused_head=("log_probs", "entropy"),
+            # and each reward function's own mean: a `*` row stands for every name TRL logs there (metric_keys)
+            metrics=(
+                Metric("reward", "reward"),
+                Metric("completions/mean_length", "completion length", ".1f"),
+                Metric("kl", "KL", ".4f"),
+                Metric("rewards/*/mean", "{}"),
+                Metric("reward_std", "reward std"),
+            ),
+            progress=(
+                Metric("reward", "reward"),
+                Metric("completions/mean_length", "length", ".1f"),
+                Metric("kl", "kl", ".4f"),
+            ),
+            eval_metrics=(Metric("eval_reward", "reward"), Metric("eval_completions/mean_length", "length", ".1f")),
+            panels=3,  # the reward (with each function's), the completion length, the KL
+        ),
     )
 }
 METHODS = tuple(ROWS)
@@ -196,6 +239,20 @@ METHODS = tuple(ROWS)
 def row_of(method: str) -> MethodRow:
     """The method's row (SFT's for a name no row has: the config's choices refuse it first, FT010)."""
     return ROWS.get(method, ROWS[SFT])
+
+
+def metric_keys(row: MethodRow, logged) -> list[tuple[str, str]]:
+    """(key, label) of the row's metrics among the keys `logged`; a `*` in a key once for each logged key it
+    matches, `{}` in its label the matched name (GRPO's rewards/NAME/mean, one per reward function)."""
+    out = []
+    for m in row.metrics:
+        if "*" not in m.key:
+            out += [(m.key, m.label)] if m.key in logged else []
+            continue
+        head, _, tail = m.key.partition("*")
+        found = (k for k in logged if k.startswith(head) and k.endswith(tail) and len(k) > len(head) + len(tail))
+        out += [(k, m.label.format(k[len(head) : len(k) - len(tail)])) for k in sorted(found)]
+    return out
 
 
 @cache

@@ -24,6 +24,7 @@ QUANT_TYPES = ("nf4", "fp4")
 CHAT_TEMPLATES = ("chatml", "zephyr", "none")
 DATASET_FORMATS = ("auto", "text", "messages", "prompt_completion", "alpaca", "sharegpt")
 DATASET_FORMATS += ("preference", "preference_implicit", "unpaired", "ranked")  # sources/preference.py
+DATASET_FORMATS += ("prompt_only",)  # sources/prompts.py
 MASK_FALLBACKS = ("split", "locate", "error")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (decide/loading.py)
@@ -186,6 +187,8 @@ class RunSettings:
     save_on_interrupt: bool = _f(True)
     skip_memory_check: bool = _f(False)  # train launches even when the plan's peak does not fit the GPUs here
     method: str = _f(SFT, choices=METHODS)  # the training method (config/methods.py): a recipe's top-level `method:`
+    # GRPO's rewards (rewards/resolve.py: built-ins, file.py:fn, pkg.mod.fn, a reward model); top-level in a recipe
+    reward_funcs: tuple[str, ...] = _f((), kind="list")
 
 
 def training_fields(method: str = SFT) -> dict[str, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The training method's part of the rank spec: its row's traits (MethodSpec), the batch and checkpoint schedule
-its config will read (Steps), and the arguments its TRL config takes (DPOConfig has no `packing`, RewardConfig no
-`loss_type`). Pure, like rank.py.
+its config will read (Steps), the arguments its TRL config takes (DPOConfig has no `packing`, RewardConfig no
+`loss_type`), and GRPO's rewards, generation and reference (GrpoSpec). Pure, like rank.py.
 
 fsdp-tune sets some SFTConfig fields for every run (max_length, packing, dataset_text_field); a method whose
 config lacks one does not get it. A field the user set that the method's config lacks never gets here: FT110
@@ -13,7 +13,7 @@ from typing import Any
 
 from fsdp_tune.config.methods import fields_of, row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.spec import MethodSpec, Steps
+from fsdp_tune.decide.spec import GrpoSpec, MethodSpec, Steps
 
 
 def method_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:
@@ -29,8 +29,42 @@ def method_spec(cfg: RunConfig) -> MethodSpec:
         name=row.name,
         data=row.data,
         head=row.head,
-        reference_adapter=row.reference,
+        # GRPO's reference with a starting adapter (beta > 0, --reference adapter) is DPO's frozen "ref" copy
+        reference_adapter=row.reference or _reference(cfg) == "ref_adapter",
         truncation=row.truncation,
+    )
+
+
+def _reference(cfg: RunConfig) -> str:
+    """What a generating method's KL term compares with: nothing (beta 0), a frozen copy of the starting adapter,
+    or the same sharded model with the adapter switched off (the base, a fresh adapter's start)."""
+    if not row_of(cfg.run.method).generates or not float(cfg.training.get("beta") or 0):
+        return "off"
+    return "ref_adapter" if cfg.model.adapter and cfg.model.reference == "adapter" else "adapter_disabled"
+
+
+def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
+    """GRPO's rewards as resolved (the rules refused what does not resolve: FT131), how it generates and what its
+    KL term compares with (_reference)."""
+    if not row_of(cfg.run.method).generates:
+        return None
+    from fsdp_tune.rewards.resolve import Unresolved, resolve
+
+    rewards = []
+    for entry in cfg.run.reward_funcs:
+        try:
+            rewards.append(resolve(entry))
+        except Unresolved:
+            continue
+    vllm = bool(cfg.training.get("use_vllm"))
+    completion = int(cfg.training.get("max_completion_length") or 0)
+    return GrpoSpec(
+        rewards=tuple(rewards),
+        generation="vllm" if vllm else "transformers",
+        synced=world_size > 1,
+        weight_sync="adapter" if vllm else None,
+        reference=_reference(cfg),
+        max_prompt_tokens=cfg.data.max_seq_len - completion if completion else None,
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fsdp_tune.config.methods import DataKind, Head, Truncation
+from fsdp_tune.rewards.resolve import RewardSpec
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.typed import from_plain, to_plain
@@ -155,6 +156,25 @@ class Steps:
 
 
 @dataclass(frozen=True)
+class GrpoSpec:
+    """What GRPO's ranks need beyond TRL's GRPOConfig (the trainer_args), decided on the launcher
+    (decide/method.py grpo_spec)."""
+
+    rewards: tuple[RewardSpec, ...]
+    # how completions are generated: "transformers" (generate on the sharded policy, every rank stepping until all
+    # are done) | "vllm" (TRL's vLLM backend, colocated, GPU only, never run here: by reading)
+    generation: Literal["transformers", "vllm"] = "transformers"
+    synced: bool = True  # generate() keeps every rank stepping until all ranks finish (more than one rank)
+    # how the policy reaches vLLM: "adapter" (the trained adapter alone, gathered as the final save gathers it; never
+    # a merge into the sharded, perhaps 4-bit, base) | None without vLLM
+    weight_sync: Literal["adapter"] | None = None
+    # the KL term's reference (beta > 0): "off" (none: beta 0) | "adapter_disabled" (the same sharded model with the
+    # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
+    reference: Literal["off", "adapter_disabled", "ref_adapter"] = "off"
+    max_prompt_tokens: int | None = None  # max_seq_len - max_completion_length: longer prompts are left out
+
+
+@dataclass(frozen=True)
 class RankSpec:
     world: World
     device: Literal["cpu", "cuda"]  # where the ranks compute
@@ -190,6 +210,7 @@ class RankSpec:
     # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
     console: Literal["live", "lines", "verbose"] = "lines"
     save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
+    grpo: GrpoSpec | None = None  # a generating method (GRPO): its rewards, its generation and its reference
 
     @property
     def fsdp_config(self) -> dict[str, Any]:

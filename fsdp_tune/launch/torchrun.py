@@ -137,7 +137,10 @@ def run(
     push's HF_TOKEN) reaches the ranks' environment and no file. torchrun's stderr passes through to ours,
     and its tail is kept for the failure report.
     """
-    env = dict(os.environ, **spec.env, **torchrun_env(spec), **(secret_env or {}))
+    # PET_<ARG> is torchrun's own spelling of its arguments: a scheduler's (Kubeflow's) would override what the
+    # spec decided from them (schedulers/topology.py read them), so torchrun gets the spec's alone
+    kept = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    env = dict(kept, **spec.env, **torchrun_env(spec), **(secret_env or {}))
     if run_id:
         env[RUN_ID_ENV] = run_id
     if attempt:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,8 @@ from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings
 from fsdp_tune.rundir import manifest, outdir, ownership
 from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
+from fsdp_tune.schedulers import merge, topology
+from fsdp_tune.schedulers.topology import Topology
 from fsdp_tune.validate import Checked, load
 
 Echo = Callable[[str], None]
@@ -36,6 +38,7 @@ class Planned:
     run_id: str = ""  # the run this launch is: the folder's run when it resumes it, a new one otherwise
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # for the ranks' environment, no file
     machine: Machine | None = None  # what the spec was decided for
+    topology: Topology = field(default_factory=Topology)  # what a scheduler's variables said (schedulers/)
 
     @property
     def config(self) -> RunConfig:
@@ -143,14 +146,17 @@ def plan_run(
     echo: Echo,
     machine: Machine | Callable[[RunConfig], Machine] | None = None,
     console: str = "lines",
+    env: Mapping[str, str] | None = None,
 ) -> Planned:
     """Everything decided before a process starts; nothing is written. `console`: what rank 0 shows
     (decide.console_mode); `machine`: the machine to decide for (a function of the config for a simulated node
-    sized by it, `train --dry_run --gpu`), this one by default."""
+    sized by it, `train --dry_run --gpu`), this one by default; `env`: where a scheduler's variables are read
+    (schedulers/topology.py), this process's environment by default (`--emit`: the ones the scheduler would set)."""
     from fsdp_tune.preflight.checks import check_data, check_machine
     from fsdp_tune.rules.catalog import machine_findings
 
-    checked = load(config, argv)
+    topo = topology.read(env)  # partial or contradictory: PF090-PF094, before anything else
+    checked = load(config, argv, scheduler=lambda assignments: merge.merge(topo, assignments))
     cfg = checked.config
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
@@ -165,7 +171,7 @@ def plan_run(
     findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
-    return Planned(checked, spec, findings, run_id, secret_env, machine)
+    return Planned(checked, spec, findings, run_id, secret_env, machine, topo)
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:

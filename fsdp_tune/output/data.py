@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_tune.decide.spec import DataSpec
-from fsdp_tune.sources.formats import TEXT, Format
+from fsdp_tune.sources.formats import PROMPT_KINDS, TEXT, Format
 
 # TRL's packing strategies (SFTConfig.packing_strategy), as the plan says them
 PACKING = {
@@ -25,6 +25,8 @@ def plan_lines(data: DataSpec, packing_strategy: str | None = None) -> list[str]
         fmt = Format.from_dict(s.detected) if s.detected else None
         what = fmt.describe() if fmt else "format detected on rank 0 (a Hub dataset)"
         loss = "every token" if s.train_on_prompt or (fmt and fmt.kind == TEXT) else "the answers"
+        if fmt and fmt.kind in PROMPT_KINDS:
+            loss = "the generated completions"
         share = next((f", {k} {getattr(s, k):g}" for k in ("fraction", "weight", "samples") if getattr(s, k)), "")
         if weighted and not share:
             share = ", weight 1 (unset)"
@@ -57,10 +59,11 @@ def summary_lines(report: dict[str, Any] | None) -> list[str]:
         return []
     lines = []
     for s in report["sources"]:
-        loss = "every token" if s["loss"] == "all" else "the answers"
+        loss = {"all": "every token", "completions": "the generated completions"}.get(s["loss"], "the answers")
         used = f", {s['used']} used" if s.get("used", s["sequences"]) != s["sequences"] else ""
+        what = "prompts" if s["kind"] in PROMPT_KINDS else "sequences"
         lines.append(
-            f"  data: {s['source']}: {s['kind']}, {s['rows']} rows -> {s['sequences']} sequences{used}, loss on {loss}"
+            f"  data: {s['source']}: {s['kind']}, {s['rows']} rows -> {s['sequences']} {what}{used}, loss on {loss}"
         )
         for reason, seen in s["skipped"].items():
             lines.append(f"    skipped {seen['count']} row(s): {reason} ({', '.join(seen['rows'][:3])})")

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_tune.config.methods import SFT, row_of
+from fsdp_tune.planner.grpo import GENERATION, LOG_PROBS
+
+METHOD_PHASES = (GENERATION, LOG_PROBS)  # phases before the training step (GRPO's), said even off the peak
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -29,6 +32,10 @@ def format_plan(plan: dict[str, Any]) -> str:
     for name, gib in plan["components"].items():
         if gib:
             lines.append(f"  {name:<46} {gib:8.2f} GiB")
+    phases = plan.get("phases_gib") or {}
+    for name in METHOD_PHASES:
+        if name in phases and name != plan.get("peak_phase"):
+            lines.append(f"  {name}: {phases[name]:.2f} GiB")
     host = f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB at peak"
     if plan["host_memory_gib_per_node_steady"] < plan["host_memory_gib_per_node"] - 0.05:
         host += f", {plan['host_memory_gib_per_node_steady']:.1f} GiB once training runs"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdp_tune.config.methods import SFT, row_of
+from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
 from fsdp_tune.decide.spec import RankSpec
@@ -27,6 +27,12 @@ def format_summary(s: RunSummary) -> str:
         flat = " (dp_shard x cp, as accelerate names it)" if "dp_shard_cp" in s.mesh else ""
         lines.append(
             "  device mesh (read from the trained weights): " + " x ".join(f"{k} {v}" for k, v in s.mesh.items()) + flat
+        )
+    checked = (s.extra or {}).get("self_check")
+    if checked:
+        lines.append(
+            f"  self-check after step 1: {checked['sharded']} trainable tensors sharded over the ranks, "
+            f"{checked['whole']} whole and identical on every rank, gradients reduced"
         )
     grew = s.vocab_grew
     if grew:
@@ -66,8 +72,7 @@ def method_summary(s: RunSummary) -> list[str]:
         return []
     shown = [
         f"{label} {s.method_metrics[key]['first']:.3g} -> {s.method_metrics[key]['last']:.3g}"
-        for key, label in ((m.key, m.label) for m in row_of(s.method).metrics)
-        if key in s.method_metrics
+        for key, label in metric_keys(row_of(s.method), s.method_metrics)
     ]
     return [f"  {s.method}: " + ", ".join(shown)]
 
@@ -132,12 +137,38 @@ def method_lines(spec: RankSpec) -> list[str]:
     m = spec.model
     name = spec.method.name
     lines = [] if name == SFT else [f"  method: {row_of(name).title}"]
-    if spec.method.reference_adapter:
+    if spec.method.reference_adapter and spec.grpo is None:  # GRPO's says what its reference is (grpo_lines)
         ref = "a frozen copy of the starting adapter" if m.reference == "adapter" else "the base model"
         how = 'a frozen "ref" adapter inside FSDP\'s units' if spec.loading.path == "sharded" else "TRL's"
         lines.append(f"  reference: {ref} ({how}; no grad, nothing saved for backward)")
+    if spec.grpo is not None:
+        lines += grpo_lines(spec)
     if m.adapter:
         lines.append(f"  start: the adapter in {m.adapter} (its LoRA shape, its weights)")
+    return lines
+
+
+_REFERENCE = {
+    "off": "none (beta 0: no KL term)",
+    "adapter_disabled": "the base: the same sharded model with the adapter switched off (no grad)",
+    "ref_adapter": 'a frozen copy of the starting adapter (a "ref" adapter inside FSDP\'s units; no grad)',
+}
+
+
+def grpo_lines(spec: RankSpec) -> list[str]:
+    """GRPO's rewards, how it generates, what its KL term compares with."""
+    g, t = spec.grpo, spec.trainer_args
+    rewards = ", ".join(f"{r.written} ({r.kind.replace('_', ' ')})" for r in g.rewards)
+    weights = t.get("reward_weights")
+    lines = [f"  rewards: {rewards}" + (f", weights {' '.join(f'{w:g}' for w in weights)}" if weights else "")]
+    n, length = t.get("num_generations", 8), t.get("max_completion_length", 512)
+    if g.generation == "vllm":
+        how = f"vLLM ({t.get('vllm_mode', 'colocate')}), the adapter alone synced after each step (by reading: not run)"
+    else:
+        stepping = ", every rank stepping until all finish" if g.synced else ""
+        how = f"transformers' generate on the sharded policy{stepping}"
+    lines.append(f"  generation: {n} completions a prompt, up to {length} tokens, {how}")
+    lines.append(f"  reference: {_REFERENCE[g.reference]}")
     return lines
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
-from fsdp_tune.planner import gathered, host
+from fsdp_tune.planner import gathered, grpo, host
 from fsdp_tune.planner.adapters import expert_copy_bytes
 from fsdp_tune.planner.method import REFERENCE_PHASE, loss_terms, reference_phase, step_of
 from fsdp_tune.planner.method import note as method_note
@@ -152,6 +153,10 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
     ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, loss_fwd, head, again)
     if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
         phases[REFERENCE_PHASE] = ref
+    if row_of(
+        cfg.run.method
+    ).generates:  # GRPO: the generation and the log-prob passes, before the training step (planner/grpo.py)
+        phases.update(grpo.phases(cfg, shape, st, u, saved, head, loss_fwd))
     if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)
         trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
         phases[PHASES[3]]["AdamW foreach temporaries"] = trainable * st.trainable_bytes / 4 / world

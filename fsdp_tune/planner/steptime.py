@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing, shard_group
 from fsdp_tune.decide.gpus import Gpu
@@ -63,6 +64,12 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     gathered = weight_bytes * gathers
     if cfg.fsdp.version == 2:
         gathered = fsdp2_gathered(cfg, shape, world, step.no_grad_forwards) * accum
+    if row_of(cfg.run.method).generates:  # the generation re-gathers every unit per generated token (planner/grpo.py)
+        from fsdp_tune.planner import grpo
+
+        one_forward = fsdp2_gathered(cfg, shape, world, 1) - fsdp2_gathered(cfg, shape, world, 0)
+        more_flops, more_gathered = grpo.generation_cost(cfg, shape, one_forward)
+        flops, gathered = flops + more_flops, gathered + more_gathered
     comm = gathered * (world - 1) / world if world > 1 else 0.0
     if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered
         grads = lora_on_rank(cfg, shape, world)[1] * shape.n_layers * stack_of(cfg).compute_bytes

@@ -115,7 +115,12 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
     eval_wanted = spec.evaluation and not d.test_split_size
     tokens = TokenCheck(spec) if spec.method.data == "sft" else None  # a preference method's rows: preference_check
     sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method.name)
-    return replace(spec, data=replace(d, sources=sources)), findings
+    spec = replace(spec, data=replace(d, sources=sources))
+    if spec.grpo is not None and not any(f.severity is Severity.ERROR for f in findings):
+        from fsdp_tune.preflight.rewards import check_rewards
+
+        findings += check_rewards(spec)  # the user's rewards called on one row, in a process of their own
+    return spec, findings
 
 
 def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:

@@ -13,18 +13,18 @@ from typing import Any
 
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.preflight import prompts as prompt_check
+from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, sliced
+from fsdp_tune.preflight.rows import row_findings as _row_findings
 from fsdp_tune.preflight.tokens import TokenCheck, token_findings
 from fsdp_tune.preflight.tokens import listed as _listed
 from fsdp_tune.sources import preference_check
 from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
-from fsdp_tune.sources.mixture import Source, slice_rows, split_name
+from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.model import offline
 from fsdp_tune.sources.rowcheck import Problem, check_row
-from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS, SCAN_SECONDS, Sample, read_sample
-
-DETECT_ROWS = 100  # rows detection looks at
-COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (preflight/batch.py compares it with a step)
+from fsdp_tune.sources.sample import SCAN_SECONDS, Sample, read_sample
 
 
 def settle(
@@ -47,7 +47,8 @@ def settle(
         one, found = settle_source(source, text_field, peft_text_field, eval_wanted, tokens, method)
         settled.append(one)
         findings += found
-    if row_of(method).preference and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
+    mixable = not (row_of(method).preference or row_of(method).generates)
+    if not mixable and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
         findings.append(_error("PF077", "datasets", settled[0].path, why, "train on one kind of source"))
     return tuple(settled), findings
 
@@ -105,6 +106,9 @@ def settle_source(
         return source, findings + problems
     first = samples[source.split][0]
     rows = [r for x in samples[source.split] for _, r in x.rows]
+    if row_of(method).generates:  # prompts (preflight/prompts.py)
+        settled, found = prompt_check.settle(source, splits, samples, located)
+        return settled, findings + found
     if row_of(method).preference:
         return _settle_preference(source, splits, samples, findings, located, method)
     try:
@@ -199,12 +203,6 @@ def detect(columns: list[str], rows: list[dict], source: Source, text_field: str
     return detect_format(columns, rows, forced=forced, column_map=source.column_map, text_field=text_field)
 
 
-def sliced(spec: str, rows: list) -> list:
-    """The rows a split slice (train[:5%]) selects, when every row of the split was read."""
-    selected = slice_rows(spec, len(rows)) if "[" in spec and len(rows) < MAX_ROWS else None
-    return rows[selected.start : selected.stop] if selected is not None else rows
-
-
 def _consistency(split: str, samples: list[Sample]) -> Finding | None:
     """#17: the files of one split must share their columns: `datasets` unifies them into one table."""
     first = samples[0]
@@ -261,23 +259,3 @@ def _other_format(row: dict, fmt: Format, required: list[str]) -> str | None:
     except FormatError:
         return None
     return other.kind if other.kind != fmt.kind else None
-
-
-def _row_findings(split: str, by_code: dict[str, list[str]], first: dict[str, Problem], total: int) -> list[Finding]:
-    findings = []
-    skipped = {w for code, wheres in by_code.items() if first[code].skips for w in wheres}
-    for code, wheres in by_code.items():
-        problem = first[code]
-        skip = problem.skips
-        detail = f" ({problem.detail})" if problem.detail else ""
-        what = "skipped" if skip else "kept, reported"
-        message = f"{len(wheres)} row(s) {what}: {problem.reason}{detail} at {_listed(wheres)}"
-        severity = Severity.ERROR if skip and len(skipped) >= total else Severity.WARNING
-        hint = "fix or remove them (fsdp-tune skips them and counts them in the summary)" if skip else ""
-        if severity is Severity.ERROR:
-            message, hint = (
-                f"every row is skipped; {message}",
-                "fix the data, or check --dataset_format/--dataset_columns",
-            )
-        findings.append(Finding("PF017" if skip else "PF018", severity, split, wheres[0], message, hint))
-    return findings

@@ -45,6 +45,8 @@ def _load_families() -> None:
         adapters,
         data,
         fsdp,
+        grpo,
+        grpo_loss,
         launch,
         lora,
         method,

@@ -12,11 +12,11 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 
-# data settings that only SFT reads (its answer masks, its text column), and what a preference method does instead
+# data settings that only SFT reads (its answer masks, its text column), and what the other methods do instead
 SFT_DATA = {
-    "train_on_prompt": "preference methods train on the completions (chosen/rejected) as TRL defines them",
-    "mask_fallback": "preference data has no answer masks: TRL tokenizes prompt and completion apart",
-    "dataset_text_field": "preference data is read by its columns (prompt, chosen, rejected, completion, label)",
+    "train_on_prompt": "the other methods train on completions as TRL defines them (chosen/rejected, or generated)",
+    "mask_fallback": "only SFT's data has answer masks: TRL tokenizes prompt and completion apart",
+    "dataset_text_field": "the data is read by its columns (prompt, chosen, rejected, completion, label)",
 }
 
 
@@ -50,7 +50,7 @@ def other_methods_fields(cfg: RunConfig) -> Iterator[Finding]:
             f"{row.config_class} does not pack: TRL 1.16's {row.trainer_class} pads each batch",
             "drop --packing",
         )
-    if not row.preference:
+    if row.data == "sft":
         return
     for name, why in SFT_DATA.items():
         if cfg.is_set(f"data.{name}"):
@@ -132,9 +132,15 @@ def kto_batches(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT113", "training.train_sampling_strategy", message, "drop --train_sampling_strategy")
 
 
+def compares(cfg: RunConfig) -> bool:
+    """The method's config has a reference model's options: DPO's and KTO's every step, GRPO's when beta > 0."""
+    row = row_of(cfg.run.method)
+    return row.reference or row.generates
+
+
 @rule("FT114", "method", "reference model options that cannot work with LoRA under FSDP")
 def reference_options(cfg: RunConfig) -> Iterator[Finding]:
-    if not row_of(cfg.run.method).reference:
+    if not compares(cfg):
         return
     t = cfg.training
     if t.get("sync_ref_model"):
@@ -146,7 +152,7 @@ def reference_options(cfg: RunConfig) -> Iterator[Finding]:
             "frozen adapter copy (or the base) and TRL raises NotImplementedError",
             "drop --sync_ref_model",
         )
-    if t.get("precompute_ref_log_probs"):
+    if row_of(cfg.run.method).reference and t.get("precompute_ref_log_probs"):
         yield error(
             cfg,
             "FT114",
@@ -171,24 +177,26 @@ def padding_options(cfg: RunConfig) -> Iterator[Finding]:
         yield warning(cfg, "FT115", "training.truncation_mode", message, "drop --truncation_mode")
 
 
-@rule("FT116", "method", "DPO/KTO recompute with FSDP's activation checkpointing, not the Trainer's")
+@rule("FT116", "method", "DPO/KTO/GRPO recompute with FSDP's activation checkpointing, not the Trainer's")
 def reference_and_gradient_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
-    if not row_of(cfg.run.method).reference:
+    row = row_of(cfg.run.method)
+    if not row.recompute_with_fsdp:
         return
+    around = "generation" if row.generates else "reference forward"
     if cfg.training.is_set("gradient_checkpointing") and cfg.training.get("gradient_checkpointing"):
         yield error(
             cfg,
             "FT116",
             "training.gradient_checkpointing",
-            f"{cfg.run.method}'s trainer switches gradient checkpointing off and on around every reference "
-            "forward, and each switch adds an input-embedding hook that is never removed (one more per step)",
+            f"{cfg.run.method}'s trainer switches gradient checkpointing off and on around every {around}, and each "
+            "switch adds an input-embedding hook that is never removed (one more per step)",
             "--fsdp_activation_checkpointing true (the same recompute, never switched) instead",
         )
 
 
-@rule("FT117", "method", "LoRA on lm_head under DPO/KTO")
+@rule("FT117", "method", "LoRA on lm_head under DPO/KTO/GRPO")
 def lm_head_adapter(cfg: RunConfig) -> Iterator[Finding]:
-    if not row_of(cfg.run.method).reference or not cfg.lora.use_peft_lora:
+    if not compares(cfg) or not cfg.lora.use_peft_lora:  # their log-probs come from lm_head.weight itself
         return
     if "lm_head" in cfg.lora.lora_target_modules:
         yield error(
@@ -201,14 +209,18 @@ def lm_head_adapter(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT118", "method", "full fine-tuning under a preference method")
+@rule("FT118", "method", "full fine-tuning under a preference method or GRPO")
 def preference_full_finetune(cfg: RunConfig) -> Iterator[Finding]:
-    if not row_of(cfg.run.method).preference or cfg.lora.use_peft_lora:
+    row = row_of(cfg.run.method)
+    if not (row.preference or row.generates) or cfg.lora.use_peft_lora:
         return
     why = (
         "the reference would be a second, unsharded copy of the model that TRL re-loads from disk and FSDP "
         "gathers whole at every reference forward"
-        if row_of(cfg.run.method).reference
+        if row.reference
+        else "its reference (beta > 0) would be a second, unsharded copy of the model, and generating under full "
+        "fine-tuning was not run here"
+        if row.generates
         else "the reward head and the model would train whole; fsdp-tune runs it with LoRA only"
     )
     yield error(

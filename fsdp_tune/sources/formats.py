@@ -46,6 +46,8 @@ FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
 # preference data (sources/preference.py): its kinds and the fields --dataset_columns may name for them
 PREFERENCE_KINDS = ("preference", "preference_implicit", "unpaired", "ranked")
 PREFERENCE_FIELDS = frozenset({"prompt", "chosen", "rejected", "completion", "label", "answer_a", "answer_b", "winner"})
+# prompt-only data for online RL (sources/prompts.py): the prompt, and columns the rewards read
+PROMPT_KINDS = ("prompt_only",)
 # what --dataset_columns may name
 ALL_FIELDS = frozenset(f for kind in KINDS for f in FIELDS[kind]) | PREFERENCE_FIELDS
 REQUIRED = {

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_tune.sources.formats import AUTO, KINDS, PREFERENCE_KINDS
+from fsdp_tune.sources.formats import AUTO, KINDS, PREFERENCE_KINDS, PROMPT_KINDS
 
 TRL_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 OUR_KEYS = ("weight", "samples", "format", "roles")
@@ -72,8 +72,9 @@ def entry_problems(entry: Any) -> list[str]:
         value = entry[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             problems.append(f"{key} must be a positive number, got {value!r}")
-    if entry.get("format", AUTO) not in (AUTO, *KINDS, *PREFERENCE_KINDS):
-        problems.append(f"format {entry['format']!r} is not one of {AUTO}, {', '.join(KINDS + PREFERENCE_KINDS)}")
+    known = KINDS + PREFERENCE_KINDS + PROMPT_KINDS
+    if entry.get("format", AUTO) not in (AUTO, *known):
+        problems.append(f"format {entry['format']!r} is not one of {AUTO}, {', '.join(known)}")
     columns, roles = entry.get("columns"), entry.get("roles")
     if columns is not None and not isinstance(columns, (Mapping, list)):
         problems.append("columns must be a list (the columns to keep) or a mapping (field: column)")

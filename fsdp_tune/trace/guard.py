@@ -117,6 +117,12 @@ def check_settings(cfg: RunConfig, on_cpu: bool | None = None) -> None:
         reasons.append(
             ("method", f"{cfg.run.method}: a sequence classifier's score head is not traced", "--method dpo or sft")
         )
+    if row_of(cfg.run.method).generates:  # generate() samples and tests for the end at every token
+        why = (
+            f"{cfg.run.method}: its generation is not traced (transformers' generate samples each token and checks "
+            "every rank for the end, reading values that fake tensors do not have); its training pass is SFT's"
+        )
+        reasons.append(("method", why, "--method sft (the training pass; the plan's generation phase is arithmetic)"))
     if reasons:
         key, message, fix = reasons[0]
         raise refusal("TR002", key, "--trace", message, f"trace a variant with {fix}, or plan without --trace")

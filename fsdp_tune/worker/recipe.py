@@ -41,6 +41,7 @@ from fsdp_tune.worker.training.callbacks import (
 from fsdp_tune.worker.training.config import trainer_config
 from fsdp_tune.worker.training.methods import method_of
 from fsdp_tune.worker.training.progress import ProgressCallback
+from fsdp_tune.worker.training.selfcheck import DistributedSelfCheck
 from fsdp_tune.worker.training.trainer import Saving, fsdp_trainer
 from fsdp_tune.worker.wrappers import inner
 
@@ -66,6 +67,7 @@ class Built:
     metrics: MetricsCallback
     nan_guard: NanGuardCallback
     stopper: StopOnSignalCallback
+    self_check: DistributedSelfCheck
 
 
 def read_handoff(resolved_path: str) -> Handoff:
@@ -123,6 +125,8 @@ class Recipe:
         transformers path's, when a rank finds that sharded loading cannot take this model and falls back)."""
         with self.phases.timed("build_model"):
             loaded = load(self.spec, tokenizer, args, lambda: self.trainer_config("transformers"))
+            if loaded.path == "sharded":
+                faults.unmanaged_parameter(loaded.model, self.spec.output_dir)  # test-only: the self-check's divergence
         if is_main():
             phases.show_model(self.phases.took["build_model"], loaded.model, self.spec.model)
         return loaded
@@ -135,6 +139,7 @@ class Recipe:
             stopper = StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device)
             sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
             first_step = FirstStepMemory(loaded.report, lambda: getattr(trainer, "model_wrapped", None))
+            self_check = DistributedSelfCheck(spec.world.world_size, spec.fsdp_version, spec.device)
             progress = ProgressCallback(
                 spec.device,
                 spec.world.world_size,
@@ -143,14 +148,17 @@ class Recipe:
                 self.row.eval_metrics,
                 self.row.progress,
             )
-            trainer = fsdp_trainer(self.method.trainer_class)(
+            made: list = []  # the trainer, once built: the rewards' messages name the step
+            extra = self.method.trainer_kwargs(spec, tokenizer, lambda: made[0].state.global_step + 1 if made else None)
+            trainer = fsdp_trainer(self.method.trainer_class, self.method.mixin)(
                 model=loaded.model,
                 args=loaded.args,
                 train_dataset=data.train,
                 eval_dataset=data.eval if spec.evaluation else None,
                 processing_class=tokenizer,
                 peft_config=None if loaded.prebuilt else lora_config(spec),  # sharded loading applied LoRA already
-                callbacks=[metrics, nan_guard, stopper, sharding, progress, first_step] + faults.callbacks(),
+                callbacks=[metrics, nan_guard, stopper, sharding, self_check, progress, first_step]
+                + faults.callbacks(),
                 saving=Saving(
                     spec.full_state_dict,
                     spec.save.final,
@@ -159,7 +167,9 @@ class Recipe:
                     loaded.vocab_grew_from is not None,
                     self.run_id,
                 ),
+                **extra,
             )
+            made.append(trainer)
             if (
                 spec.model.reference == "base"
                 and spec.model.adapter
@@ -169,12 +179,14 @@ class Recipe:
         if is_main():  # reading the data and TRL's tokenizing (in the trainer's constructor), as one phase
             seconds = self.phases.took["build_data"] + self.phases.took["build_trainer"]
             phases.show_data(seconds, trainer, data.rows())
-        return Built(trainer, metrics, nan_guard, stopper)
+        return Built(trainer, metrics, nan_guard, stopper, self_check)
 
     def report_truncation(self, trainer, rows_in: int | None = None) -> dict | None:
         """Say how much of the data TRL cuts at max_seq_len (and, for preference data, drops), which it does
         without a word. `rows_in`: the training rows before the trainer tokenized them."""
         max_len = self.spec.data.max_seq_len
+        if self.spec.method.truncation == "none":  # GRPO: rank 0 left out and said the prompts too long
+            return None
         try:
             if self.method.sequences is not None:  # the trainer tokenized its own columns (preference data)
                 found = preference_truncation(trainer.train_dataset, rows_in or 0, max_len, self.method.sequences)
@@ -263,7 +275,7 @@ class Recipe:
             self.phases.started["rank"],
             truncated_sequences=truncation,
             data=data.report,
-            extra={"loading": loading},
+            extra={"loading": loading, "self_check": built.self_check.result},
             **saved,
         )
         if is_main():

@@ -25,11 +25,13 @@ def test_the_hook_runs_the_rows_classes_on_the_decided_spec(name: str, tmp_path)
     from fsdp_tune.worker.training.methods import method_of
     from fsdp_tune.worker.training.spelling import installed_names
 
-    spec = spec_for(*LORA, "--method", name, "--output_dir", str(tmp_path), "--use_cpu", "true")
+    needs = ["--reward_funcs", "length_reward"] if ROWS[name].generates else []  # a generating method's rewards
+    spec = spec_for(*LORA, "--method", name, *needs, "--output_dir", str(tmp_path), "--use_cpu", "true")
     hook, row = method_of(spec)
     assert row is ROWS[name]
     assert hook.config_class.__name__ == row.config_class and hook.trainer_class.__name__ == row.trainer_class
-    assert (hook.sequences is None) == (row.data == "sft")  # SFT's rows are counted from their own lengths
+    # SFT's rows are counted from their own lengths; a generating method's prompts are cut by rank 0 (none by TRL)
+    assert (hook.sequences is None) == (row.data in ("sft", "prompts"))
     taken = {f.name for f in dataclasses.fields(hook.config_class)}
     handed = installed_names(dict(spec.trainer_args), hook.config_class)  # as worker/training/config.py hands them
     assert set(handed) <= taken, set(handed) - taken

@@ -19,10 +19,15 @@ LORA = ["--model_name_or_path", "meta-llama/Llama-2-7b-hf", "--use_peft_lora", "
 PACKAGE = REPO / "fsdp_tune"
 
 
+def _needs(row) -> list[str]:
+    """What a row's method cannot run without: a generating method's rewards."""
+    return ["--reward_funcs", "length_reward"] if row.generates else []
+
+
 @pytest.mark.parametrize("name", list(ROWS))
 def test_the_rank_spec_carries_the_rows_traits(name: str) -> None:
     row = ROWS[name]
-    spec = spec_for(*LORA, "--method", name)
+    spec = spec_for(*LORA, "--method", name, *_needs(row))
     assert spec.method == MethodSpec(
         name=name, data=row.data, head=row.head, reference_adapter=row.reference, truncation=row.truncation
     )
@@ -51,6 +56,7 @@ def test_rows_are_consistent() -> None:
         assert (row.head == "score") == (not row.fused_head), name  # a score head has no LM head to fuse
         assert row.step.rows_with_grad >= 1 and (row.step.no_grad_forwards > 0) == row.reference, name
         assert bool(row.step.describe) == (name != "sft"), name
+        assert 1 <= row.panels <= len([m for m in row.metrics if "*" not in m.key]) or not row.metrics, name
 
 
 # modules that may name methods: the rows, the ranks' hooks, the rules of one method's own config fields (DPO's

@@ -18,10 +18,12 @@ import pytest
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.spec import (
     DataSpec,
+    GrpoSpec,
     Loading,
     MethodSpec,
     ModelSpec,
     RankSpec,
+    RewardSpec,
     SaveSpec,
     ShardedPlan,
     Steps,
@@ -68,6 +70,23 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "console": (RANK, "worker/process.py"),
         "save": (RANK, "worker/recipe.py"),
         "steps": (PREFLIGHT, "preflight/batch.py"),  # the ranks' Trainer reads trainer_args; the trace reads it too
+        "grpo": (RANK, "worker/training/methods.py"),
+    },
+    GrpoSpec: {
+        "rewards": (RANK, "worker/training/rewards.py"),
+        "generation": (RANK, "worker/training/grpo.py"),
+        "synced": (RANK, "worker/training/grpo.py"),
+        "weight_sync": (RANK, "worker/training/grpo.py"),
+        "reference": (RANK, "worker/training/grpo.py"),
+        "max_prompt_tokens": (RANK, "worker/data/prompts.py"),
+    },
+    RewardSpec: {
+        "name": (RANK, "worker/training/rewards.py"),
+        "kind": (RANK, "worker/training/rewards.py"),
+        "target": (RANK, "worker/training/rewards.py"),
+        "written": (RANK, "worker/training/rewards.py"),
+        "attr": (RANK, "rewards/load.py"),
+        "search_path": (RANK, "rewards/load.py"),
     },
     MethodSpec: {
         "name": (RANK, "worker/training/methods.py"),  # the ranks' hook: TRL's classes and the data preparation
@@ -170,6 +189,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
 }
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
 RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")
+RANK_SIDE += ("rewards/load.py",)  # the user's reward imported, by the pre-flight's probe and the ranks alike
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
@@ -179,6 +199,8 @@ ENV = {
         "FSDP_TUNE_TEST_HANG",
         "FSDP_TUNE_TEST_POISON_STEP",
         "FSDP_TUNE_TEST_FAKE_HUB",
+        "FSDP_TUNE_TEST_SHORT_GENERATION",
+        "FSDP_TUNE_TEST_UNMANAGED",
     },
     # a debugging switch that changes which ranks' lines reach the console, never what a rank runs
     "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},
@@ -206,6 +228,10 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.encode",  # rows rendered, masked and cut, as the launcher's pre-flight counts them
     "fsdp_tune.sources.rows",
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
+    "fsdp_tune.sources.prompts",  # GRPO's prompt rows: detected and converted as the launcher checks them
+    "fsdp_tune.rewards.builtin",  # the built-in rewards, the user's imported, every result checked: the callables
+    "fsdp_tune.rewards.guard",
+    "fsdp_tune.rewards.load",
 }
 
 

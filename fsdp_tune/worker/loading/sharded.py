@@ -202,7 +202,7 @@ def _with_lora(model, spec: RankSpec, quantized: bool, upcast: bool, seed: int):
                 p.data = p.data.to(torch.bfloat16)
             elif upcast and p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.to(torch.float32)
-        if spec.method.reference_adapter:  # DPO/KTO's frozen reference adapter, inside FSDP's units (reference.py)
+        if spec.method.reference_adapter:  # DPO/KTO's (GRPO's from --adapter) frozen "ref" adapter, inside the units
             add_reference_adapter(model)
     return model
 

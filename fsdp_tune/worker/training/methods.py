@@ -6,7 +6,9 @@ saving mixed into the trainer class (training/trainer.py), the adapter check and
 
 A method is added as a row in config/methods.py and a hook here: its config and trainer classes (TRL's take the
 constructor arguments the recipe passes: model, args, train_dataset, eval_dataset, processing_class, peft_config,
-callbacks) and a `prepare(spec, tokenizer) -> Prepared` for its data (a new kind of data: a new preparation).
+callbacks) and a `prepare(spec, tokenizer) -> Prepared` for its data (a new kind of data: a new preparation); a
+trainer that takes more (GRPO's reward functions) says so in `trainer_kwargs`, and what it needs under FSDP that TRL
+does not do is a class mixed in before it (`mixin`, whose own constructor keywords come from `trainer_kwargs`).
 """
 
 from __future__ import annotations
@@ -15,12 +17,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
+from trl import (
+    DPOConfig,
+    DPOTrainer,
+    GRPOConfig,
+    GRPOTrainer,
+    KTOConfig,
+    KTOTrainer,
+    RewardConfig,
+    RewardTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 
 from fsdp_tune.config.methods import ROWS, MethodRow
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.data.preference import prepare_preference
 from fsdp_tune.worker.data.prepare import Prepared, prepare
+from fsdp_tune.worker.data.prompts import prepare_prompts
+from fsdp_tune.worker.training.grpo import GrpoOnFsdp
+from fsdp_tune.worker.training.rewards import reward_kwargs
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,14 @@ class Method:
     # the tokenized columns each sequence of a row is made of, as the trainer builds them (None: SFT's rows,
     # counted by worker/data/lengths.py); worker/data/preference_lengths.py reads them
     sequences: tuple[tuple[str, ...], ...] | None = None
+    # (spec, tokenizer, step) -> the trainer's further constructor arguments; step() is the global step
+    trainer_kwargs: Callable[[RankSpec, Any, Callable[[], int | None]], dict[str, Any]] = lambda spec, tok, step: {}
+    mixin: type | None = None  # mixed in before trainer_class (training/trainer.py fsdp_trainer)
+
+
+def _grpo_kwargs(spec: RankSpec, tokenizer, step) -> dict[str, Any]:
+    rank = spec.lora["r"] if spec.lora else None
+    return {**reward_kwargs(spec, tokenizer, step), "grpo": spec.grpo, "lora_rank": rank}
 
 
 HOOKS: dict[str, Method] = {
@@ -43,6 +67,9 @@ HOOKS: dict[str, Method] = {
     ),
     "kto": Method(KTOConfig, KTOTrainer, prepare_preference, (("prompt_ids", "completion_ids"),)),
     "reward": Method(RewardConfig, RewardTrainer, prepare_preference, (("chosen_ids",), ("rejected_ids",))),
+    # prompts prepared once (worker/data/prompts.py); the completions generated on the ranks and scored by the spec's
+    # rewards (training/rewards.py), generation synced across ranks, the reference as the adapter off (training/grpo.py)
+    "grpo": Method(GRPOConfig, GRPOTrainer, prepare_prompts, trainer_kwargs=_grpo_kwargs, mixin=GrpoOnFsdp),
 }
 
 

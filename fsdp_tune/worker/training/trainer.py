@@ -121,9 +121,11 @@ def without_accelerate_model_save():
 
 
 @functools.cache
-def fsdp_trainer(base: type) -> type:
-    """`base` (SFTTrainer, ...) with fsdp-tune's saving: FsdpTuneSFTTrainer and so on."""
-    return type(f"FsdpTune{base.__name__}", (FsdpSaving, base), {"__doc__": f"{base.__name__} + FsdpSaving"})
+def fsdp_trainer(base: type, mixin: type | None = None) -> type:
+    """`base` (SFTTrainer, ...) with fsdp-tune's saving, and the method's own `mixin` (GRPO's) between them:
+    FsdpTuneSFTTrainer and so on."""
+    bases = (FsdpSaving, mixin, base) if mixin is not None else (FsdpSaving, base)
+    return type(f"FsdpTune{base.__name__}", bases, {"__doc__": " + ".join(b.__name__ for b in reversed(bases))})
 
 
 def make_checkpoint_folder(trainer, trial) -> None:
