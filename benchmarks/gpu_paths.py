@@ -20,7 +20,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from benchmarks.gpu_scenarios import run_group
+from benchmarks.gpu_proc import run_group
 
 REPO = Path(__file__).resolve().parents[1]
 # GPU_PATHS_DEVICE=cpu runs the same checks on CPU over gloo (offload off, no bitsandbytes check): a dry run of

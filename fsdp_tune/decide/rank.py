@@ -77,10 +77,16 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
 
 def save_spec(cfg: RunConfig) -> SaveSpec:
     """FSDP2 gathers the adapter alone and reloads each rank's rows in place; FSDP1's flat parameters go unit by
-    unit (torch's full state dict would gather the whole model, and clone it on the GPU for an unsharded unit)."""
+    unit (torch's full state dict would gather the whole model, and clone it on the GPU for an unsharded unit).
+    A FULL_STATE_DICT checkpoint of an adapter is that same adapter file: accelerate's save_fsdp_model, which the
+    Trainer calls beside it, would take FSDP1's full state dict of the whole model (accelerate 1.15
+    utils/fsdp_utils.py: get_peft_model_state_dict -> model.state_dict() inside FULL_STATE_DICT; measured on CPU with
+    FSDP1 NO_SHARD in one process, tests/lib/test_fsdp1_units_on_cpu.py)."""
+    adapter_file = cfg.fsdp.state_dict_type == "FULL_STATE_DICT" and cfg.lora.use_peft_lora
+    checkpoint = "adapter_file" if adapter_file else "accelerate"
     if cfg.fsdp.version == 1:
-        return SaveSpec(final="fsdp1_units", resume="fsdp1_units")
-    return SaveSpec(final="gather_trainable", resume="local_rows")
+        return SaveSpec(final="fsdp1_units", resume="fsdp1_units", checkpoint=checkpoint)
+    return SaveSpec(final="gather_trainable", resume="local_rows", checkpoint=checkpoint)
 
 
 def checkpointing(cfg: RunConfig, d: Derived) -> str:
@@ -245,12 +251,4 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
 def _notes(cfg: RunConfig, d: Derived) -> tuple[str, ...]:
     notes = []
     # offload on a CPU run is FT031's (rules/fsdp.py, on the machine it launches on too), not a note here
-    if cfg.fsdp.version == 1 and cfg.lora.use_peft_lora:
-        # by reading torch 2.13: FSDP1's flat parameters leave no way to gather the adapter alone that could be
-        # run here (FSDP1 does not run on CPU); get_model_state_dict's ignore_frozen_params drops keys only after
-        # the full gather
-        notes.append(
-            "FSDP1: the final save gathers the whole model into rank 0's host memory before keeping the adapter; "
-            "FSDP2 gathers the adapter alone (fsdp-tune convert --fsdp2)"
-        )
     return tuple(notes)

@@ -138,6 +138,12 @@ class SaveSpec:
     # "local_rows": FSDP2, each rank copies its rows of the saved adapter into its shards where they live (GPU, or
     # pinned host memory under cpu_offload); "fsdp1_units": FSDP1, unit by unit, written back to each shard
     resume: Literal["local_rows", "fsdp1_units"] = "local_rows"
+    # how a checkpoint holds the model: "adapter_file" (FULL_STATE_DICT with an adapter: the adapter file `final`
+    # writes, and nothing else; accelerate's save_fsdp_model is skipped, whose FULL state dict gathers the whole
+    # model under FSDP1, cloned on the GPU for an unsharded unit, and gathers the adapter a second time under FSDP2;
+    # the best model comes back from the adapter file as a resume does); "accelerate" (SHARDED_STATE_DICT, or full
+    # fine-tuning: accelerate's save_fsdp_model, the shards or the whole model, and its load)
+    checkpoint: Literal["adapter_file", "accelerate"] = "accelerate"
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,7 @@ class Recipe:
             nan_guard = NanGuardCallback(check_grad_norm=spec.check_grad_norm)
             stopper = StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device)
             sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
+            first_step = FirstStepMemory(loaded.report, lambda: getattr(trainer, "model_wrapped", None))
             self_check = DistributedSelfCheck(spec.world.world_size, spec.fsdp_version, spec.device)
             progress = ProgressCallback(
                 spec.device,
@@ -160,12 +161,13 @@ class Recipe:
                 processing_class=processor or tokenizer,
                 data_collator=collator_for(spec, data, processor, tokenizer),
                 peft_config=None if loaded.prebuilt else lora_config(spec),  # sharded loading applied LoRA already
-                callbacks=[metrics, nan_guard, stopper, sharding, self_check, progress, FirstStepMemory(loaded.report)]
+                callbacks=[metrics, nan_guard, stopper, sharding, self_check, progress, first_step]
                 + faults.callbacks(),
                 saving=Saving(
                     spec.full_state_dict,
                     spec.save.final,
                     spec.save.resume,
+                    spec.save.checkpoint,
                     loaded.vocab_grew_from is not None,
                     self.run_id,
                 ),

@@ -83,6 +83,10 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, tmp_p
     else:
         straight = train(*flags, output_dir=tmp_path / "straight")
     assert all((straight.output_dir / f"checkpoint-{n}" / "fsdp_tune_complete").exists() for n in (2, 4, 6))
+    # a FULL checkpoint's model is the adapter file alone: accelerate's second save of it is skipped (SaveSpec)
+    full = state_dict_type == "FULL_STATE_DICT"
+    assert (straight.output_dir / "checkpoint-4" / "pytorch_model_fsdp.bin").exists() is False
+    assert (straight.output_dir / "checkpoint-4" / "adapter_model.safetensors").exists() is full
     from fsdp_tune.rundir.pickles import check_checkpoint
 
     # every pickle DCP and the Trainer wrote passes the resume's check (#26: the allowlist is not too strict)

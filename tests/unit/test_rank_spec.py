@@ -84,6 +84,25 @@ SCENARIOS = [
         {"save.final": "fsdp1_units", "save.resume": "fsdp1_units", "full_state_dict": True},
     ),
     (
+        "FSDP1 on one GPU, FULL_STATE_DICT checkpoints: the checkpoint is the adapter file, saved unit by unit as the "
+        "final save is (accelerate's save_fsdp_model would take FSDP1's full state dict of the whole model on the GPU)",
+        H100x1,
+        [*LORA, "--fsdp_version", "1", "--bf16", "True", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
+        {"save.final": "fsdp1_units", "save.checkpoint": "adapter_file", "full_state_dict": True},
+    ),
+    (
+        "FSDP1, SHARDED_STATE_DICT checkpoints: accelerate's sharded save (each rank its shard)",
+        H100x8,
+        [*LORA, "--fsdp_version", "1", "--num_processes", "8", "--fsdp_state_dict_type", "SHARDED_STATE_DICT"],
+        {"save.final": "fsdp1_units", "save.checkpoint": "accelerate", "full_state_dict": False},
+    ),
+    (
+        "full fine-tuning with FULL_STATE_DICT checkpoints: the model itself is the checkpoint (accelerate's save)",
+        H100x8,
+        ["--output_dir", "/tmp/spec", "--num_processes", "8", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
+        {"lora": None, "save.checkpoint": "accelerate", "full_state_dict": True},
+    ),
+    (
         "FSDP2 + cpu_offload: the adapter gathered alone; resume copies each rank's rows into its host shards "
         "(set_model_state_dict refuses host weights beside GPU buffers)",
         H100x8,
@@ -91,6 +110,7 @@ SCENARIOS = [
         {
             "save.final": "gather_trainable",
             "save.resume": "local_rows",
+            "save.checkpoint": "adapter_file",
             "full_state_dict": True,
             "loading.sharded.cpu_offload": True,
         },

@@ -109,6 +109,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
     SaveSpec: {
         "final": (RANK, "worker/recipe.py"),  # into training/trainer.py's Saving and saving/save.py
         "resume": (RANK, "worker/recipe.py"),
+        "checkpoint": (RANK, "worker/recipe.py"),
     },
     World: {
         "world_size": (RANK, "worker/recipe.py"),
