@@ -40,17 +40,18 @@ lint: setup
 bench: setup
 	$(PY) -m benchmarks
 
-# The GPU check's wheels (scripts/gpu_check.sh; README "Benchmarks and the GPU check"): exactly what the lent GPU
-# machine's image lacks (trl, datasets, bitsandbytes, dill, multiprocess), at constraints.txt's versions, for CPython
-# $(PY_TARGET) manylinux x86_64, into the git-ignored $(WHEELS_DIR)/; then the total, beside the tracked tree (both must
-# stay under 60 MiB: the device tool carries 64 MiB). transformers and peft are NOT carried: fsdp-tune runs with the
-# image's (transformers 5.17.0; the CPU rehearsal with transformers 5.17.0 passes, README), and transformers 5.24
-# would add 13.5 MB to the 45 MB these five take (bitsandbytes alone is 43 MB). The other packages these need are in
-# the image (numpy, pyarrow, pandas, fsspec, xxhash, huggingface_hub, jinja2, psutil, ...).
+# The GPU check's wheels (scripts/gpu_check.sh; DESIGN.md "Benchmarks and the GPU check"): what the lent GPU
+# machine's image lacks (trl, datasets, bitsandbytes, dill, multiprocess) and peft (the image's version is not known;
+# 0.5 MB, so the peft that runs is constraints.txt's), at constraints.txt's versions, for CPython $(PY_TARGET)
+# manylinux x86_64, into the git-ignored $(WHEELS_DIR)/; then the total, beside the tracked tree (both must stay under
+# 60 MiB: the device tool carries 64 MiB). transformers is NOT carried: fsdp-tune runs with the image's 5.17.0 (the
+# CPU rehearsal with 5.17.0 passes, DESIGN.md), and 5.24 would add 13.5 MB to the ~46 MB these take (bitsandbytes
+# alone is 43 MB). The other packages these need are in the image (numpy, pyarrow, pandas, fsspec, xxhash,
+# huggingface_hub, jinja2, psutil, ...).
 # `make gpu-wheels PY_TARGET=3.11 WHEELS_DIR=.whl-3.11`: the same for the CPU rehearsal's Python 3.11 venv.
 PY_TARGET ?= 3.12
 WHEELS_DIR ?= .whl
-GPU_WHEELS := trl datasets bitsandbytes dill multiprocess
+GPU_WHEELS := trl peft datasets bitsandbytes dill multiprocess
 GPU_PLATFORMS := $(foreach n,2_28 2_27 2_24 2_17,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
 
 gpu-wheels:

@@ -2,7 +2,7 @@
 datasets or bitsandbytes needed): what the GPU check can still run on a machine that lacks those.
 
 Run by benchmarks/gpu_check.py on a GPU machine, one rank per GPU (torchrun). Each check is one decision of
-launch/decide.py, exercised the way the ranks execute it:
+decide/rank.py, exercised the way the ranks execute it:
 - the process group "cuda:nccl,cpu:gloo" with cpu_offload: gradient clipping all-reduces CPU tensors;
 - fsdp-tune's adapter gather (worker/saving/save.py) from CPU-offloaded FSDP2 shards on an NCCL mesh;
 - a CPU mesh on a CUDA build (a CPU run on a GPU machine shards on the CPU, not on the GPUs);
@@ -20,7 +20,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from benchmarks.gpu_scenarios import run_group
+from benchmarks.gpu_proc import run_group
 
 REPO = Path(__file__).resolve().parents[1]
 # GPU_PATHS_DEVICE=cpu runs the same checks on CPU over gloo (offload off, no bitsandbytes check): a dry run of

@@ -11,7 +11,9 @@ model is built (benchmarks/gpu_check.py runs it first).
   replaces, with the parameters it passes), which no import statement shows;
 - each scenario's rank spec decided as `train` decides it, its SFTConfig arguments against the installed fields
   and its torchrun command line against the installed torchrun (decisions(), run by gpu_check.py);
-- on a GPU: CUDA as torch sees it, and bitsandbytes' 4-bit quantization of one small tensor on the GPU.
+- the device stages (benchmarks/gpu_cuda_probe.py), each bounded in a process of its own: the CUDA context, the
+  card's bf16 matmul rate, pinned host memory, NCCL beside gloo in one process, bitsandbytes' 4-bit kernels; one
+  that hangs is reported and ended, and the check goes on.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ MEMBERS = (
     ("trl", "SFTTrainer._get_output_dir", ("trial",)),
     ("trl", "SFTTrainer._finish_current_push", ()),  # worker/saving/hub.py
     ("accelerate.utils.fsdp_utils", "_find_final_norm", ()),
+    # worker/training/trainer.py: a FULL checkpoint is the adapter file (the Trainer's save_fsdp_model skipped)
+    ("transformers.trainer", "save_fsdp_model", ()),
+    ("trl", "SFTTrainer._save_optimizer_and_scheduler", ("output_dir",)),
+    ("trl", "SFTTrainer._load_best_model", ()),
 )
 
 
@@ -138,42 +144,29 @@ def import_fsdp_tune() -> list[str]:
     return failures
 
 
-def check_cuda() -> list[str]:
-    """CUDA as torch sees it and bitsandbytes' 4-bit kernels on it, in a process of its own (this one must not
-    hold a CUDA context beside the runs): [] when fine."""
-    import subprocess
+def run(site: str | None, device: str) -> dict:
+    """Everything above but the decisions; "ok" when nothing failed. The device stages run in their own processes
+    beside the imports here (each bounded: a hang costs its bound, whatever comes after)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
 
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_probe", "--cuda"], capture_output=True, text=True, timeout=180, cwd=REPO
-    )
-    said = (done.stdout + done.stderr).strip().splitlines()
-    return [] if done.returncode == 0 else [said[-1] if said else f"exit {done.returncode}"]
+    from benchmarks.gpu_cuda_probe import run_stages
 
-
-def _cuda_main() -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        sys.exit(f"torch {torch.__version__} sees no GPU (CUDA build: {torch.version.cuda})")
-    try:
-        import bitsandbytes.functional as bnbf
-
-        packed, _ = bnbf.quantize_4bit(torch.randn(64, 64, device="cuda", dtype=torch.bfloat16), quant_type="nf4")
-        torch.cuda.synchronize()
-        assert packed.device.type == "cuda"
-    except Exception as err:  # noqa: BLE001
-        sys.exit(f"bitsandbytes 4-bit quantization on {torch.cuda.get_device_name(0)}: {type(err).__name__}: {err}")
-    print(f"ok: {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, bitsandbytes 4-bit on the GPU")
-
-
-def run(site: str | None, gpu: bool) -> dict:
-    """Everything above; "ok" when nothing failed."""
+    started = time.time()
     found = {"versions": versions(site)}
-    found["fsdp_tune_modules"] = import_fsdp_tune()
-    found["library_imports"], found["fallbacks"], found["imports_checked"] = check_imports()
-    found["library_members"] = check_members()
-    found["cuda"] = check_cuda() if gpu else []
-    failed = ("fsdp_tune_modules", "library_imports", "library_members", "cuda")
+    with ThreadPoolExecutor(1) as pool:
+        stages = pool.submit(run_stages, device)
+        found["fsdp_tune_modules"] = import_fsdp_tune()
+        found["library_imports"], found["fallbacks"], found["imports_checked"] = check_imports()
+        found["library_members"] = check_members()
+        imports_s = time.time() - started
+        found["device_stages"] = stages.result()
+    found["parts"] = {
+        "imports_s": round(imports_s, 1),
+        "device_s": round(sum(r["seconds"] for r in found["device_stages"]), 1),
+    }
+    found["device"] = [f"{r['stage']}: {r['detail']}" for r in found["device_stages"] if not r["ok"]]
+    failed = ("fsdp_tune_modules", "library_imports", "library_members", "device")
     found["ok"] = not any(found[k] for k in failed)
     return found
 
@@ -186,33 +179,40 @@ def lines(found: dict) -> list[str]:
         f"{len(MEMBERS)} members checked ({len(found['library_members']) or 'none'} missing); fsdp_tune modules: "
         f"{len(found['fsdp_tune_modules']) or 'none'} failed to import"
     )
-    for key in ("fsdp_tune_modules", "library_imports", "library_members", "cuda"):
+    for r in found["device_stages"]:
+        out.append(
+            f"  device {r['stage']:<8} {'ok    ' if r['ok'] else 'FAILED'} {r['seconds']:>5.1f} s  {r['detail']}"
+        )
+    for key in ("fsdp_tune_modules", "library_imports", "library_members"):
         out += [f"  FAILED {key}: {x}" for x in found[key]]
     out += [f"  note (a fallback, guarded): {x}" for x in found["fallbacks"]]
     return out
 
 
-def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tuple[list[str], list[str]]:
+def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tuple[list[str], list[str], dict]:
     """Each scenario's rank spec decided as `train` decides it (validation, the machine's pre-flight, PF050
     included), its trainer arguments checked against the installed SFTConfig's fields (the ranks build it
     from them) and its torchrun command line against the installed torchrun's: (lines, failures). `items`:
     (name, train flags, expected, simulated) with expected "run" or "refused" (by the memory pre-flight);
-    simulated: decided for a simulated H200 (a GPU scenario's flags checked from a CPU machine)."""
+    simulated: decided for a simulated H200 (a GPU scenario's flags checked from a CPU machine). The third value:
+    name -> the rules that refused the scenario on this machine, for each scenario the pre-flight refused."""
     from trl import SFTConfig
 
+    from fsdp_tune.decide.machine import Machine, probe
     from fsdp_tune.errors import FsdpTuneError
-    from fsdp_tune.launch.machine import Machine, probe
     from fsdp_tune.launch.train import plan_run
     from fsdp_tune.worker.training.spelling import installed_names
 
     here = probe()
     h200 = Machine(cuda=True, gpus=1, gpu_names=("NVIDIA H200",), driver_version="580.159.03", gpu_memory_mib=(143771,))
-    lines, failures = [], []
+    lines, failures, refused = [], [], {}
     for name, args, where, simulated in items:
         argv = [*args[2:], "--output_dir", f"{out_dir}/{len(lines)}"]
         try:
             planned = plan_run(args[1], argv, lambda _: None, machine=h200 if simulated else here)
             errors = [f for f in planned.machine_findings if f.severity.value == "error"]
+            if errors and not simulated:
+                refused[name] = sorted({f.rule for f in errors})
             if where != "refused" and errors:
                 raise FsdpTuneError("; ".join(f"{f.rule}: {f.message}" for f in errors))
             if where == "refused":
@@ -231,13 +231,13 @@ def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tu
             text = f"{type(err).__name__}: {err}" + ("".join(f"\n    {x}" for x in found))
             failures.append(f"{name}: {text[:1500]}")
             lines.append(f"  {name}: FAILED {text[:1500]}")
-    return lines, failures
+    return lines, failures, refused
 
 
 def _decided(spec) -> str:
     fsdp = spec.trainer_args.get("fsdp_config", {})
     offload = "cpu_offload" if fsdp.get("cpu_offload") else "no offload"
-    save = f"save {spec.save.final}/{spec.save.resume}"
+    save = f"save {spec.save.final}/{spec.save.resume}, checkpoints {spec.save.checkpoint}"
     return (
         f"{spec.device}, FSDP{spec.fsdp_version}, {spec.world.world_size} rank(s), backend {spec.backend}, "
         f"loading {spec.loading.path}, {offload}, checkpointing {spec.checkpointing}, {save}"
@@ -262,7 +262,3 @@ def torchrun_takes(spec) -> None:
     except SystemExit:
         said = err.getvalue().strip().splitlines()
         raise ValueError(f"torchrun refuses fsdp-tune's command line: {said[-1] if said else argv}") from None
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--cuda"]:
-    _cuda_main()

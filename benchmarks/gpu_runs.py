@@ -1,33 +1,24 @@
-"""Running and judging one GPU-check scenario (the scenarios and their measures: benchmarks/gpu_scenarios.py).
+"""Running and judging one GPU-check scenario: a training command, what it left, and the checks on it
+(benchmarks/gpu_criteria.py); resumes, the refusal and gpu_paths in benchmarks/gpu_kinds.py.
 
-run() returns the scenario's record: "status" pass | fail, "checks" (name -> bool, each printed PASS/FAIL),
-"lines" (what the log shows), the measurements, and "failure" (the launcher's and ranks' last words) when a
-command failed.
+run() returns the scenario's record: "status" pass | fail, "checks" (name -> bool, each printed PASS/FAIL), "goals"
+(the throughput target: reported, not counted), "lines" (what the log shows), the measurements, and "failure" (the
+launcher's and ranks' last words) when a command failed.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.gpu_scenarios import (
-    LOSS_TOLERANCE,
-    Mode,
-    Scenario,
-    args_for,
-    cli,
-    copy_checkpoint,
-    failure_text,
-    memory_check,
-    metrics,
-    mfu,
-    plan,
-    tokens_per_s,
-)
+from benchmarks import gpu_criteria as crit
+from benchmarks import gpu_measures as meas
+from benchmarks.gpu_proc import GpuWatch, cli, failure_text, metrics, plan, read_json, stand_in_nvidia_smi
+from benchmarks.gpu_scenarios import THROUGHPUT_SHAPE, Mode, Scenario, args_for, with_flags
+from fsdp_tune.runfiles import RESOLVED_NAME, SUMMARY_NAME
 
-SIMULATED_GPU = "NVIDIA H200, 580.159.03, 143771"  # nvidia-smi's name, driver, MiB for --cpu-smoke's refusal
+MFU_GOAL = 0.40  # BENCHMARKS.md's target for bf16 LoRA on the 8B-class model, at 4N
 
 
 class Clock:
@@ -40,189 +31,168 @@ class Clock:
         return max(self.end - time.time(), 1.0)
 
 
-def run(s: Scenario, mode: Mode, work: Path, cap: float, done: dict) -> dict:
-    """Scenario `s` within `cap` seconds; `done`: the records of the scenarios already run (for same_as)."""
-    clock = Clock(cap)
-    kind = {"train": _train, "resume": _resume, "refuse": _refuse, "paths": _paths}[s.kind]
-    record = kind(s, mode, work, clock, done)
+def run(s: Scenario, mode: Mode, work: Path, cap: float, done: dict, extra: tuple[str, ...] = ()) -> dict:
+    """Scenario `s` within `cap` seconds; `done`: the records of the scenarios already run (pairs, references);
+    `extra`: flags added on this machine (Scenario.if_refused, when the probe found the scenario refused)."""
+    from benchmarks import gpu_kinds
+
+    kinds = {"train": train, "throughput": throughput, **gpu_kinds.KINDS}
+    record = kinds[s.kind](s, mode, work, Clock(cap), done, extra)
     record["status"] = "pass" if record["checks"] and all(record["checks"].values()) else "fail"
     return record
 
 
-def _one(s: Scenario, mode: Mode, out: Path, clock: Clock, steps: int | None = None, extra=()) -> dict:
-    """One training command and what it left: {"ok", "summary", "metrics", "plan", "failure"}."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    args = [*args_for(s, mode, steps), *extra]
+def one(s: Scenario, mode: Mode, out: Path, clock: Clock, steps: int | None = None, extra=()) -> dict:
+    """One training command and what it left: {"ok", "summary", "resolved", "metrics", "plan", "watch", ...}."""
+    args = with_flags(args_for(s, mode, steps), extra)
     on_cpu = mode.device == "cpu" or s.cpu_run
+    env = mode.env
+    if s.cpu_run and mode.device == "cpu":  # rehearse the outside watch against a stand-in nvidia-smi
+        env = {**env, "PATH": f"{stand_in_nvidia_smi(out.parent / 'bin')}:{env.get('PATH', '')}"}
+    watch = GpuWatch(env) if s.cpu_run else None
     with ThreadPoolExecutor(1) as pool:  # the plan (seconds of CPU) beside the run's start, not before it
-        planning = pool.submit(plan, args, mode, on_cpu, min(120.0, clock.left()))
-        proc = cli(["train", *args, "--output_dir", str(out)], mode.env, clock.left())
+        planning = pool.submit(plan, args, mode.gpu_name, mode.gpu_mib, on_cpu, mode.env, min(120.0, clock.left()))
+        if watch:
+            with watch:
+                proc = cli(["train", *args, "--output_dir", str(out)], mode.env, clock.left())
+        else:
+            proc = cli(["train", *args, "--output_dir", str(out)], mode.env, clock.left())
         planned = planning.result()
-    summary_path = out / "fsdp_tune_summary.json"
-    if proc.returncode or not summary_path.exists():
-        return {"ok": False, "plan": planned, "failure": failure_text(proc, out), "exit": proc.returncode}
-    summary = json.loads(summary_path.read_text())
-    return {"ok": True, "plan": planned, "summary": summary, "metrics": metrics(out), "exit": 0, "args": args}
+    got = {"plan": planned, "args": args, "exit": proc.returncode, "watch": watch, "metrics": metrics(out)}
+    if proc.returncode or not (out / SUMMARY_NAME).exists():
+        return {**got, "ok": False, "failure": failure_text(proc, out)}
+    return {**got, "ok": True, "summary": read_json(out / SUMMARY_NAME), "resolved": read_json(out / RESOLVED_NAME)}
 
 
-def _measures(s: Scenario, mode: Mode, got: dict) -> dict:
-    """tokens/s, MFU with its formula, memory against the plan, the adapter check, losses."""
-    summary, planned = got["summary"], got["plan"]
+def steps_seconds(rows: list[dict]) -> float:
+    """The steps' share of a launch: its logged steps' span, the first step counted as the mean one."""
+    timed = [r["time"] for r in rows if "loss" in r and "time" in r]
+    return (timed[-1] - timed[0]) * len(timed) / (len(timed) - 1) if len(timed) > 1 else 0.0
+
+
+def measures(s: Scenario, mode: Mode, got: dict) -> dict:
+    """tokens/s and MFU, and the checks every training command gets: trained with its adapter whole, the plan,
+    memory against it (GPU), the loading path and where the parameters are as the rank reports them."""
+    summary, planned, resolved = got["summary"], got["plan"], got["resolved"]
     on_cpu = mode.device == "cpu" or s.cpu_run
-    tps = tokens_per_s(got["metrics"], mode.warmup)
-    value, formula = mfu(tps, planned.get("total_params") or 0, recompute(got["args"]), mode, mode.world(s))
-    memory_ok, memory_line = memory_check(summary, planned, on_cpu)
-    loading = summary.get("extra", {}).get("loading", {})
-    adapter = bool((summary.get("adapter_check") or {}).get("ok"))
+    _, warmup = mode.steps_of(s)
+    tps = meas.tokens_per_s(got["metrics"], warmup)
+    peak = meas.peak_tflops(mode.gpu_name) if not on_cpu else None
+    recompute = (resolved.get("spec") or {}).get("checkpointing") != "off"
+    mfu = meas.mfu(tps, planned.get("total_params") or 0, recompute, peak, mode.world(s))
+    loading = (summary.get("extra") or {}).get("loading") or {}
     rank0 = (summary.get("per_rank") or [{}])[0]
-    record = {
+    checks, lines = {}, []
+    for name, (ok, line) in {
+        "trained, adapter checked whole": crit.adapter_whole(summary),
+        "loading path as decided, from the rank": crit.loading(summary, resolved, s.loading),
+        "parameters where the spec put them, from the rank": crit.placement(summary, resolved, s.asks_offload),
+    }.items():
+        checks[name] = ok
+        lines.append(line)
+    memory_ok, memory_line = crit.memory(summary, planned, on_cpu)
+    if planned.get("error"):  # no plan, no memory verdict: that is a failure of its own
+        checks["fsdp-tune plan for the same flags"] = False
+        lines.append(f"plan failed: {planned['error'][-300:]}")
+    if memory_ok is not None and not on_cpu:  # on CPU printed, not counted: RSS is mostly the libraries' own
+        checks["memory within 15% of the plan"] = memory_ok
+    losses = summary.get("losses") or []
+    lines = [
+        f"trained {summary.get('steps')} steps, loss {_loss(losses[:1])} -> {_loss(losses[-1:])}; "
+        f"mesh {summary.get('mesh')}; tokens/s {tps or 0:,.0f}; MFU {mfu['formula']}",
+        *lines,
+        memory_line,
+    ]
+    return {
         "loading": loading.get("path"),
-        "mesh": summary.get("mesh"),
-        "losses": summary.get("losses"),
+        "losses": losses,
         "tokens_per_s": tps,
-        "mfu": value,
-        "mfu_formula": formula,
+        "mfu": mfu["mfu"],
+        "hardware_flops_share": mfu["hardware"],
+        "mfu_formula": mfu["formula"],
         "peak_allocated_gib": (rank0.get("peak_gpu_allocated_mib") or 0) / 1024 or None,
-        "peak_reserved_gib": (rank0.get("peak_gpu_reserved_mib") or 0) / 1024 or None,
         "peak_rss_gib": (rank0.get("peak_rss_mib") or 0) / 1024,
         "planned_allocated_gib": planned.get("peak_allocated_gib"),
-        "planned_per_gpu_gib": planned.get("per_gpu_memory_gib"),
         "planned_host_per_rank_gib": planned.get("per_rank_host_peak_gib"),
-        "plan_error": planned.get("error"),
-        "checks": {"trained, adapter checked whole": adapter},
+        "memory_ok": memory_ok,
+        "steps_s": round(steps_seconds(got["metrics"]), 2),
+        "checks": checks,
+        "lines": lines,
     }
-    record["memory_ok"] = memory_ok
-    if planned.get("error"):  # no plan, no memory verdict: that is a failure of its own
-        record["checks"]["fsdp-tune plan for the same flags"] = False
-    if memory_ok is not None and not on_cpu:  # on CPU printed, not counted: RSS is mostly the libraries' own
-        record["checks"]["memory within 15% of the plan"] = memory_ok
-    losses = summary.get("losses") or []
-    record["lines"] = [
-        f"trained {summary.get('steps')} steps, loss {_loss(losses[:1])} -> {_loss(losses[-1:])}; adapter "
-        f"{'ok' if adapter else 'BROKEN'}; loading {record['loading']}; mesh {record['mesh']}",
-        f"tokens/s {tps or 0:,.0f}; MFU {formula}",
-        (f"plan failed: {planned['error'][-300:]}; " if planned.get("error") else "")
-        + memory_line
-        + (f"; reserved {record['peak_reserved_gib']:.2f} GiB" if record["peak_reserved_gib"] else "")
-        + (f"; plan per GPU {record['planned_per_gpu_gib']} GiB" if record["planned_per_gpu_gib"] else ""),
-    ]
-    return record
-
-
-def recompute(args: list[str]) -> bool:
-    """Whether the layers are recomputed in the backward (the last --fsdp_activation_checkpointing given)."""
-    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--fsdp_activation_checkpointing"]
-    return bool(values) and values[-1].lower() == "true"
 
 
 def _loss(values: list) -> str:
     return f"{values[0]:.3f}" if values else "-"
 
 
-def _failed(got: dict, what: str) -> dict:
+def failed(got: dict, what: str) -> dict:
     return {
         "checks": {what: False},
         "failure": got["failure"],
         "lines": [f"{what}: FAILED (exit {got['exit']}); see failures.log"],
+        "steps_s": round(steps_seconds(got.get("metrics") or []), 2),
     }
 
 
-def _train(s: Scenario, mode: Mode, work: Path, clock: Clock, done: dict) -> dict:
-    got = _one(s, mode, work / "run", clock)
+def add(record: dict, name: str, judged: tuple[bool | None, str], counted: bool = True) -> None:
+    """A check's line into the record, and its verdict where it counts (None counts as a failure: not measured)."""
+    ok, line = judged
+    record["lines"].append(line + ("" if counted else " (printed, not counted here)"))
+    if counted:
+        record["checks"][name] = bool(ok)
+
+
+def train(s: Scenario, mode: Mode, work: Path, clock: Clock, done: dict, extra=()) -> dict:
+    got = one(s, mode, work / "run", clock, extra=extra)
     if not got["ok"]:
-        return _failed(got, "trained")
-    record = _measures(s, mode, got)
-    if s.cpu_run and mode.device == "cuda":
-        used = record["peak_allocated_gib"]
-        record["checks"]["no GPU memory used"] = not used
-        record["lines"].append(f"GPU memory used by the CPU run: {used or 0:.2f} GiB")
+        return failed(got, "trained")
+    record = {**measures(s, mode, got), "reference_of": s.reference}
+    if s.cpu_run:  # what the GPU saw, from outside the run
+        watch = got["watch"]
+        counted = mode.device == "cuda"
+        judged = crit.no_gpu_use(watch.baseline, watch.samples)
+        add(record, "no GPU memory used (nvidia-smi, outside the rank)", judged, counted)
     if s.same_as:
-        other = (done.get(s.same_as) or {}).get("losses")
-        ok, line = _same_losses(record["losses"] or [], other, mode.device, s.same_as)
-        record["lines"].append(line)
-        if ok is not None:
-            record["checks"][f"losses as {s.same_as}"] = ok
+        other = done.get(s.same_as) or {}
+        add(
+            record,
+            f"a pair: two loading paths with {s.same_as}",
+            crit.different_paths(record["loading"], other.get("loading"), s.same_as),
+        )
+        tol = crit.LOSS_TOLERANCE[mode.device]
+        add(record, f"losses as {s.same_as}", crit.same_losses(record["losses"], other.get("losses"), tol, s.same_as))
+    partner = s.reference or next((n for n, r in done.items() if r.get("reference_of") == s.name), None)
+    if partner and partner in done:  # the later of the two compares (the GPU run against the CPU reference)
+        other = done[partner]
+        judged = crit.same_losses(record["losses"], other.get("losses"), crit.REFERENCE_TOLERANCE, partner)
+        add(record, f"losses as {partner} (the CPU reference)", judged, counted=mode.device == "cuda")
     return record
 
 
-def _same_losses(mine: list, other: list | None, device: str, name: str) -> tuple[bool | None, str]:
-    if not other:
-        return None, f"losses vs {name}: not compared ({name} did not train)"
-    diff = max((abs(a - b) / max(abs(b), 1e-9) for a, b in zip(mine, other, strict=False)), default=0.0)
-    ok = diff <= LOSS_TOLERANCE[device] and len(mine) == len(other)
-    verdict = "PASS" if ok else "FAIL"
-    return ok, f"losses vs {name}: max relative difference {diff:.1e} over {len(mine)} steps: {verdict}"
-
-
-def _resume(s: Scenario, mode: Mode, work: Path, clock: Clock, done: dict) -> dict:
-    """Save every k steps over 2k; resume a copy of checkpoint k: steps k+1..2k must match the straight run's."""
-    k = max(mode.steps // 2, 2)
-    saving = ("--save_strategy", "steps", "--save_steps", str(k))
-    straight = _one(s, mode, work / "straight", clock, 2 * k, saving)
-    if not straight["ok"]:
-        return _failed(straight, "trained with checkpoints")
-    record = _measures(s, mode, straight)
-    copy_checkpoint(work / "straight", k, work / "resumed")
-    resumed = _one(s, mode, work / "resumed", clock, 2 * k, (*saving, "--resume_from_checkpoint", "latest"))
-    if not resumed["ok"]:
-        failed = _failed(resumed, "resumed from the checkpoint")
-        record["checks"].update(failed["checks"])
-        record["lines"] += failed["lines"]
-        record["failure"] = failed["failure"]
-        return record
-    after = {m["step"]: m["loss"] for m in straight["metrics"] if "loss" in m and m.get("step", 0) > k}
-    again = {m["step"]: m["loss"] for m in resumed["metrics"] if "loss" in m and m.get("step", 0) > k}
-    steps = sorted(after)
-    mine = [again.get(i, float("inf")) for i in steps]
-    ok, line = _same_losses(mine, [after[i] for i in steps], mode.device, "the straight run")
-    record["checks"][f"resumed at step {k}, losses as the straight run's"] = bool(ok) and set(again) == set(after)
-    record["checks"]["resumed run's adapter checked whole"] = bool(
-        (resumed["summary"].get("adapter_check") or {}).get("ok")
+def throughput(s: Scenario, mode: Mode, work: Path, clock: Clock, done: dict, extra=()) -> dict:
+    """The 8B run at NeMo AutoModel's shape: steady steps, MFU at 4N beside their figure, the goal reported."""
+    steps, warmup = mode.steps_of(s)
+    got = one(s, mode, work / "run", clock, steps, extra)
+    if not got["ok"]:
+        return failed(got, "trained")
+    record = measures(s, mode, got)
+    times = crit.step_times(got["metrics"], warmup)
+    add(record, "steady over the timed steps", crit.steady(times, mode.device), counted=mode.device == "cuda")
+    world = mode.world(s)
+    shape = {**THROUGHPUT_SHAPE, "global_batch": THROUGHPUT_SHAPE["micro_batch"] * world}
+    shape.update(
+        seq=int(_flag(got["args"], "--max_seq_len")),
+        micro_batch=int(_flag(got["args"], "--per_device_train_batch_size")),
     )
-    record["lines"].append(f"resumed from checkpoint-{k}, steps {steps}: {line}")
+    record["lines"] += meas.nemo_comparison(record["tokens_per_s"], record["mfu"], mode.gpu_name, shape)
+    record["step_times"] = [round(t, 4) for t in times]
+    if mode.device == "cuda":
+        value = record["mfu"]
+        record["goals"] = {
+            f"MFU at 4N at least {MFU_GOAL:.0%} (BENCHMARKS.md's target)": bool(value and value >= MFU_GOAL)
+        }
     return record
 
 
-def _refuse(s: Scenario, mode: Mode, work: Path, clock: Clock, done: dict) -> dict:
-    """The launcher refuses (exit 2, PF050) before any process starts: no rank log, nothing built."""
-    out = work / "run"
-    env = mode.env
-    if mode.device == "cpu":  # the same command against a simulated H200: a stand-in nvidia-smi first on the PATH
-        fake = work / "bin" / "nvidia-smi"
-        fake.parent.mkdir(parents=True, exist_ok=True)
-        fake.write_text(f"#!/bin/sh\necho '{SIMULATED_GPU}'\n")
-        fake.chmod(0o755)
-        env = {**env, "PATH": f"{fake.parent}{os.pathsep}{env.get('PATH', '')}"}
-    started = time.time()
-    proc = cli(["train", *args_for(s, mode), "--output_dir", str(out)], env, clock.left())
-    rank_logs = list((out / "logs").glob("rank-*.log")) if (out / "logs").is_dir() else []
-    refusal = [line for line in proc.stderr.splitlines() if "PF050" in line]
-    record = {
-        "checks": {
-            "refused with exit 2": proc.returncode == 2,
-            "PF050 named": bool(refusal),
-            "no rank started": not rank_logs,
-        },
-        "lines": [f"exit {proc.returncode} after {time.time() - started:.1f} s: {' '.join(refusal)[:300]}"],
-        "seconds_to_refuse": time.time() - started,
-    }
-    if not all(record["checks"].values()):
-        record["failure"] = failure_text(proc, out)
-    return record
-
-
-def _paths(s: Scenario, mode: Mode, work: Path, clock: Clock, done: dict) -> dict:
-    """benchmarks/gpu_paths.py: the decisions underneath with torch, PEFT and bitsandbytes alone."""
-    from benchmarks import gpu_paths
-
-    os.environ["GPU_PATHS_DEVICE"] = mode.device
-    gpu_paths.DEVICE = mode.device
-    found = gpu_paths.run(timeout=clock.left())
-    return {
-        "checks": {k: v.startswith("ok") for k, v in found["checks"].items() if not v.startswith("skipped")}
-        or {"ran": False},
-        "lines": found["text"].splitlines(),
-        "gpu_paths": found["checks"],
-        **({} if found["ok"] else {"failure": found["text"]}),
-    }
+def _flag(args: list[str], key: str) -> str:
+    return args[len(args) - 1 - args[::-1].index(key) + 1]  # the last one given

@@ -1,40 +1,41 @@
-"""The GPU check's scenarios, most important first, and how each is run and judged (benchmarks/gpu_check.py).
+"""The GPU check's scenarios in the order they run, and the flags of each (benchmarks/gpu_check.py).
 
-Each scenario is one `fsdp-tune` command (two for a resume), run as a user runs it, with its own time cap. Each
-one's verdict is a set of named checks printed pass/fail: the run trained and its adapter checked whole; its
-measured peak memory within 15% of `fsdp-tune plan`'s (peak allocated on a GPU, peak RSS on CPU); for a pair,
-the same losses; for a resume, the uninterrupted run's losses after the checkpoint. Each also states its MFU
-with the formula: LoRA on a frozen base costs forward (2N) + activation gradients (2N) = 4N FLOPs a token, plus
-2N when the layers are recomputed (activation checkpointing), N the base model's parameters (attention's own
-FLOPs not counted), against the GPU's dense bf16 peak (989 TFLOP/s for H100/H200).
+Ordered by what a GPU minute answers: the library paths underneath (benchmarks/gpu_paths.py, seconds of GPU), the
+seed's flagship path (QLoRA FSDP2 + cpu_offload, sharded loading), the 8B throughput run, then the other paths the
+launcher decides, each once; last the CPU run, the memory refusal and the duplicate offload run, which answer
+least. Each scenario is one `fsdp-tune train` command (two for a resume) run as a user runs it; its checks are
+benchmarks/gpu_criteria.py's, its estimate benchmarks/gpu_budget.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
+import random
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_CONFIG = REPO / "configs" / "demo_cpu.yaml"
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "4090": 165.0, "L40S": 362.0}
-MEMORY_TOLERANCE = 0.15  # measured peak vs the plan
-LOSS_TOLERANCE = {"cuda": 0.02, "cpu": 1e-3}  # relative, per step: GPU kernels are not bitwise deterministic
 QLORA = ("--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "bfloat16", "--use_nested_quant", "True")
 QLORA_BF16 = (*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True")
 QLORA_FP32 = (*QLORA, "--bnb_4bit_quant_storage_dtype", "float32", "--bf16", "True")
 FSDP1 = ("--bf16", "True", "--fsdp_version", "1")
 OFFLOAD = ("--fsdp_offload_params", "true")
 FULL_CKPT = ("--fsdp_state_dict_type", "FULL_STATE_DICT")
+NO_RECOMPUTE = ("--fsdp_activation_checkpointing", "false")
 BNB = ("trl", "datasets", "bitsandbytes")
+PATHS = "GPU paths underneath (benchmarks/gpu_paths.py)"
 FLAGSHIP = "QLoRA FSDP2 + cpu_offload + sharded loading"
+THROUGHPUT = "LoRA FSDP2 throughput on builtin:llama3-8b (NeMo's shape)"
+RESUME = "LoRA FSDP2 + cpu_offload: FULL_STATE_DICT checkpoint then resume"
+GPU_TINY = "tiny LoRA in fp32 on the GPU (the CPU run is its reference)"
+CPU_RUN = "one-process CPU run on this GPU machine"
 FSDP1_CPU = "FSDP1 is GPU only (refused on CPU)"
+# the throughput run: NeMo AutoModel's shape (gpu_measures.NEMO_LLAMA3_8B_LORA), 5 warm-up steps as theirs, 20 timed
+THROUGHPUT_SHAPE = {"seq": 4096, "micro_batch": 2, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.1}
+THROUGHPUT_STEPS = {"cuda": (25, 5), "cpu": (6, 2)}  # (steps, warm-up)
 
 
 @dataclass(frozen=True)
@@ -42,112 +43,85 @@ class Scenario:
     name: str
     flags: tuple[str, ...] = ()
     why: str = ""
-    kind: str = "train"  # train | resume (checkpoint, then resume a copy) | refuse (PF050) | paths (gpu_paths.py)
-    est_s: int = 40  # expected seconds on one H200, everything included
-    cap_s: int = 150  # the scenario is cut here
-    model: str = "small"  # small (builtin:llama-1b) | big (builtin:llama-8b) | tiny; tiny everywhere in --cpu-smoke
+    kind: str = "train"  # train | resume (checkpoint, then resume a copy) | refuse (PF050) | paths | throughput
+    model: str = "small"  # small (builtin:llama-1b) | big (builtin:llama3-8b) | tiny; tiny everywhere in --cpu-smoke
     needs: tuple[str, ...] = ("trl", "datasets")
     gpu_only: str | None = None  # why it cannot run on CPU: skipped by --cpu-smoke (its flags are still decided)
     min_gpus: int = 1
-    same_as: str | None = None  # must train like that scenario (same losses)
+    same_as: str | None = None  # a pair: trains like that scenario on another loading path (same losses)
+    reference: str | None = None  # the same run on the other device: same losses within REFERENCE_TOLERANCE
+    loading: str | None = None  # the loading path the scenario is for (the rank must take it)
     processes: int | None = None  # None: every GPU (2 ranks in --cpu-smoke)
     cpu_run: bool = False  # --use_cpu true, on the GPU machine too
+    like: str | None = None  # a GPU-only scenario's estimate comes from this one's rehearsal
+    if_refused: tuple[str, ...] = ()  # flags added when the memory pre-flight refuses it on this machine
+    matters: bool = True  # counted in "everything that matters" (gpu_budget.py: inside the budget)
+
+    @property
+    def launches(self) -> int:
+        return 2 if self.kind == "resume" else 0 if self.kind == "refuse" else 1
+
+    @property
+    def asks_offload(self) -> bool:
+        return "--fsdp_offload_params" in self.flags
 
 
 def scenarios(gpus: int) -> list[Scenario]:
-    """Most important first: a run cut off by its budget keeps these."""
     half = max(gpus // 2, 1)
     mesh = ("--bf16", "True", "--use_parallelism_config", "--parallelism_config_dp_shard_size", str(half))
+    nemo = THROUGHPUT_SHAPE
+    lora = ("--lora_alpha", str(nemo["lora_alpha"]), "--lora_dropout", str(nemo["lora_dropout"]))
     return [
-        Scenario(FLAGSHIP, (*QLORA_BF16, *OFFLOAD), "#21 item 1: offloaded shards on the host", est_s=45, needs=BNB),
-        Scenario("LoRA FSDP2", ("--bf16", "True"), "MFU", est_s=35, cap_s=120),
+        Scenario(PATHS, why="torch/PEFT/bitsandbytes alone: NCCL + gloo, offloaded gather, 4-bit", kind="paths"),
+        Scenario(FLAGSHIP, (*QLORA_BF16, *OFFLOAD), "the seed's path", loading="sharded", needs=BNB),
         Scenario(
-            "LoRA FSDP2 + cpu_offload: FULL_STATE_DICT checkpoint then resume",
-            ("--bf16", "True", *OFFLOAD, *FULL_CKPT),
-            "#21 item 3b: resume copies each rank's rows into offloaded shards",
-            kind="resume",
-            est_s=75,
-            cap_s=240,
-        ),
-        Scenario(
-            "LoRA FSDP1 on one GPU (NO_SHARD)",
-            FSDP1,
-            "#21 item 3a: the final save unit by unit",
-            est_s=35,
-            cap_s=120,
-            gpu_only=FSDP1_CPU,
-            processes=1,
-        ),
-        Scenario(
-            "one-process CPU run on this GPU machine",
-            (),
-            "#21 item 2: a CPU mesh on a CUDA build",
-            est_s=25,
-            cap_s=90,
-            model="tiny",
-            processes=1,
-            cpu_run=True,
+            THROUGHPUT,
+            ("--bf16", "True", *lora, *NO_RECOMPUTE),
+            "MFU at 4N against NeMo AutoModel's Llama-3-8B LoRA figure",
+            kind="throughput",
+            model="big",
+            if_refused=("--fsdp_activation_checkpointing", "true"),
         ),
         Scenario(
             "QLoRA FSDP2 + cpu_offload + transformers loading",
             (*QLORA_BF16, *OFFLOAD, "--loading", "transformers"),
             "sharded loading trains as from_pretrained does",
-            est_s=45,
+            loading="transformers",
             needs=BNB,
             same_as=FLAGSHIP,
         ),
         Scenario(
-            "memory pre-flight refuses a run that cannot fit",
-            refuse_flags(),
-            "#21 item 5: PF050, no GPU time",
-            kind="refuse",
-            est_s=10,
-            cap_s=60,
-            needs=(),
-            processes=1,
+            RESUME, ("--bf16", "True", *OFFLOAD, *FULL_CKPT), "each rank's rows back into host shards", kind="resume"
         ),
-        # the rest, while time is left
-        Scenario("LoRA FSDP2 + cpu_offload", ("--bf16", "True", *OFFLOAD), "the cuda:nccl,cpu:gloo group", est_s=35),
+        Scenario("QLoRA fp32 storage under bf16", QLORA_FP32, "FSDP2's policy in the storage dtype", needs=BNB),
         Scenario(
-            "QLoRA fp32 storage under bf16", QLORA_FP32, "FSDP2's policy in the storage dtype", est_s=40, needs=BNB
-        ),
-        Scenario(
-            "QLoRA FSDP1 + cpu_offload (the seed's)",
+            "QLoRA FSDP1 + cpu_offload (the seed's, fsdp_version 1)",
             (*QLORA_BF16, "--fsdp_version", "1", *OFFLOAD),
-            "FSDP1 from_pretrained",
-            est_s=45,
+            "FSDP1 from_pretrained, offloaded",
             gpu_only=FSDP1_CPU,
             needs=BNB,
             processes=1,
+            like="QLoRA FSDP2 + cpu_offload + transformers loading",
         ),
         Scenario(
-            "LoRA FSDP1: FULL_STATE_DICT checkpoint then resume",
+            "LoRA FSDP1 NO_SHARD: FULL_STATE_DICT checkpoint unit by unit, then resume",
             (*FSDP1, *FULL_CKPT),
-            "FSDP1 saves and resumes unit by unit",
+            "FSDP1 saves (final and checkpoints) and resumes unit by unit",
             kind="resume",
-            est_s=70,
-            cap_s=240,
             gpu_only=FSDP1_CPU,
             processes=1,
+            like=RESUME,
         ),
+        Scenario(GPU_TINY, (), "the GPU's numbers against the CPU's", model="tiny", processes=1, reference=CPU_RUN),
+        Scenario(CPU_RUN, (), "a CPU run leaves the GPU alone", model="tiny", processes=1, cpu_run=True),
+        Scenario("memory pre-flight refuses a run that cannot fit", refuse_flags(), "PF050", kind="refuse", needs=()),
         Scenario(
-            "GPU paths underneath (benchmarks/gpu_paths.py)",
-            (),
-            "torch/PEFT/bitsandbytes alone",
-            kind="paths",
-            est_s=30,
-            cap_s=120,
-            needs=(),
+            "LoRA FSDP2 + cpu_offload, no checkpoints (the resume's straight run again)",
+            ("--bf16", "True", *OFFLOAD),
+            "the offload path alone",
+            matters=False,
         ),
-        Scenario(
-            "LoRA FSDP2 on builtin:llama-8b",
-            ("--bf16", "True"),
-            "MFU at 8B (the model built first)",
-            est_s=150,
-            cap_s=300,
-            model="big",
-            gpu_only="on CPU the same run as LoRA FSDP2 (the tiny model)",
-        ),
+        Scenario("LoRA FSDP2 on builtin:llama-1b", ("--bf16", "True"), "MFU at 1B", matters=False),
         Scenario(f"HSDP 2 x {half}", (*mesh, "--parallelism_config_dp_replicate_size", "2"), min_gpus=4),
         Scenario(
             f"context parallelism 2 x {half}",
@@ -160,8 +134,7 @@ def scenarios(gpus: int) -> list[Scenario]:
 def refuse_flags() -> tuple[str, ...]:
     """A run no single GPU holds: builtin:llama-1b with 32 x 8192 tokens a step and no recompute plans ~400 GiB of
     activations. --cpu-smoke runs the same command against a simulated H200 (a stand-in nvidia-smi)."""
-    tokens = ("--per_device_train_batch_size", "32", "--max_seq_len", "8192")
-    return ("--bf16", "True", *tokens, "--fsdp_activation_checkpointing", "false")
+    return ("--bf16", "True", "--per_device_train_batch_size", "32", "--max_seq_len", "8192", *NO_RECOMPUTE)
 
 
 @dataclass(frozen=True)
@@ -176,123 +149,73 @@ class Mode:
     warmup: int
     env: dict = field(default_factory=dict)
 
-    @property
-    def peak_tflops(self) -> float | None:
-        return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in self.gpu_name), None)
-
     def model(self, s: Scenario) -> str:
         if (self.device == "cpu" and s.kind != "refuse") or s.model == "tiny":
             return "builtin:tiny-llama"  # the refusal plans the GPU model: nothing is built
         return os.environ.get("GPU_CHECK_MODEL" if s.model == "big" else "GPU_CHECK_SMALL_MODEL") or (
-            "builtin:llama-8b" if s.model == "big" else "builtin:llama-1b"
+            "builtin:llama3-8b" if s.model == "big" else "builtin:llama-1b"
         )
 
     def world(self, s: Scenario) -> int:
         return s.processes or (2 if self.device == "cpu" else max(self.gpus, 1))
 
+    def steps_of(self, s: Scenario) -> tuple[int, int]:
+        """(steps, warm-up) of scenario s: the throughput run's own, else the check's."""
+        return THROUGHPUT_STEPS[self.device] if s.kind == "throughput" else (self.steps, self.warmup)
+
 
 def args_for(s: Scenario, mode: Mode, steps: int | None = None) -> list[str]:
-    """`fsdp-tune train` flags (without --output_dir) for scenario `s` on this machine."""
+    """`fsdp-tune train` flags (without --output_dir) for scenario `s` on this machine: the scenario's own flags,
+    and the check's defaults for what they leave out."""
     on_cpu = (mode.device == "cpu" and s.kind != "refuse") or s.cpu_run
-    small = on_cpu or s.model == "tiny"
-    out = ["--config", str(BASE_CONFIG), "--model_name_or_path", mode.model(s)]
-    out += ["--num_processes", str(mode.world(s)), "--max_steps", str(steps or mode.steps), "--logging_steps", "1"]
-    out += ["--save_strategy", "no", "--fsdp_activation_checkpointing", "true", "--gradient_checkpointing", "false"]
-    out += ["--lora_r", "16", "--lora_dropout", "0.0", "--packing", "True", "--use_cpu", str(on_cpu).lower()]
-    out += ["--max_seq_len", "128", "--per_device_train_batch_size", "2"] if small else []
-    out += [] if small else ["--max_seq_len", "2048", "--per_device_train_batch_size", "4"]
+    tiny = on_cpu or s.model == "tiny"
+    size = {"tiny": ("128", "2"), "small": ("2048", "4"), "big": (str(THROUGHPUT_SHAPE["seq"]), "2")}
+    seq, batch = size["tiny" if tiny else s.model]
+    defaults = {
+        "--model_name_or_path": mode.model(s),
+        "--num_processes": str(mode.world(s)),
+        "--max_steps": str(steps or mode.steps_of(s)[0]),
+        "--logging_steps": "1",
+        "--save_strategy": "no",
+        "--fsdp_activation_checkpointing": "true",
+        "--gradient_checkpointing": "false",
+        "--lora_r": "16",
+        "--lora_dropout": "0.0",
+        "--packing": "True",
+        "--use_cpu": str(on_cpu).lower(),
+        "--max_seq_len": seq,
+        "--per_device_train_batch_size": batch,
+    }
+    if s.kind == "throughput":  # full rows of text, as NeMo's mock rows are full
+        defaults.update({"--dataset_name": str(throughput_data()), "--splits": "train"})
+    out = ["--config", str(BASE_CONFIG)]
+    for key, value in defaults.items():
+        if key not in s.flags:
+            out += [key, value]
     return [*out, *s.flags]
 
 
-def cli(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m fsdp_tune ARGS` within `timeout` (run_group)."""
-    return run_group([sys.executable, "-m", "fsdp_tune", *args], env, timeout)
+def with_flags(args: list[str], extra: tuple[str, ...] | list[str]) -> list[str]:
+    """`args` with `extra` ("--key value" pairs) in place of the same keys' values, the others appended."""
+    out, extra = list(args), list(extra)
+    for key, value in zip(extra[::2], extra[1::2], strict=True):
+        if key in out:
+            out[out.index(key) + 1] = value
+        else:
+            out += [key, value]
+    return out
 
 
-def run_group(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """`cmd` in its own process group, ended with everything it started (TERM, then KILL) at `timeout`: exit 124."""
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=max(timeout, 1))
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    except subprocess.TimeoutExpired:
-        out = err = ""
-        for sig in (signal.SIGTERM, signal.SIGKILL):  # fsdp-tune stops its ranks on TERM; KILL if it has not
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                out, err = proc.communicate(timeout=15)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return subprocess.CompletedProcess(cmd, 124, out, f"{err}\ncut at the scenario's cap ({timeout:.0f} s)")
-
-
-def plan(args: list[str], mode: Mode, on_cpu: bool, timeout: float) -> dict:
-    """`fsdp-tune plan --json` for the same flags, on this machine's GPU (its name and memory) or its CPU."""
-    from fsdp_tune.launch.memory_check import gpu_key
-
-    where = (
-        ["--cpu"]
-        if on_cpu
-        else ["--gpu", gpu_key(mode.gpu_name)] + (["--gpu_memory", f"{mode.gpu_mib}MiB"] if mode.gpu_mib else [])
-    )
-    done = cli(["plan", *args, "--json", *where], mode.env, timeout)
-    return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-600:]}
-
-
-def failure_text(proc: subprocess.CompletedProcess, out: Path) -> str:
-    """The launcher's last words and each rank log's tail (for failures.log)."""
-    parts = [f"exit {proc.returncode}", proc.stderr[-3000:], proc.stdout[-1500:]]
-    for log in sorted((out / "logs").glob("rank-*.log")) if (out / "logs").is_dir() else []:
-        parts.append(f"--- {log.name} (last 40 lines)\n" + "\n".join(log.read_text().splitlines()[-40:]))
-    return "\n".join(parts)
-
-
-def metrics(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def tokens_per_s(rows: list[dict], warmup: int) -> float | None:
-    timed = [m for m in rows if "loss" in m and "num_tokens" in m and "time" in m]
-    if len(timed) < 2:
-        return None
-    first, last = timed[min(warmup, len(timed) - 2)], timed[-1]
-    return (last["num_tokens"] - first["num_tokens"]) / max(last["time"] - first["time"], 1e-9)
-
-
-def mfu(tps: float | None, n_params: int, recompute: bool, mode: Mode, world: int) -> tuple[float | None, str]:
-    """(MFU, the formula with its numbers)."""
-    factor = 6 if recompute else 4
-    text = f"{factor}N FLOPs/token (4N forward + activation gradients{', +2N recompute' if recompute else ''})"
-    text += f", N={n_params / 1e9:.2f}B" if n_params >= 1e8 else f", N={n_params / 1e6:.2f}M"
-    peak = mode.peak_tflops if mode.device == "cuda" else None
-    if not (tps and n_params and peak):
-        return None, text + ("; no GPU peak here" if not peak else "")
-    value = tps * factor * n_params / (peak * 1e12 * world)
-    return value, f"{tps:,.0f} tok/s x {text} / ({peak:.0f} TFLOP/s x {world} GPU) = {value:.1%}"
-
-
-def memory_check(summary: dict, planned: dict, on_cpu: bool) -> tuple[bool | None, str]:
-    """Measured peak against the plan, within MEMORY_TOLERANCE: (pass, the line). None when there is no plan."""
-    ranks = summary.get("per_rank") or []
-    if on_cpu:
-        measured = max((r.get("peak_rss_mib") or 0) for r in ranks) / 1024 if ranks else None
-        want, what = planned.get("per_rank_host_peak_gib"), "peak RSS per rank"
-    else:
-        measured = max((r.get("peak_gpu_allocated_mib") or 0) for r in ranks) / 1024 if ranks else None
-        want, what = planned.get("peak_allocated_gib"), "peak allocated"
-    if not measured or not want:
-        return None, f"memory: {what} {measured or '-'} GiB, plan {want or '-'}: not compared"
-    off = measured / want - 1
-    ok = abs(off) <= MEMORY_TOLERANCE
-    line = f"memory: {what} {measured:.2f} GiB vs plan {want:.2f} GiB ({off:+.0%}): {'PASS' if ok else 'FAIL'}"
-    return ok, line + f" (within {MEMORY_TOLERANCE:.0%}{'; not counted on CPU' if on_cpu else ''})"
-
-
-def copy_checkpoint(source: Path, step: int, target: Path) -> None:
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source / f"checkpoint-{step}", target / f"checkpoint-{step}")
+def throughput_data(rows: int = 64, words: int = 6000) -> Path:
+    """A text dataset whose every row is longer than the throughput run's sequence (cut there: full rows), made
+    once per machine from a fixed seed (the shipped chat data is a few thousand tokens in all)."""
+    path = Path(tempfile.gettempdir()) / "fsdp-tune-gpu-check" / f"throughput-{rows}x{words}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(0)
+        vocab = "the of and to in is was for on that with as by at from his an were are which this be".split()
+        text = [" ".join(rng.choice(vocab) for _ in range(words)) for _ in range(rows)]
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text("".join(json.dumps({"text": t}) + "\n" for t in text))
+        tmp.replace(path)
+    return path

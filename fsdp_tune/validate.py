@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from fsdp_tune.config import fsdp2, idiom
 from fsdp_tune.config.adapter_start import apply_adapter_start
 from fsdp_tune.config.flags import parse_flags
-from fsdp_tune.config.method_defaults import apply_method_defaults
 from fsdp_tune.config.normalize import build_config
 from fsdp_tune.config.readers import read_file
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.config.trl_defaults import apply_trl_defaults
+from fsdp_tune.decide.method_defaults import apply_method_defaults
+from fsdp_tune.decide.trl_defaults import apply_trl_defaults
 from fsdp_tune.errors import ConfigError, Finding, Severity
 from fsdp_tune.rules.catalog import run_rules
 
@@ -34,9 +34,10 @@ class Checked:
         return [f for f in self.findings if f.severity is Severity.WARNING]
 
 
-def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True) -> Checked:
+def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True, scheduler=None) -> Checked:
     """Read the file and the flags (flags win), normalize, and run every rule. Never raises on bad values.
-    adopt_fsdp2=False reads an Accelerate YAML without fsdp_version as accelerate does (FSDP1): `convert` only."""
+    adopt_fsdp2=False reads an Accelerate YAML without fsdp_version as accelerate does (FSDP1): `convert` only.
+    `scheduler`: `train`'s merge of a scheduler's topology into the assignments (schedulers/merge.py)."""
     findings: list[Finding] = []
     assignments = []
     fmt = None
@@ -49,6 +50,9 @@ def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True) ->
     findings += flag_findings
     assignments, idiom_findings = idiom.apply(assignments + flag_assignments)
     findings += idiom_findings
+    if scheduler is not None:
+        assignments, scheduler_findings = scheduler(assignments)
+        findings += scheduler_findings
     cfg, value_findings = build_config(assignments, config_path)
     findings += value_findings
     if adopt_fsdp2:
@@ -64,9 +68,9 @@ def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True) ->
     return Checked(cfg, findings, fmt)
 
 
-def load(config_path: str | None, argv: list[str], strict: bool = False) -> Checked:
+def load(config_path: str | None, argv: list[str], strict: bool = False, scheduler=None) -> Checked:
     """check(), raising ConfigError when there are errors (or warnings, with strict)."""
-    checked = check(config_path, argv)
+    checked = check(config_path, argv, scheduler=scheduler)
     if checked.errors or (strict and checked.warnings):
         raise ConfigError(config_path or "the command line", checked.findings)
     return checked

@@ -1,8 +1,8 @@
 """Regenerate fsdp_tune/config/training_fields.json from the installed TRL.
 
 The launcher must not import trl/transformers (validate-config answers in a blink), so the names,
-kinds and defaults of every SFTConfig field (and of DPOConfig, KTOConfig and RewardConfig, as they differ from it:
-config/methods.py) are kept as data, and so are the values a choice-valued field
+kinds and defaults of every SFTConfig field (and of DPOConfig, KTOConfig, RewardConfig and GRPOConfig, as they differ
+from it: config/methods.py) are kept as data, and so are the values a choice-valued field
 takes, read from the libraries' own enums and `choices` metadata (schedulers, optimizers, strategies,
 `report_to`'s integrations, `debug`, the attention implementations transformers registers).
 tests/lib/test_worker_pieces.py fails when the installed libraries drift from this table; run this script then.
@@ -129,7 +129,34 @@ _POSSIBLE = re.compile(r"Possible values are: ([^.]*)\.")
 _SUPPORTED = re.compile(r"support a non-default value: ([^.]*)\.")
 
 
-def _help_choices(name: str, help_text: str) -> list[str] | None:
+# GRPOConfig names the values of its string fields in its help text too, each field in its own words
+# ("Supported values are 'grpo', ...", "Must be one of `'server'` or `'colocate'`", "at the `'token'` or `'sequence'`
+# level"): the sentence that lists them, then every quoted name in it
+_GRPO_LISTS = {
+    "loss_type": r"Supported values are ([^.]*)\.",
+    "vllm_mode": r"Must be one of ([^.]*)\.",
+    "vllm_model_impl": r"Must be one of ([^.]*)\.",
+    "importance_sampling_level": r"computed at the ([^.]*) level",
+    "multi_objective_aggregation": r"(`'[a-z_]+'`)",
+    "vllm_importance_sampling_mode": r"Supported options are: ([^.]*)\.",
+    "scale_rewards": r"(`'?[a-z_]+'`)",
+}
+_QUOTED = re.compile(r"[`']+([a-z_]+)[`']+")
+
+
+def _grpo_choices(name: str, help_text: str) -> list[str] | None:
+    pattern = _GRPO_LISTS.get(name)
+    if pattern is None:
+        return None
+    found = {v for part in re.findall(pattern, help_text) for v in _QUOTED.findall(part)}
+    if not found:
+        raise SystemExit(f"GRPOConfig.{name}: its help text no longer lists its values as {pattern!r}")
+    return sorted(found)
+
+
+def _help_choices(name: str, help_text: str, config: str = "") -> list[str] | None:
+    if config == "GRPOConfig":
+        return _grpo_choices(name, help_text)
     if name == "loss_type":
         return sorted(set(_LOSS_NAMES.findall(help_text))) or None
     possible = _POSSIBLE.search(help_text)
@@ -156,19 +183,20 @@ def config_fields(config_class: type, extra: dict[str, list[str]]) -> dict[str, 
         fields[f.name] = {"kind": _kind(tp), "default": _default(f)}
         choices = _choices(f, tp, extra)
         if config_class.__name__ != "SFTConfig":
-            choices = _help_choices(f.name, f.metadata.get("help", "")) or choices
+            choices = _help_choices(f.name, f.metadata.get("help", ""), config_class.__name__) or choices
         if choices:
             fields[f.name]["choices"] = choices
     return dict(sorted(fields.items()))
 
 
 def method_tables(sft: dict[str, dict], extra: dict[str, list[str]]) -> dict[str, dict]:
-    """Each preference method's config as it differs from SFTConfig: its fields that SFTConfig lacks or holds
-    otherwise (another default, kind or values), and the SFTConfig fields it lacks."""
-    from trl import DPOConfig, KTOConfig, RewardConfig
+    """Each other method's config as it differs from SFTConfig: its fields that SFTConfig lacks or holds otherwise
+    (another default, kind or values), and the SFTConfig fields it lacks."""
+    from trl import DPOConfig, GRPOConfig, KTOConfig, RewardConfig
 
     out = {}
-    for method, config_class in (("dpo", DPOConfig), ("kto", KTOConfig), ("reward", RewardConfig)):
+    configs = (("dpo", DPOConfig), ("kto", KTOConfig), ("reward", RewardConfig), ("grpo", GRPOConfig))
+    for method, config_class in configs:
         own = config_fields(config_class, extra)
         out[method] = {
             "config": config_class.__name__,

@@ -21,6 +21,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# a scheduler's variables would place every `train` of the suite in its job (fsdp_tune/schedulers/topology.py):
+# the tests that mean a scheduler set its variables themselves
+for _name in [n for n in os.environ if n.startswith(("SLURM_", "SLURMD_", "PET_", "SKYPILOT_"))]:
+    del os.environ[_name]
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -65,8 +69,8 @@ def offline_env(model_cache: Path) -> dict[str, str]:
 def checked_spec(*flags: str, machine=None, config: str | None = None):
     """(the rank spec `train` decides for a config and flags on `machine`, the check it came from); this
     machine's CPU when no machine is given. A launch with errors is refused, as `train` refuses it."""
-    from fsdp_tune.launch.decide import decide
-    from fsdp_tune.launch.machine import Machine
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
     from fsdp_tune.validate import check
 
     checked = check(config, list(flags))

@@ -60,6 +60,9 @@ def chat_cmd(
     temperature: float = typer.Option(0.0, "--temperature", help="0: greedy (the default); above 0: sampling."),
     base: Optional[str] = typer.Option(None, "--base", help="Base model (default: the one the run loaded)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda:N (default: cuda:0 if present)."),
+    image: Optional[str] = typer.Option(
+        None, "--image", help="An image for a vision-language run: shown with each prompt (the first turn)."
+    ),
     debug: bool = DebugOpt,
 ) -> None:
     """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template.
@@ -68,16 +71,18 @@ def chat_cmd(
     """
 
     def run() -> None:
-        from fsdp_tune.tools.chat import answer, load, prompts_from
+        from fsdp_tune.tools.chat import answer, image_for, load, prompts_from
 
         asked = prompts_from(prompt, prompts)
         chat = load(run_dir, base, device)
+        picture = image_for(chat, image)
         typer.echo(f"chat: {chat.described}", err=True)
         opening = [{"role": "system", "content": system}] if system else []
         for i, text in enumerate(asked):
             if len(asked) > 1:
                 typer.echo(f"{'' if i == 0 else chr(10)}> {text}")
-            _said(answer(chat, [*opening, {"role": "user", "content": text}], max_new_tokens, temperature))
+            turn = [*opening, {"role": "user", "content": text}]
+            _said(answer(chat, turn, max_new_tokens, temperature, image=picture))
         if asked:
             return
         typer.echo("type a message; an empty line or Ctrl-D ends", err=True)
@@ -90,7 +95,8 @@ def chat_cmd(
             if not text:
                 return
             history.append({"role": "user", "content": text})
-            history.append({"role": "assistant", "content": _said(answer(chat, history, max_new_tokens, temperature))})
+            reply = answer(chat, history, max_new_tokens, temperature, image=picture)  # the image: the first turn's
+            history.append({"role": "assistant", "content": _said(reply)})
 
     guard(run, debug)
 

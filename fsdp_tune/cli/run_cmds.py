@@ -25,6 +25,14 @@ def train(
     gpus: Optional[int] = typer.Option(
         None, "--gpus", help="With --gpu: the simulated node's GPUs (default: the run's processes per machine)."
     ),
+    emit: Optional[str] = typer.Option(
+        None, "--emit", help="Write the launch as a slurm | skypilot | kubeflow job (nothing is submitted)."
+    ),
+    emit_file: Optional[str] = typer.Option(None, "-o", "--emit_file", help="With --emit: the file (default: stdout)."),
+    shared: Optional[str] = typer.Option(
+        None, "--shared", help="With --emit: the nodes' shared folder (slurm), bucket (skypilot) or PVC (kubeflow)."
+    ),
+    image: Optional[str] = typer.Option(None, "--image", help="With --emit kubeflow: the container image."),
     debug: bool = DebugOpt,
 ) -> None:
     """Validate, check this machine, then train through torchrun (same flags as validate-config).
@@ -39,7 +47,35 @@ def train(
     """
     config, args = split_config(config, list(ctx.args))
     node = (gpu, gpus)
+    if emit or emit_file or shared or image:
+        job = (emit, emit_file, shared, image)
+        guard(lambda: _emit(config, args, job, node), debug)
+        return
     guard(lambda: _train(config, args, dry_run=dry_run, as_json=as_json, verbose=verbose, node=node), debug)
+
+
+def _emit(config: str | None, args: list[str], job: tuple, node: tuple) -> None:
+    """`--emit KIND [-o FILE]`: the validated launch as a scheduler's job (launch/emit.py); nothing starts."""
+    from fsdp_tune.errors import UsageError
+    from fsdp_tune.launch.emit import emit
+    from fsdp_tune.schedulers.emitters import EMITTERS
+
+    kind, out, shared, image = job
+    if not kind:
+        raise UsageError("-o, --shared and --image describe an emitted job", "add --emit slurm|skypilot|kubeflow")
+    if node[1] is not None:
+        raise UsageError("--gpus: an emitted job asks for the launch's processes a machine", "drop --gpus")
+    decided = emit(kind, config, args, lambda m: typer.echo(m, err=True), gpu=node[0], shared=shared, image=image)
+    text = EMITTERS[kind].render(decided)
+    if not out:
+        typer.echo(text, nl=False)
+        return
+    Path(out).write_text(text)
+    typer.echo(
+        f"wrote {out}: {EMITTERS[kind].title} job, {decided.nodes} machine(s) x {decided.procs_per_node} "
+        f"{'GPUs' if decided.gpu else 'CPU processes'}; nothing was submitted",
+        err=True,
+    )
 
 
 def _train(
@@ -49,8 +85,8 @@ def _train(
     `node`: (--gpu, --gpus), a simulated GPU node to preview on."""
     import sys
 
-    from fsdp_tune.launch import simulate
-    from fsdp_tune.launch.decide import console_mode
+    from fsdp_tune.decide import simulate
+    from fsdp_tune.decide.rank import console_mode
     from fsdp_tune.launch.train import execute, plan_run
     from fsdp_tune.output.run import format_summary
 
@@ -101,6 +137,8 @@ def _show_plan(config: str | None, planned) -> None:
     if planned.checked.findings:
         typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
     echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+    if planned.topology:  # where this node's place in the job came from (schedulers/topology.py)
+        echo_out("  " + planned.topology.describe())
     echo_out(f"  run id: {planned.run_id}")
 
 
@@ -155,17 +193,18 @@ def plan_cmd(
     config, args = split_config(config, list(ctx.args))
 
     def run() -> None:
+        from fsdp_tune.decide.derived import runs_on_cpu
         from fsdp_tune.output.plan import format_plan
         from fsdp_tune.planner.plan import memory_plan
         from fsdp_tune.validate import load
 
         cfg = load(config, args).config
+        on_cpu = runs_on_cpu(cfg, asked=cpu)  # the run the config describes, or a CPU plan asked for (--cpu)
         if trace:  # refused up front (TR001, TR002) rather than after the plan
             from fsdp_tune.trace import guard
 
-            guard.check_settings(cfg, on_cpu=cpu)
+            guard.check_settings(cfg, on_cpu=on_cpu)
             guard.check_versions(cfg.quantization.use_4bit_quantization)
-        on_cpu = cpu or cfg.launch.use_cpu
         gpu_key, memory, host_gib = _plan_target(gpu, gpu_memory, on_cpu)
         result = memory_plan(cfg, gpu_key, memory, on_cpu=on_cpu, host_gib=host_gib)
         text = None if as_json else format_plan(result)
@@ -190,8 +229,8 @@ def _plan_target(gpu: str | None, gpu_memory: str | None, on_cpu: bool) -> tuple
     """(the GPU to plan, its memory, this machine's available RAM when the plan is for this machine): a CPU run
     is; a GPU plan is when no --gpu/--gpu_memory names another card and this machine has NVIDIA GPUs (the
     smallest is planned, as train's memory pre-flight does)."""
-    from fsdp_tune.launch.machine import available_ram_gib, probe
-    from fsdp_tune.launch.memory_check import planned_gpu
+    from fsdp_tune.decide.machine import available_ram_gib, probe
+    from fsdp_tune.preflight.memory import planned_gpu
 
     if on_cpu:
         return gpu or "h100", gpu_memory, available_ram_gib()
@@ -221,19 +260,24 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     """The planner's memory summary for a dry run, on the rank spec's loading path and the GPUs the ranks will use
     (the smallest, as train's memory pre-flight plans), host RAM judged when the machine is this one; a model it
     cannot see is a note, not a failure."""
+    from fsdp_tune.decide.derived import runs_on_cpu
+    from fsdp_tune.decide.machine import available_ram_gib
     from fsdp_tune.errors import UsageError
-    from fsdp_tune.launch.machine import available_ram_gib
-    from fsdp_tune.launch.memory_check import planned_gpu, ranks_gpus
     from fsdp_tune.output.plan import format_plan
     from fsdp_tune.planner.plan import memory_plan
+    from fsdp_tune.preflight.memory import planned_gpu, ranks_gpus
+    from fsdp_tune.preflight.vision import largest
 
     cfg, spec = planned.config, planned.spec
     # the run the config describes: a GPU config on this CPU-only machine still gets its GPU plan (an H100's)
+    on_cpu = runs_on_cpu(cfg)
     cards = ranks_gpus(spec, planned.machine) if spec.device == "cuda" and planned.machine else []
     key, memory = planned_gpu(cards) if cards else ("h100", None)
-    host = None if simulated or not (cards or cfg.launch.use_cpu) else available_ram_gib()
+    host = None if simulated or not (cards or on_cpu) else available_ram_gib()
     try:
-        result = memory_plan(cfg, key, memory, on_cpu=cfg.launch.use_cpu, loading=spec.loading.path, host_gib=host)
+        result = memory_plan(
+            cfg, key, memory, on_cpu=on_cpu, loading=spec.loading.path, host_gib=host, image_size=largest(spec)
+        )
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")
         return

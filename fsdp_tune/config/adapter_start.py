@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import Origin, RunConfig
 from fsdp_tune.config.values import BadValue, coerce
 from fsdp_tune.errors import Finding, Severity
@@ -117,7 +118,7 @@ def _problems(cfg: RunConfig, start: StartAdapter) -> list[Finding]:
         )
         hint = f"fsdp-tune merge --adapter {start.folder} -o MERGED, then --model_name_or_path MERGED"
         found.append(_error(cfg, "model.adapter", why, hint))
-    if cfg.run.method == "reward":
+    if row_of(cfg.run.method).head == "score":
         why = "a reward model starts from its base: its score head is new, and its LoRA is a sequence classifier's"
         found.append(_error(cfg, "model.adapter", why, "drop --adapter (or --method dpo / kto)"))
     return found
@@ -146,7 +147,7 @@ def _taken(start: StartAdapter, key: str = "model_name_or_path") -> Origin:
 def apply_adapter_start(cfg: RunConfig) -> tuple[RunConfig, list[Finding]]:
     """The starting adapter's base model and LoRA shape for whatever this launch left unset; FT121 for a folder
     that is no usable adapter and for settings that contradict it. Runs before TRL's LoRA defaults
-    (config/trl_defaults.py), which then find these settings set."""
+    (decide/trl_defaults.py), which then find these settings set."""
     if not cfg.model.adapter:
         return cfg, []
     start, why = read_start(cfg.model.adapter)

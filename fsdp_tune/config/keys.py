@@ -144,5 +144,6 @@ FLAG_ALIASES: dict[str, str] = {
 
 # Recipe sections are the RunConfig sections; `training` takes the method's TRL config fields.
 RECIPE_SECTIONS = ("launch", "fsdp", "parallelism", "model", "data", "lora", "quantization", "run", "training")
-# Keys a recipe takes at its top level besides the sections: TRL's dataset mixture and the training method.
-RECIPE_TOP_KEYS = {"datasets": "data.datasets", "method": "run.method"}
+# Keys a recipe takes at its top level besides the sections: TRL's dataset mixture, the training method and its
+# rewards.
+RECIPE_TOP_KEYS = {"datasets": "data.datasets", "method": "run.method", "reward_funcs": "run.reward_funcs"}

@@ -23,10 +23,10 @@ QUANT_STORAGE = ("bfloat16", "float16", "float32", "uint8", "int8", "float64")
 QUANT_TYPES = ("nf4", "fp4")
 CHAT_TEMPLATES = ("chatml", "zephyr", "none")
 DATASET_FORMATS = ("auto", "text", "messages", "prompt_completion", "alpaca", "sharegpt")
-DATASET_FORMATS += ("preference", "preference_implicit", "unpaired", "ranked")  # sources/preference.py
+DATASET_FORMATS += ("preference", "preference_implicit", "unpaired", "ranked", "prompt_only")  # sources/ reads them
 MASK_FALLBACKS = ("split", "locate", "error")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
-LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (launch/loading.py)
+LOADINGS = ("auto", "sharded", "transformers")  # how the weights reach the ranks (decide/loading.py)
 REFERENCES = ("adapter", "base")  # DPO/KTO's reference with a starting adapter: a frozen copy of it, or the base
 
 
@@ -116,10 +116,11 @@ class ModelSettings:
     trust_remote_code: bool = _f(False)
     use_unsloth: bool = _f(False)
     loading: str = _f("auto", choices=LOADINGS)
-    # an adapter to start from (a finished run's folder, e.g. an SFT run's): the policy's start and, for DPO/KTO,
-    # the reference unless `reference: base` (config/adapter_start.py reads its shape, launch/decide.py uses it)
+    # a run's adapter to start from: the policy's start; DPO/KTO's reference unless `reference: base` (adapter_start.py)
     adapter: str | None = _f(None, kind="str")
     reference: str = _f("adapter", choices=REFERENCES)
+    freeze_vision_tower: bool = _f(True)  # a vision-language model's (config/model_kinds.py); false: LoRA on it too
+    freeze_multi_modal_projector: bool = _f(True)  # false: the projector trained whole (LLaMA-Factory's names)
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,8 @@ class RunSettings:
     save_on_interrupt: bool = _f(True)
     skip_memory_check: bool = _f(False)  # train launches even when the plan's peak does not fit the GPUs here
     method: str = _f(SFT, choices=METHODS)  # the training method (config/methods.py): a recipe's top-level `method:`
+    # GRPO's rewards (rewards/resolve.py: built-ins, file.py:fn, pkg.mod.fn, a reward model); top-level in a recipe
+    reward_funcs: tuple[str, ...] = _f((), kind="list")
 
 
 def training_fields(method: str = SFT) -> dict[str, dict[str, Any]]:

@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.launch.failure import Outcome
-from fsdp_tune.launch.spec import RankSpec
 from fsdp_tune.launch.stopping import TORCHRUN_SIGNALS, StopRelay
 from fsdp_tune.redact import redact
 from fsdp_tune.runfiles import (
@@ -82,21 +82,22 @@ def command(spec: RankSpec) -> list[str]:
     ]
 
 
-def materialize_model(spec: RankSpec) -> RankSpec:
-    """A builtin model's folder, built on first use; everything else is read as named."""
-    from dataclasses import replace
-
-    name = spec.model.name_or_path
+def materialize_model(spec: RankSpec) -> None:
+    """A builtin model's folder (the spec names it: decide/rank.py), built on first use; everything else is read
+    as named."""
+    name = spec.model.requested
     if not name.startswith("builtin:"):
-        return spec
+        return
     from fsdp_tune.sources.builtin import materialize
 
-    return replace(spec, model=replace(spec.model, name_or_path=str(materialize(name.removeprefix("builtin:")))))
+    folder = str(materialize(name.removeprefix("builtin:")))
+    if folder != spec.model.name_or_path:  # FSDP_TUNE_CACHE changed between deciding and launching
+        raise RuntimeError(f"{name} was built into {folder}, not {spec.model.name_or_path} as the rank spec says")
 
 
 def prepare(cfg: RunConfig, spec: RankSpec, run_id: str | None = None) -> RankSpec:
     """Materialise builtin models and write the rank spec (with the config it came from, for people)."""
-    spec = materialize_model(spec)
+    materialize_model(spec)
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if spec.world.node_rank == 0:
@@ -136,7 +137,10 @@ def run(
     push's HF_TOKEN) reaches the ranks' environment and no file. torchrun's stderr passes through to ours,
     and its tail is kept for the failure report.
     """
-    env = dict(os.environ, **spec.env, **torchrun_env(spec), **(secret_env or {}))
+    # PET_<ARG> is torchrun's own spelling of its arguments: a scheduler's (Kubeflow's) would override what the
+    # spec decided from them (schedulers/topology.py read them), so torchrun gets the spec's alone
+    kept = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    env = dict(kept, **spec.env, **torchrun_env(spec), **(secret_env or {}))
     if run_id:
         env[RUN_ID_ENV] = run_id
     if attempt:

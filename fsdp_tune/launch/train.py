@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import signal
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.env import secret_env as decided_secrets
+from fsdp_tune.decide.machine import Machine, probe
+from fsdp_tune.decide.rank import decide
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
-from fsdp_tune.launch import batch, manifest, outdir, ownership, torchrun
-from fsdp_tune.launch.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
-from fsdp_tune.launch.decide import decide
+from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome, failure_report
-from fsdp_tune.launch.machine import Machine, probe
-from fsdp_tune.launch.resume import fsdp_version_findings, resume_findings
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.preflight import batch
+from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings
+from fsdp_tune.rundir import manifest, outdir, ownership
+from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
+from fsdp_tune.schedulers import merge, topology
+from fsdp_tune.schedulers.topology import Topology
 from fsdp_tune.validate import Checked, load
 
 Echo = Callable[[str], None]
@@ -33,6 +38,7 @@ class Planned:
     run_id: str = ""  # the run this launch is: the folder's run when it resumes it, a new one otherwise
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # for the ranks' environment, no file
     machine: Machine | None = None  # what the spec was decided for
+    topology: Topology = field(default_factory=Topology)  # what a scheduler's variables said (schedulers/)
 
     @property
     def config(self) -> RunConfig:
@@ -45,7 +51,7 @@ class Planned:
 
 def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
     """The checkpoint to resume, verified against its completion marker (PF036 when it is not whole); what it was
-    trained with is compared in pre-flight (launch/resume.py: PF039, PF051)."""
+    trained with is compared in pre-flight (preflight/resume.py: PF039, PF051)."""
     return _resume_point(cfg, echo)
 
 
@@ -78,9 +84,9 @@ def _resume_point(cfg: RunConfig, echo: Echo) -> str | None:
 
 
 def check_loadable(checkpoint: str | None) -> str | None:
-    """`checkpoint` when every pickle a resume loads from it is data (launch/pickles.py); PF060 otherwise.
+    """`checkpoint` when every pickle a resume loads from it is data (rundir/pickles.py); PF060 otherwise.
     Refused outright, never passed over for an older one: a planted pickle is not an accident."""
-    from fsdp_tune.launch.pickles import check_checkpoint
+    from fsdp_tune.rundir.pickles import check_checkpoint
 
     unsafe = check_checkpoint(checkpoint) if checkpoint else None
     if unsafe is None:
@@ -140,37 +146,32 @@ def plan_run(
     echo: Echo,
     machine: Machine | Callable[[RunConfig], Machine] | None = None,
     console: str = "lines",
+    env: Mapping[str, str] | None = None,
 ) -> Planned:
     """Everything decided before a process starts; nothing is written. `console`: what rank 0 shows
     (decide.console_mode); `machine`: the machine to decide for (a function of the config for a simulated node
-    sized by it, `train --dry_run --gpu`), this one by default."""
-    from fsdp_tune.launch.preflight import check_data, check_machine
+    sized by it, `train --dry_run --gpu`), this one by default; `env`: where a scheduler's variables are read
+    (schedulers/topology.py), this process's environment by default (`--emit`: the ones the scheduler would set)."""
+    from fsdp_tune.preflight.checks import check_data, check_machine
+    from fsdp_tune.rules.catalog import machine_findings
 
-    checked = load(config, argv)
+    topo = topology.read(env)  # partial or contradictory: PF090-PF094, before anything else
+    checked = load(config, argv, scheduler=lambda assignments: merge.merge(topo, assignments))
     cfg = checked.config
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
     spec, findings = check_data(decide(cfg, machine, resume, console))
-    spec, secret_env = _token_out(spec)
+    secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
+    findings += machine_findings(cfg, machine, checked.findings)  # the config's rules on this machine's decisions
     findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
     findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
-    return Planned(checked, spec, findings, run_id, secret_env, machine)
-
-
-def _token_out(spec: RankSpec) -> tuple[RankSpec, dict[str, str]]:
-    """--hub_token leaves the rank spec (a file, fsdp_tune_resolved.json) for the ranks' environment: HF_TOKEN,
-    which the Trainer's and fsdp-tune's pushes read when hub_token is unset (huggingface_hub's get_token)."""
-    token = spec.trainer_args.get("hub_token")
-    if "hub_token" not in spec.trainer_args:
-        return spec, {}
-    args = {k: v for k, v in spec.trainer_args.items() if k != "hub_token"}
-    return replace(spec, trainer_args=args), ({"HF_TOKEN": str(token)} if token else {})
+    return Planned(checked, spec, findings, run_id, secret_env, machine, topo)
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:

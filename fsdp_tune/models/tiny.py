@@ -67,9 +67,9 @@ def build(name: str, out_dir: str) -> Path:
     # the preset's vocabulary size is the model's (rows past the tokenizer's merges stay unused, as in
     # real models), so the planner's count from the preset is exact
     preset["vocab_size"] = max(len(tokenizer), preset["vocab_size"])
+    preset.setdefault("max_position_embeddings", 2048)
     config = LlamaConfig(
         **preset,
-        max_position_embeddings=2048,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

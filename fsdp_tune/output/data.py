@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_tune.launch.spec import DataSpec
-from fsdp_tune.sources.formats import TEXT, Format
+from fsdp_tune.decide.spec import DataSpec
+from fsdp_tune.sources.formats import PROMPT_KINDS, TEXT, Format
 
 # TRL's packing strategies (SFTConfig.packing_strategy), as the plan says them
 PACKING = {
@@ -25,6 +25,8 @@ def plan_lines(data: DataSpec, packing_strategy: str | None = None) -> list[str]
         fmt = Format.from_dict(s.detected) if s.detected else None
         what = fmt.describe() if fmt else "format detected on rank 0 (a Hub dataset)"
         loss = "every token" if s.train_on_prompt or (fmt and fmt.kind == TEXT) else "the answers"
+        if fmt and fmt.kind in PROMPT_KINDS:
+            loss = "the generated completions"
         share = next((f", {k} {getattr(s, k):g}" for k in ("fraction", "weight", "samples") if getattr(s, k)), "")
         if weighted and not share:
             share = ", weight 1 (unset)"
@@ -41,7 +43,7 @@ def plan_lines(data: DataSpec, packing_strategy: str | None = None) -> list[str]
 
 
 def _tokenized(found: dict[str, Any] | None) -> str:
-    """What the pre-flight's tokenizing said about a source (sources/tokencheck.py), for its plan line."""
+    """What the pre-flight's tokenizing said about a source (preflight/tokens.py), for its plan line."""
     if not found:
         return ""
     if found.get("why_not"):
@@ -51,16 +53,33 @@ def _tokenized(found: dict[str, Any] | None) -> str:
     return f"; tokenized here: {part}, {skipped}"
 
 
+def image_lines(report: dict[str, Any]) -> list[str]:
+    """A vision-language run's images, and the batches that ran the vision tower on the guard's dummy image."""
+    images = report.get("images") or {}
+    seen, dummies = images.get("train"), images.get("dummy_batches")
+    lines = []
+    if seen:
+        lines.append(
+            f"  data: {seen['image_sequences']} of {report['sequences']} training sequences have images "
+            f"({seen['images']} images, {seen['image_tokens']} image tokens)"
+        )
+    if dummies:
+        each = ", ".join(f"rank {i}: {n}" for i, n in enumerate(dummies))
+        lines.append(f"  vision: batches without images that ran the tower on a dummy image: {each}")
+    return lines
+
+
 def summary_lines(report: dict[str, Any] | None) -> list[str]:
     """The summary's data lines: formats and rows, skipped rows by reason, the share of tokens in the loss."""
     if not report:
         return []
     lines = []
     for s in report["sources"]:
-        loss = "every token" if s["loss"] == "all" else "the answers"
+        loss = {"all": "every token", "completions": "the generated completions"}.get(s["loss"], "the answers")
         used = f", {s['used']} used" if s.get("used", s["sequences"]) != s["sequences"] else ""
+        what = "prompts" if s["kind"] in PROMPT_KINDS else "sequences"
         lines.append(
-            f"  data: {s['source']}: {s['kind']}, {s['rows']} rows -> {s['sequences']} sequences{used}, loss on {loss}"
+            f"  data: {s['source']}: {s['kind']}, {s['rows']} rows -> {s['sequences']} {what}{used}, loss on {loss}"
         )
         for reason, seen in s["skipped"].items():
             lines.append(f"    skipped {seen['count']} row(s): {reason} ({', '.join(seen['rows'][:3])})")
@@ -80,6 +99,7 @@ def summary_lines(report: dict[str, Any] | None) -> list[str]:
         )
     if report.get("loss_share") is not None:
         lines.append(f"  data: {report['loss_share']:.1%} of the {report['tokens']} training tokens are in the loss")
+    lines += image_lines(report)
     held = report.get("eval")
     if held and held["tokens"]:
         share = held["loss_tokens"] / held["tokens"]

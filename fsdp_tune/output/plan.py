@@ -4,17 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_tune.config.methods import TITLE
+from fsdp_tune.config.methods import SFT, row_of
+from fsdp_tune.planner.grpo import GENERATION, LOG_PROBS
+
+METHOD_PHASES = (GENERATION, LOG_PROBS)  # phases before the training step (GRPO's), said even off the peak
+
+
+def vision_lines(plan: dict[str, Any]) -> list[str]:
+    """A vision-language model's tower and an image's patches and tokens (planner/vision.py)."""
+    v = plan.get("vision")
+    if not v:
+        return []
+    image = v["image"]
+    return [
+        f"vision: {v['family']}, tower and projector {v['tower_and_projector_params'] / 1e6:.1f}M parameters "
+        f"({v['tower_blocks']} blocks; tower {v['tower']}, projector {v['projector']}); a {image['width']}x"
+        f"{image['height']} image{' (assumed)' if image['assumed'] else ''}: {v['patches_per_image']} patches, "
+        f"{v['tokens_per_image']} tokens"
+    ]
 
 
 def format_plan(plan: dict[str, Any]) -> str:
     m = plan["model"]
-    method = plan.get("method", "sft")
-    lines = [] if method == "sft" else [f"method: {TITLE.get(method, method)}"]
+    method = plan.get("method", SFT)
+    lines = [] if method == SFT else [f"method: {row_of(method).title}"]
     lines += [
         f"model: {m['name']} ({plan['total_params'] / 1e9:.2f}B parameters, {m['layers']} x {m['layer_class']}); "
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"
     ]
+    lines += vision_lines(plan)
     if plan["per_gpu_memory_gib"] is not None:
         low, high = plan["range_gib"]
         lines.append(
@@ -29,6 +47,10 @@ def format_plan(plan: dict[str, Any]) -> str:
     for name, gib in plan["components"].items():
         if gib:
             lines.append(f"  {name:<46} {gib:8.2f} GiB")
+    phases = plan.get("phases_gib") or {}
+    for name in METHOD_PHASES:
+        if name in phases and name != plan.get("peak_phase"):
+            lines.append(f"  {name}: {phases[name]:.2f} GiB")
     host = f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB at peak"
     if plan["host_memory_gib_per_node_steady"] < plan["host_memory_gib_per_node"] - 0.05:
         host += f", {plan['host_memory_gib_per_node_steady']:.1f} GiB once training runs"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fsdp_tune.config.methods import METRICS, TITLE, WITH_REFERENCE
+from fsdp_tune.config.methods import SFT, metric_keys, row_of
+from fsdp_tune.config.model_kinds import FAMILIES, KINDS
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch import loading
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide import loading
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.output.data import plan_lines, summary_lines
 from fsdp_tune.output.findings import show
 from fsdp_tune.summary import RunSummary
@@ -27,6 +28,12 @@ def format_summary(s: RunSummary) -> str:
         flat = " (dp_shard x cp, as accelerate names it)" if "dp_shard_cp" in s.mesh else ""
         lines.append(
             "  device mesh (read from the trained weights): " + " x ".join(f"{k} {v}" for k, v in s.mesh.items()) + flat
+        )
+    checked = (s.extra or {}).get("self_check")
+    if checked:
+        lines.append(
+            f"  self-check after step 1: {checked['sharded']} trainable tensors sharded over the ranks, "
+            f"{checked['whole']} whole and identical on every rank, gradients reduced"
         )
     grew = s.vocab_grew
     if grew:
@@ -66,8 +73,7 @@ def method_summary(s: RunSummary) -> list[str]:
         return []
     shown = [
         f"{label} {s.method_metrics[key]['first']:.3g} -> {s.method_metrics[key]['last']:.3g}"
-        for key, label in METRICS.get(s.method, ())
-        if key in s.method_metrics
+        for key, label in metric_keys(row_of(s.method), s.method_metrics)
     ]
     return [f"  {s.method}: " + ", ".join(shown)]
 
@@ -113,9 +119,10 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
             f"  QLoRA: 4-bit {q['bnb_4bit_quant_type']}, storage {q['bnb_4bit_quant_storage']}, compute "
             f"{q['bnb_4bit_compute_dtype']}, nested={show(q['bnb_4bit_use_double_quant'])}"
         )
+    lines += vision_lines(spec)
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
-    lines += plan_lines(d, spec.trainer_args.get("packing_strategy"))
+    lines += plan_lines(d, d.packing_strategy)
     lines.append(f"  loading: {loading.describe(spec.loading)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
@@ -130,13 +137,63 @@ def method_lines(spec: RankSpec) -> list[str]:
     """The training method (none for SFT, the default), and for DPO/KTO what the policy is compared with; a
     starting adapter."""
     m = spec.model
-    lines = [] if spec.method == "sft" else [f"  method: {TITLE.get(spec.method, spec.method)}"]
-    if spec.method in WITH_REFERENCE:
+    name = spec.method.name
+    lines = [] if name == SFT else [f"  method: {row_of(name).title}"]
+    if spec.method.reference_adapter and spec.grpo is None:  # GRPO's says what its reference is (grpo_lines)
         ref = "a frozen copy of the starting adapter" if m.reference == "adapter" else "the base model"
         how = 'a frozen "ref" adapter inside FSDP\'s units' if spec.loading.path == "sharded" else "TRL's"
         lines.append(f"  reference: {ref} ({how}; no grad, nothing saved for backward)")
+    if spec.grpo is not None:
+        lines += grpo_lines(spec)
     if m.adapter:
         lines.append(f"  start: the adapter in {m.adapter} (its LoRA shape, its weights)")
+    return lines
+
+
+def vision_lines(spec: RankSpec) -> list[str]:
+    """A vision-language model's plan: what trains, the guard, and the images pre-flight found."""
+    v = spec.model.vision
+    if v is None:
+        return []
+    family = FAMILIES[v.family]
+    parts = [
+        f"vision tower ({v.tower}) " + ("trains (LoRA)" if v.train_tower else "frozen"),
+        f"projector ({v.projector}) " + ("trains whole" if v.train_projector else "frozen"),
+    ]
+    guard = "a batch without images gets a dummy image: every rank runs the vision tower each step"
+    title = family.title + ("" if family.tested else " (its row is by reading: no test of fsdp-tune trains it)")
+    lines = [f"  vision: {title}, {KINDS[spec.model.kind].title}; {', '.join(parts)}; {guard}"]
+    for s in spec.data.sources:
+        if s.images and s.images.get("image_rows"):
+            w, h = s.images["largest"]
+            lines.append(
+                f"  images: {s.label}: {s.images['image_rows']} rows with images, {s.images['text_rows']} text-only; "
+                f"largest {w}x{h}"
+            )
+    return lines
+
+
+_REFERENCE = {
+    "off": "none (beta 0: no KL term)",
+    "adapter_disabled": "the base: the same sharded model with the adapter switched off (no grad)",
+    "ref_adapter": 'a frozen copy of the starting adapter (a "ref" adapter inside FSDP\'s units; no grad)',
+}
+
+
+def grpo_lines(spec: RankSpec) -> list[str]:
+    """GRPO's rewards, how it generates, what its KL term compares with."""
+    g, t = spec.grpo, spec.trainer_args
+    rewards = ", ".join(f"{r.written} ({r.kind.replace('_', ' ')})" for r in g.rewards)
+    weights = t.get("reward_weights")
+    lines = [f"  rewards: {rewards}" + (f", weights {' '.join(f'{w:g}' for w in weights)}" if weights else "")]
+    n, length = t.get("num_generations", 8), t.get("max_completion_length", 512)
+    if g.generation == "vllm":
+        how = f"vLLM ({t.get('vllm_mode', 'colocate')}), the adapter alone synced after each step (by reading: not run)"
+    else:
+        stepping = ", every rank stepping until all finish" if g.synced else ""
+        how = f"transformers' generate on the sharded policy{stepping}"
+    lines.append(f"  generation: {n} completions a prompt, up to {length} tokens, {how}")
+    lines.append(f"  reference: {_REFERENCE[g.reference]}")
     return lines
 
 

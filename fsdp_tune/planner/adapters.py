@@ -5,7 +5,7 @@ PEFT 0.21 maps the targets onto transformers 5's fused experts (`all-linear` on 
 gate_up_proj and down_proj and the router's weight) and doubles the rank of a fused pair (gate_up_proj: 2r,
 its rank_pattern); a ParamWrapper on an [E, out, in] parameter holds lora_A [r x E, in] and lora_B
 [out, r x E]. Rather than copy those rules, the planner builds the model on the meta device, applies the
-LoraConfig every rank will build (launch/lora.py) and counts. Dense models keep weights.py's per-Linear
+LoraConfig every rank will build (decide/lora.py) and counts. Dense models keep weights.py's per-Linear
 arithmetic.
 """
 
@@ -15,7 +15,7 @@ import json
 from functools import cache
 
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.lora import lora_kwargs
+from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 from fsdp_tune.sources.model import find_config

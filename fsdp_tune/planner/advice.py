@@ -19,9 +19,10 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fsdp_tune.config.derived import gradient_checkpointing
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.loading import why_not_sharded
+from fsdp_tune.decide.derived import gradient_checkpointing
+from fsdp_tune.decide.loading import why_not_sharded
 from fsdp_tune.planner.allocator import device_memory
 from fsdp_tune.planner.memory import GiB, estimate
 from fsdp_tune.planner.shape import ModelShape
@@ -109,7 +110,11 @@ def axes(cfg: RunConfig, loading: str) -> list[list[Change | None]]:
     """Each axis: None (as it is) and its changes; long lists are the micro-batch's divisors."""
     out = [_micro_axis(cfg)]
     if not cfg.fsdp.activation_checkpointing and not gradient_checkpointing(cfg):
-        out.append([None, Change("checkpointing", SAME, lambda c: _with_args(c, gradient_checkpointing=True))])
+        if row_of(cfg.run.method).recompute_with_fsdp:  # the Trainer's would be refused (FT116): FSDP's recomputes
+            recompute = lambda c: replace(c, fsdp=replace(c.fsdp, activation_checkpointing=True))  # noqa: E731
+        else:
+            recompute = lambda c: _with_args(c, gradient_checkpointing=True)  # noqa: E731
+        out.append([None, Change("checkpointing", SAME, recompute)])
     if not cfg.fsdp.cpu_offload:
         out.append([None, Change("offload", SAME, lambda c: replace(c, fsdp=replace(c.fsdp, cpu_offload=True)))])
     sharded = sharded_change(cfg, loading)
@@ -144,6 +149,7 @@ _FLAGS: tuple[tuple[str, Callable[[RunConfig], object]], ...] = (
     ("--per_device_train_batch_size", micro),
     ("--gradient_accumulation_steps", accum),
     ("--gradient_checkpointing", lambda c: bool(c.training.get("gradient_checkpointing"))),
+    ("--fsdp_activation_checkpointing", lambda c: c.fsdp.activation_checkpointing),
     ("--fsdp_offload_params", lambda c: c.fsdp.cpu_offload),
     ("--fsdp_version", lambda c: c.fsdp.version),
     ("--loading", lambda c: c.model.loading),

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsdp_tune.config.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.planner import gathered, host
+from fsdp_tune.decide.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
+from fsdp_tune.planner import gathered, grpo, host
 from fsdp_tune.planner.adapters import expert_copy_bytes
 from fsdp_tune.planner.method import REFERENCE_PHASE, loss_terms, reference_phase, step_of
 from fsdp_tune.planner.method import note as method_note
@@ -28,6 +29,7 @@ from fsdp_tune.planner.terms import (
     loss_bytes,
     quantized_backward,
 )
+from fsdp_tune.planner.vision import add_tower
 from fsdp_tune.planner.weights import (
     DTYPE_BYTES,
     adapters_of,
@@ -89,7 +91,7 @@ def micro_tokens(cfg: RunConfig) -> int:
     return rows * cfg.data.max_seq_len // cp_degree(cfg)
 
 
-def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -> dict[str, dict[str, float]]:
+def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, size=None) -> dict[str, dict]:
     """Every phase's transient components (bytes), long because it is one account of a step, phase by
     phase: splitting it would scatter the terms that must add up."""
     ad = adapters_of(cfg)
@@ -152,6 +154,9 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int) -
     ref = reference_phase(cfg, phases[PHASES[0]], tokens, saved, loss_fwd, head, again)
     if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
         phases[REFERENCE_PHASE] = ref
+    add_tower(phases, PHASES[:3], cfg, shape, st.compute_bytes, size)  # a vision tower that trains (planner/vision.py)
+    if row_of(cfg.run.method).generates:  # GRPO: generation and log-prob passes before the step (planner/grpo.py)
+        phases.update(grpo.phases(cfg, shape, st, u, saved, head, loss_fwd))
     if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)
         trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
         phases[PHASES[3]]["AdamW foreach temporaries"] = trainable * st.trainable_bytes / 4 / world
@@ -198,15 +203,16 @@ def estimate(
     on_cpu: bool = False,
     stack: Stack | None = None,
     loading: str = "transformers",
+    image_size: tuple[int, int] | None = None,
 ) -> Estimate:
-    """Every component of one rank's memory at the peak of a step, with every phase's total."""
+    """Every component of one rank's memory at the peak of a step, with every phase's total (image_size: vision.py)."""
     st = stack or stack_of(cfg, on_cpu)
     world = shard_group(cfg)  # the ranks a parameter is sharded over (every rank, or a mesh's shard group)
     offload = cfg.fsdp.cpu_offload and not on_cpu
     est = Estimate(total_params=shape.total_params, loading=loading)
     est.trainable_params = lora_params(cfg, shape) if cfg.lora.use_peft_lora else shape.total_params
     static = static_components(cfg, shape, st, world, offload)
-    phases = transient_phases(cfg, shape, st, world)
+    phases = transient_phases(cfg, shape, st, world, image_size)
     est.phases = {name: sum(static.values()) + sum(items.values()) for name, items in phases.items()}
     est.peak_phase = max(est.phases, key=est.phases.get)
     est.device = {**static, **phases[est.peak_phase]}

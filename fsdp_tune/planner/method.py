@@ -8,6 +8,7 @@
             after it, each B rows under no_grad (kto_trainer.py forward / compute_ref_log_probs): three more passes
     reward  chosen and rejected: 2B rows with gradients through a one-number score head (no vocabulary logits;
             the model has no LM head)
+    grpo    B rows with gradients as SFT's; the generation and the log-prob passes before it (planner/grpo.py)
 
 The no-grad forwards free each layer's tensors as the next one consumes them: at most one layer's worth is alive
 at once (bounded here by what the layer saves for backward, an upper bound) beside the kept activations.
@@ -15,39 +16,23 @@ at once (bounded here by what the layer saves for backward, an upper bound) besi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from fsdp_tune.config.methods import Step, row_of
 from fsdp_tune.config.schema import RunConfig
 
-
-@dataclass(frozen=True)
-class MethodStep:
-    rows_with_grad: int  # sequences per micro-batch row whose activations are kept for backward
-    no_grad_forwards: int  # forwards without gradients per step (reference, KL)
-    no_grad_rows: int  # sequences per micro-batch row in each of them
-    lm_head: bool = True  # the loss goes through the vocabulary (TRL's fused head); False: reward's score head
-    describe: str = ""
-
-
-STEPS = {
-    "sft": MethodStep(1, 0, 0),
-    "dpo": MethodStep(
-        2, 1, 2, describe="2 sequences per example (chosen, rejected) with gradients, and a reference forward on them"
-    ),
-    "kto": MethodStep(1, 3, 1, describe="1 sequence per example with gradients, 3 forwards without (KL, reference)"),
-    "reward": MethodStep(
-        2, 0, 0, lm_head=False, describe="2 sequences per example (chosen, rejected) through a one-number score head"
-    ),
-}
 REFERENCE_PHASE = "reference forward (no grad)"
 
 
-def step_of(cfg: RunConfig) -> MethodStep:
-    return STEPS.get(cfg.run.method, STEPS["sft"])
+def step_of(cfg: RunConfig) -> Step:
+    """The method's step (config/methods.py: its row)."""
+    return row_of(cfg.run.method).step
 
 
 def note(cfg: RunConfig) -> str | None:
     """One line for the plan naming the method's step (None for SFT)."""
+    if row_of(cfg.run.method).generates:
+        from fsdp_tune.planner import grpo
+
+        return grpo.note(cfg)
     step = step_of(cfg)
     return f"{cfg.run.method}: {step.describe}" if step.describe else None
 
@@ -55,7 +40,7 @@ def note(cfg: RunConfig) -> str | None:
 def loss_terms(cfg: RunConfig, tokens: int, hidden: int, fused: tuple[float, float]) -> tuple[float, float]:
     """(end of forward, start of backward) bytes of the loss: TRL's fused head (`fused`, from terms.loss_bytes) or,
     for a reward model, the final norm's fp32 input and the score head's (tokens x 1) output only."""
-    if step_of(cfg).lm_head:
+    if row_of(cfg.run.method).head == "lm":
         return fused
     final_norm = 4 * tokens * hidden
     return final_norm + 4 * tokens, final_norm + 8 * tokens

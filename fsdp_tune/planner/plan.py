@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from fsdp_tune.config.fsdp2 import version_note
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.config.trl_defaults import defaults_note
+from fsdp_tune.decide.gpus import GPUS
+from fsdp_tune.decide.loading import loading_path
+from fsdp_tune.decide.trl_defaults import defaults_note
 from fsdp_tune.errors import UsageError
-from fsdp_tune.launch.loading import loading_path
 from fsdp_tune.planner.advice import Target, search
 from fsdp_tune.planner.allocator import assumptions, device_memory
 from fsdp_tune.planner.memory import LOADINGS, GiB, estimate
 from fsdp_tune.planner.shape import find_config, measure
 from fsdp_tune.planner.stack import Stack, stack_of
-from fsdp_tune.planner.steptime import GPUS, parse_memory, step_time
+from fsdp_tune.planner.steptime import parse_memory, step_time
+from fsdp_tune.planner.vision import describe, image_load
 
 
 def _check(cfg: RunConfig, gpu_key: str, loading: str) -> str:
@@ -45,17 +47,18 @@ def memory_plan(
     loading: str | None = None,
     stack: Stack | None = None,
     host_gib: float | None = None,
+    image_size: tuple[int, int] | None = None,
 ) -> dict:
     """The plan `fsdp-tune plan` prints. `stack` replaces fsdp-tune's own code path (benchmarks/ uses it to
     plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS): by default
-    the path the run takes (launch/loading.py, as the rank spec decides it); `host_gib`: the RAM of the machine
+    the path the run takes (decide/loading.py, as the rank spec decides it); `host_gib`: the RAM of the machine
     the plan is for, when it is this one (host_fits judges the node's peak against it; None: not judged)."""
     loading, note = (loading, None) if loading else loading_path(cfg)
     name = _check(cfg, gpu_key, loading)
     gpu = GPUS[gpu_key]
     budget = parse_memory(gpu_memory) if gpu_memory else gpu.memory_gib
     shape = measure(name)
-    est = estimate(cfg, shape, on_cpu=on_cpu, stack=stack, loading=loading)
+    est = estimate(cfg, shape, on_cpu=on_cpu, stack=stack, loading=loading, image_size=image_size)
     st = stack or stack_of(cfg, on_cpu)
     result = {
         "method": cfg.run.method,
@@ -87,6 +90,7 @@ def memory_plan(
         "advice": [],
         "advice_searched": 0,
     }
+    _vision(cfg, shape, image_size, result)
     if on_cpu:
         per_rank = est.cpu_rank_peak_bytes() / GiB
         result.update(per_gpu_memory_gib=None, per_rank_host_peak_gib=round(per_rank, 2), gpu_memory_gib=None)
@@ -94,6 +98,24 @@ def memory_plan(
         return result
     result.update(device_memory(est, budget))
     return _advise(cfg, result, Target(shape, gpu, budget, host_gib, stack, loading))
+
+
+def _vision(cfg: RunConfig, shape, image_size, result: dict) -> None:
+    """A vision-language model's tower, and an image's patches and tokens, with the size assumed (planner/vision.py)."""
+    load = image_load(cfg, image_size)
+    if load is None:
+        return
+    result["vision"] = describe(shape, load, cfg)
+    said = "the data's largest image" if not load.assumed else "assumed; train's plan takes the data's largest"
+    result["assumptions"].append(
+        f"images: one a sequence, {load.width}x{load.height} ({said}): {load.patches} patches in the tower, "
+        f"{load.tokens} tokens of max_seq_len in the language model"
+    )
+    if not (cfg.model.freeze_vision_tower and cfg.model.freeze_multi_modal_projector):
+        result["notes"].append(
+            "the trainable count and its optimizer state are the language model's LoRA; the vision tower's LoRA "
+            "or a projector trained whole add to them (not counted)"
+        )
 
 
 def _advise(cfg: RunConfig, result: dict, target: Target) -> dict:

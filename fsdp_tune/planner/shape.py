@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import cache
 
+from fsdp_tune.config.model_kinds import KINDS, family_of, kind_of
 from fsdp_tune.sources.model import find_config
 
 
@@ -46,6 +47,12 @@ class ModelShape:
     n_experts: int = 0
     top_k: int = 0  # experts a token runs through
     tied_head: bool = False
+    # a vision-language model's vision tower and projector (config/model_kinds.py); 0 for a language model
+    vision_params: int = 0  # the tower and the projector (in other_params' place: units of their own)
+    vision_layers: int = 0  # the tower's blocks (an FSDP unit each)
+    vision_layer_params: int = 0
+    vision_hidden: int = 0  # the tower's width
+    vision_mlp: int = 0  # its MLP's
 
     @property
     def linear_params(self) -> int:
@@ -82,16 +89,19 @@ class ModelShape:
 def measure(name: str) -> ModelShape:
     """Long because it reads every fact of the shape from one meta-device build, in one place."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
 
     source, data = find_config(name)
     config = AutoConfig.for_model(**data)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = getattr(transformers, KINDS[kind_of(data)].auto_class).from_config(config)
     embed = model.get_input_embeddings()
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is embed.weight
-    layers = _decoder_layers(model)
+    row = family_of(data)
+    vision = _vision(model, row)
+    layers = _decoder_layers(model, row.language if row else None)
     layer = layers[0]
     linears = tuple(
         Linear(n, m.in_features, m.out_features) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)
@@ -110,7 +120,7 @@ def measure(name: str) -> ModelShape:
         head_params=n_head,
         layer_params=n_layer,
         n_layers=len(layers),
-        other_params=total - n_embed - n_head - n_layer * len(layers),
+        other_params=total - n_embed - n_head - n_layer * len(layers) - vision.get("vision_params", 0),
         layer_linears=linears,
         layer_class=type(layer).__name__,
         hidden_size=text.hidden_size,
@@ -128,16 +138,43 @@ def measure(name: str) -> ModelShape:
         n_experts=n_experts if experts else 0,
         top_k=(getattr(text, "num_experts_per_tok", None) or 0) if experts else 0,
         tied_head=tied,
+        **vision,
     )
 
 
-def _decoder_layers(model) -> list:
+def _vision(model, row) -> dict:
+    """A vision-language model's tower and projector, counted (ModelShape's vision_* fields)."""
+    if row is None:
+        return {}
+    tower, projector = model.get_submodule(row.tower), model.get_submodule(row.projector)
+    params = {id(p): p.numel() for m in (tower, projector) for p in m.parameters()}
+    blocks = [m for m in tower.modules() if type(m).__name__ in _block_names(row)]
+    c = tower.config
+    width = getattr(c, "embed_dim", None) or getattr(c, "hidden_size", 0)  # Qwen2-VL: embed_dim
+    mlp = getattr(c, "intermediate_size", None) or int(getattr(c, "mlp_ratio", 4) * width)
+    return {
+        "vision_params": sum(params.values()),
+        "vision_layers": len(blocks),
+        "vision_layer_params": sum(p.numel() for p in blocks[0].parameters()) if blocks else 0,
+        "vision_hidden": int(width or 0),
+        "vision_mlp": int(mlp or 0),
+    }
+
+
+def _block_names(row) -> set[str]:
+    return {row.tower_layers} if isinstance(row.tower_layers, str) else set(row.tower_layers.values())
+
+
+def _decoder_layers(model, language: str | None = None) -> list:
     """The repeated blocks FSDP wraps: the model's _no_split_modules, or else the longest ModuleList of one
-    class (models that declare no _no_split_modules). UsageError when the model has neither."""
+    class (models that declare no _no_split_modules); a vision-language model's under its language model (path
+    `language`). UsageError when the model has neither."""
     import torch
 
     from fsdp_tune.errors import UsageError
 
+    if language is not None:
+        model = model.get_submodule(language)
     declared = set(model._no_split_modules or [])
     layers = [m for m in model.modules() if type(m).__name__ in declared]
     if layers:

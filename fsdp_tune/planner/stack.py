@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdp_tune.config.derived import compute_precision, gradient_checkpointing
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import compute_precision, gradient_checkpointing
 from fsdp_tune.sources.classes import chosen_attention
 
 # Bytes per logit (T x V) at the end of the forward and at the start of the backward, for the loss paths

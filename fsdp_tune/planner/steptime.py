@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from fsdp_tune.config.derived import cp_degree, gradient_checkpointing, shard_group
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing, shard_group
+from fsdp_tune.decide.gpus import Gpu
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.memory import GiB
 from fsdp_tune.planner.method import step_of
@@ -14,22 +15,6 @@ from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import stack_of
 from fsdp_tune.planner.weights import lora_on_rank
 
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    memory_gib: float
-    bf16_tflops: float  # dense, public spec sheets
-    link_gbs: float  # per-GPU collective bandwidth within a node (NVLink, or PCIe), GB/s
-    host_gbs: float  # host <-> GPU copies (PCIe, one direction, pinned memory), GB/s: what cpu_offload pays
-
-
-GPUS = {
-    "h100": Gpu("H100 80GB SXM", 79.6, 989.0, 450.0, 50.0),  # PCIe Gen5 x16
-    "h200": Gpu("H200 141GB SXM", 139.8, 989.0, 450.0, 50.0),
-    "a100": Gpu("A100 80GB SXM", 79.2, 312.0, 300.0, 25.0),  # PCIe Gen4 x16
-    "4090": Gpu("RTX 4090 24GB", 23.6, 165.0, 25.0, 25.0),
-}
 ASSUMED_MFU = 0.45  # the fraction of peak a well-fed bf16 LoRA step reaches; a stated assumption, not a measurement
 
 
@@ -79,6 +64,12 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     gathered = weight_bytes * gathers
     if cfg.fsdp.version == 2:
         gathered = fsdp2_gathered(cfg, shape, world, step.no_grad_forwards) * accum
+    if row_of(cfg.run.method).generates:  # the generation re-gathers every unit per generated token (planner/grpo.py)
+        from fsdp_tune.planner import grpo
+
+        one_forward = fsdp2_gathered(cfg, shape, world, 1) - fsdp2_gathered(cfg, shape, world, 0)
+        more_flops, more_gathered = grpo.generation_cost(cfg, shape, one_forward)
+        flops, gathered = flops + more_flops, gathered + more_gathered
     comm = gathered * (world - 1) / world if world > 1 else 0.0
     if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered
         grads = lora_on_rank(cfg, shape, world)[1] * shape.n_layers * stack_of(cfg).compute_bytes

@@ -4,8 +4,8 @@ Pure arithmetic from the typed config and the model's shape (no torch)."""
 
 from __future__ import annotations
 
-from fsdp_tune.config.derived import model_dtype, quant_storage
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import model_dtype, quant_storage
 from fsdp_tune.planner import host
 from fsdp_tune.planner.adapters import counted_by_peft, peft_trainable
 from fsdp_tune.planner.shape import ModelShape

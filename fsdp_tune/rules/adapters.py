@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fsdp_tune.config.lora_fields import INIT_VALUES, VERDICTS
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
@@ -38,7 +39,9 @@ def _values(cfg: RunConfig) -> Iterator[Finding]:
     """Values PEFT would refuse in get_peft_model, on every rank, after loading the model."""
     p = cfg.peft
     task = p.args.get("task_type")
-    if task is not None and str(task).upper() != "CAUSAL_LM" and cfg.run.method != "reward":  # reward: FT119
+    if (
+        task is not None and str(task).upper() != "CAUSAL_LM" and row_of(cfg.run.method).head != "score"
+    ):  # reward: FT119
         yield error(
             cfg,
             "FT064",

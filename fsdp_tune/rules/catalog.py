@@ -6,16 +6,31 @@ All rules run on every check and every finding is reported, so a user fixes ever
 from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import derive
+from fsdp_tune.decide.machine import Machine
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import READER_RULES, REGISTRY
 
 
 def run_rules(cfg: RunConfig) -> list[Finding]:
+    """Every rule, on the config as written (the decisions without a machine: decide/derived.py)."""
     _load_families()
+    decided = derive(cfg)
     findings: list[Finding] = []
     for r in REGISTRY.values():
-        findings.extend(r.fn(cfg))
+        findings.extend(r.fn(cfg, decided) if r.decided else r.fn(cfg))
     return findings
+
+
+def machine_findings(cfg: RunConfig, machine: Machine, known: list[Finding]) -> list[Finding]:
+    """The rules on the decisions, again, for the machine `train` launches on (a config for GPUs on a machine
+    without any: FSDP1 and context parallelism cannot run, offload has no effect); what the config's own check
+    found already (`known`) is not said twice."""
+    _load_families()
+    decided = derive(cfg, machine)
+    seen = {(f.rule, f.key, f.message) for f in known}
+    found = [f for r in REGISTRY.values() if r.decided for f in r.fn(cfg, decided)]
+    return [f for f in found if (f.rule, f.key, f.message) not in seen]
 
 
 def catalog() -> list[tuple[str, str, str]]:
@@ -30,6 +45,8 @@ def _load_families() -> None:
         adapters,
         data,
         fsdp,
+        grpo,
+        grpo_loss,
         launch,
         lora,
         method,
@@ -38,4 +55,5 @@ def _load_families() -> None:
         preference,
         quant,
         training,
+        vision,
     )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import TRL_LOSS_FLAGS, evaluation, train_on_prompt
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, evaluation, train_on_prompt
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 from fsdp_tune.sources.convert import STANDARD_ROLES
@@ -79,7 +80,7 @@ def split_names(cfg: RunConfig) -> Iterator[Finding]:
 @rule("FT103", "data", "TRL's loss switches, read as --train_on_prompt")
 def trl_loss_switches(cfg: RunConfig) -> Iterator[Finding]:
     everything = train_on_prompt(cfg)
-    if cfg.run.method != "sft":
+    if row_of(cfg.run.method).preference:
         return  # SFTConfig's own switches: another method's config refuses them (FT110)
     for name in TRL_LOSS_FLAGS:
         if not cfg.training.is_set(name) or cfg.training.get(name) is None:

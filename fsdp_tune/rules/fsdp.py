@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import fsdp1_unsharded, offload_active
 from fsdp_tune.config.fsdp2 import kept_reason
 from fsdp_tune.config.keys import FSDP1_ONLY, STRATEGY_TO_RESHARD
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived, fsdp1_unsharded
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 
@@ -36,16 +36,17 @@ def version(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT022", "fsdp", "FSDP1 is deprecated; on CPU it cannot run at all")
-def fsdp1(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT022", "fsdp", "FSDP1 is deprecated; on CPU (asked for, or a machine without GPUs) it cannot run", decided=True)
+def fsdp1(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     if cfg.fsdp.version != 1 or cfg.launch.distributed_type.upper() != "FSDP":
         return  # not an FSDP config at all: FT020 says so, and its fix names FSDP2
-    if cfg.launch.use_cpu:
+    if d.on_cpu:
+        where = "" if d.machine_has_gpus else " (this machine has no GPU)"
         yield error(
             cfg,
             "FT022",
             "fsdp.version",
-            "FSDP1 does not run on CPU (only FSDP2's fully_shard supports the gloo backend)",
+            f"FSDP1 does not run on CPU{where}: only FSDP2's fully_shard supports the gloo backend",
             f"fsdp-tune convert --fsdp2 {cfg.config_path or 'CONFIG'}  (or set `fsdp_version: 2`)",
         )
     elif kept_reason(cfg):  # no fsdp_version, and a strategy FSDP2 cannot express (config/fsdp2.py)
@@ -221,9 +222,9 @@ def double_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT031", "fsdp", "cpu_offload and activation offload have no effect on a CPU run")
-def offload_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.fsdp.activation_checkpointing_offload and cfg.launch.use_cpu:
+@rule("FT031", "fsdp", "cpu_offload and activation offload have no effect on a CPU run", decided=True)
+def offload_on_cpu(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    if cfg.fsdp.activation_checkpointing_offload and d.on_cpu:
         yield finding(
             cfg,
             "FT031",
@@ -233,7 +234,7 @@ def offload_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
             "has neither: it is turned off",
             "drop fsdp_activation_checkpointing_offload for CPU runs",
         )
-    if cfg.fsdp.cpu_offload and not offload_active(cfg, on_cpu=cfg.launch.use_cpu):
+    if cfg.fsdp.cpu_offload and not d.offload:
         yield finding(
             cfg,
             "FT031",

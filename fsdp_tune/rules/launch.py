@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 
@@ -90,8 +91,10 @@ DYNAMO_BACKENDS = (
 ).split()
 
 
-@rule("FT094", "launch", "GPU selection and torch.compile keys that accelerate launch passes to the ranks")
-def launch_env(cfg: RunConfig) -> Iterator[Finding]:
+@rule(
+    "FT094", "launch", "GPU selection and torch.compile keys that accelerate launch passes to the ranks", decided=True
+)
+def launch_env(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     lc = cfg.launch
     if lc.dynamo_backend.upper() not in DYNAMO_BACKENDS:
         yield error(
@@ -113,7 +116,7 @@ def launch_env(cfg: RunConfig) -> Iterator[Finding]:
                 )
     if not lc.gpu_ids or lc.gpu_ids == "all":
         return
-    if lc.use_cpu:
+    if d.on_cpu:
         yield finding(cfg, "FT094", Severity.NOTE, "launch.gpu_ids", "gpu_ids has no effect on a CPU run")
         return
     ids = [part.strip() for part in str(lc.gpu_ids).split(",") if part.strip()]

@@ -7,26 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import (
-    CONFIG_CLASS,
-    DPO,
-    KTO,
-    PREFERENCE,
-    SFT,
-    WITH_REFERENCE,
-    f_divergence_losses,
-    fields_of,
-    methods_taking,
-)
+from fsdp_tune.config.methods import DPO, KTO, f_divergence_losses, fields_of, methods_taking, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 
-# data settings that only SFT reads (its answer masks, its text column), and what a preference method does instead
+# data settings that only SFT reads (its answer masks, its text column), and what the other methods do instead
 SFT_DATA = {
-    "train_on_prompt": "preference methods train on the completions (chosen/rejected) as TRL defines them",
-    "mask_fallback": "preference data has no answer masks: TRL tokenizes prompt and completion apart",
-    "dataset_text_field": "preference data is read by its columns (prompt, chosen, rejected, completion, label)",
+    "train_on_prompt": "the other methods train on completions as TRL defines them (chosen/rejected, or generated)",
+    "mask_fallback": "only SFT's data has answer masks: TRL tokenizes prompt and completion apart",
+    "dataset_text_field": "the data is read by its columns (prompt, chosen, rejected, completion, label)",
 }
 
 
@@ -38,29 +28,30 @@ def _flag(cfg: RunConfig, path: str) -> str:
 @rule("FT110", "method", "a setting the training method's TRL config does not take")
 def other_methods_fields(cfg: RunConfig) -> Iterator[Finding]:
     method = cfg.run.method
+    row = row_of(method)
     fields = fields_of(method)
     for name in cfg.training.args:
         if name in fields:
             continue
         taking = [m for m in methods_taking(name) if m != method]
-        where = " and ".join(f"{CONFIG_CLASS[m]} (--method {m})" for m in taking)
+        where = " and ".join(f"{row_of(m).config_class} (--method {m})" for m in taking)
         yield error(
             cfg,
             "FT110",
             f"training.{name}",
-            f"{name} is a field of {where}; this run's method is {method}, whose {CONFIG_CLASS[method]} has no {name}",
+            f"{name} is a field of {where}; this run's method is {method}, whose {row.config_class} has no {name}",
             f"drop {_flag(cfg, f'training.{name}')}" + (f", or --method {taking[0]}" if taking else ""),
         )
-    if method == SFT:
-        return
-    if cfg.data.packing:
+    if cfg.data.packing and not row.packs:
         yield error(
             cfg,
             "FT110",
             "data.packing",
-            f"{CONFIG_CLASS[method]} does not pack: TRL 1.16's DPO, KTO and reward trainers pad each batch",
+            f"{row.config_class} does not pack: TRL 1.16's {row.trainer_class} pads each batch",
             "drop --packing",
         )
+    if row.data == "sft":
+        return
     for name, why in SFT_DATA.items():
         if cfg.is_set(f"data.{name}"):
             yield warning(cfg, "FT110", f"data.{name}", f"has no effect under --method {method}: {why}", "drop it")
@@ -108,7 +99,7 @@ def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT112", "method", "beta must be positive")
 def beta_positive(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE:
+    if not row_of(cfg.run.method).reference:
         return
     beta = cfg.training.get("beta")
     if beta is not None and beta <= 0:
@@ -141,9 +132,15 @@ def kto_batches(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT113", "training.train_sampling_strategy", message, "drop --train_sampling_strategy")
 
 
+def compares(cfg: RunConfig) -> bool:
+    """The method's config has a reference model's options: DPO's and KTO's every step, GRPO's when beta > 0."""
+    row = row_of(cfg.run.method)
+    return row.reference or row.generates
+
+
 @rule("FT114", "method", "reference model options that cannot work with LoRA under FSDP")
 def reference_options(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE:
+    if not compares(cfg):
         return
     t = cfg.training
     if t.get("sync_ref_model"):
@@ -155,7 +152,7 @@ def reference_options(cfg: RunConfig) -> Iterator[Finding]:
             "frozen adapter copy (or the base) and TRL raises NotImplementedError",
             "drop --sync_ref_model",
         )
-    if t.get("precompute_ref_log_probs"):
+    if row_of(cfg.run.method).reference and t.get("precompute_ref_log_probs"):
         yield error(
             cfg,
             "FT114",
@@ -170,7 +167,7 @@ def reference_options(cfg: RunConfig) -> Iterator[Finding]:
 @rule("FT115", "method", "padding-free and truncation options the preference trainers drop")
 def padding_options(cfg: RunConfig) -> Iterator[Finding]:
     method, t = cfg.run.method, cfg.training
-    if method not in PREFERENCE:
+    if not row_of(method).preference:
         return
     if t.get("padding_free"):
         message = "DPOTrainer turns padding_free off ('temporarily unavailable after a refactor' in TRL 1.16)"
@@ -180,24 +177,26 @@ def padding_options(cfg: RunConfig) -> Iterator[Finding]:
         yield warning(cfg, "FT115", "training.truncation_mode", message, "drop --truncation_mode")
 
 
-@rule("FT116", "method", "DPO/KTO recompute with FSDP's activation checkpointing, not the Trainer's")
+@rule("FT116", "method", "DPO/KTO/GRPO recompute with FSDP's activation checkpointing, not the Trainer's")
 def reference_and_gradient_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE:
+    row = row_of(cfg.run.method)
+    if not row.recompute_with_fsdp:
         return
+    around = "generation" if row.generates else "reference forward"
     if cfg.training.is_set("gradient_checkpointing") and cfg.training.get("gradient_checkpointing"):
         yield error(
             cfg,
             "FT116",
             "training.gradient_checkpointing",
-            f"{cfg.run.method}'s trainer switches gradient checkpointing off and on around every reference "
-            "forward, and each switch adds an input-embedding hook that is never removed (one more per step)",
+            f"{cfg.run.method}'s trainer switches gradient checkpointing off and on around every {around}, and each "
+            "switch adds an input-embedding hook that is never removed (one more per step)",
             "--fsdp_activation_checkpointing true (the same recompute, never switched) instead",
         )
 
 
-@rule("FT117", "method", "LoRA on lm_head under DPO/KTO")
+@rule("FT117", "method", "LoRA on lm_head under DPO/KTO/GRPO")
 def lm_head_adapter(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE or not cfg.lora.use_peft_lora:
+    if not compares(cfg) or not cfg.lora.use_peft_lora:  # their log-probs come from lm_head.weight itself
         return
     if "lm_head" in cfg.lora.lora_target_modules:
         yield error(
@@ -210,16 +209,20 @@ def lm_head_adapter(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT118", "method", "full fine-tuning under a preference method")
+@rule("FT118", "method", "full fine-tuning under a preference method or GRPO")
 def preference_full_finetune(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in PREFERENCE or cfg.lora.use_peft_lora:
+    row = row_of(cfg.run.method)
+    if not (row.preference or row.generates) or cfg.lora.use_peft_lora:
         return
-    why = {
-        DPO: "the reference would be a second, unsharded copy of the model that TRL re-loads from disk and FSDP "
-        "gathers whole at every reference forward",
-        KTO: "the reference would be a second, unsharded copy of the model that TRL re-loads from disk and FSDP "
-        "gathers whole at every reference forward",
-    }.get(cfg.run.method, "the reward head and the model would train whole; fsdp-tune runs it with LoRA only")
+    why = (
+        "the reference would be a second, unsharded copy of the model that TRL re-loads from disk and FSDP "
+        "gathers whole at every reference forward"
+        if row.reference
+        else "its reference (beta > 0) would be a second, unsharded copy of the model, and generating under full "
+        "fine-tuning was not run here"
+        if row.generates
+        else "the reward head and the model would train whole; fsdp-tune runs it with LoRA only"
+    )
     yield error(
         cfg,
         "FT118",

@@ -122,7 +122,7 @@ def lora_targets(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT082", "model", "flash-attention needs half precision")
 def flash_attention_dtype(cfg: RunConfig) -> Iterator[Finding]:
-    from fsdp_tune.config.derived import model_dtype
+    from fsdp_tune.decide.derived import model_dtype
 
     if cfg.model.use_flash_attn and model_dtype(cfg) == "float32":
         yield error(
@@ -179,7 +179,7 @@ def attention_support(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT036", "model", "--loading sharded where sharded loading cannot take the run")
 def sharded_loading(cfg: RunConfig) -> Iterator[Finding]:
-    from fsdp_tune.launch.loading import why_not_sharded
+    from fsdp_tune.decide.loading import why_not_sharded
 
     if cfg.model.loading != "sharded":
         return

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import evaluation, mesh_sizes
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
+from fsdp_tune.decide.derived import Derived, evaluation, mesh_active, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 
@@ -106,6 +106,28 @@ def tp_cp_pure_dp(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
+@rule("FT037", "parallelism", "FSDP2 needs a mesh dimension to shard over (dp_shard or cp above 1)")
+def nothing_to_shard(cfg: RunConfig) -> Iterator[Finding]:
+    """accelerate 1.15 refuses an FSDP2 mesh whose dp_shard and cp are both 1 (parallelism_config.py
+    _validate_accelerator: 'no dimension for FSDP to shard across'); fsdp-tune's sharded loading would fail on the
+    missing dp_shard_cp dimension. dp_replicate x 1 is pure data parallelism, which FSDP does not run."""
+    p = cfg.parallelism
+    if not mesh_active(cfg) or cfg.fsdp.version != 2:
+        return
+    sizes = mesh_sizes(cfg)
+    if sizes["dp_shard_size"] == 1 and sizes["cp_size"] == 1:
+        shown = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != 1)
+        yield error(
+            cfg,
+            "FT037",
+            "parallelism.dp_shard_size",
+            f"the mesh ({shown}) leaves FSDP2 no dimension to shard over: dp_shard_size and cp_size are both 1 "
+            "(accelerate refuses it when the ranks prepare the model)",
+            f"dp_shard_size {max(cfg.launch.num_processes // max(p.dp_replicate_size * p.tp_size, 1), 2)} "
+            "with dp_replicate_size 1 (plain FSDP), or HSDP with dp_shard_size above 1",
+        )
+
+
 @rule("FT046", "parallelism", "sequence parallelism (DeepSpeed Ulysses) is not an FSDP feature")
 def sp_needs_deepspeed(cfg: RunConfig) -> Iterator[Finding]:
     p = cfg.parallelism
@@ -128,7 +150,8 @@ def unused_handlers(cfg: RunConfig) -> Iterator[Finding]:
         for name in ("sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation"):
             if cfg.is_set(f"parallelism.{name}"):
                 yield warning(cfg, "FT047", f"parallelism.{name}", "ignored while sp_size is 1", "remove it")
-    if p.enabled and p.dp_replicate_size > 1 and p.dp_shard_size == 1 and p.tp_size == p.cp_size == 1:
+    replicas_only = p.dp_replicate_size > 1 and p.dp_shard_size == 1 and p.tp_size == p.cp_size == 1
+    if p.enabled and replicas_only and cfg.fsdp.version != 2:  # under FSDP2 it is refused: FT037
         yield warning(
             cfg,
             "FT047",
@@ -191,10 +214,10 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT049", "parallelism", "context parallelism has no CPU implementation")
-def cp_on_cpu(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT049", "parallelism", "context parallelism has no CPU implementation", decided=True)
+def cp_on_cpu(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     p = cfg.parallelism
-    if p.enabled and p.cp_size > 1 and cfg.launch.use_cpu:
+    if p.enabled and p.cp_size > 1 and d.on_cpu:
         yield error(
             cfg,
             "FT049",

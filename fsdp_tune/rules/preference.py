@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import DPO, PREFERENCE, REWARD, WITH_REFERENCE
+from fsdp_tune.config.methods import DPO, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
-from fsdp_tune.rules.method import loss_types
+from fsdp_tune.rules.method import compares, loss_types
 from fsdp_tune.rules.registry import error, rule, warning
 
 # DPO's loss types that read label_smoothing (dpo_trainer.py _compute_loss)
@@ -17,7 +17,7 @@ SMOOTHED = ("exo_pair", "robust", "aot", "aot_unpaired")
 
 @rule("FT119", "method", "the reward model's head: one score, a sequence classifier's adapter")
 def reward_head(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method != REWARD:
+    if row_of(cfg.run.method).head != "score":
         return
     init = cfg.training.get("model_init_kwargs")
     labels = init.get("num_labels") if isinstance(init, dict) else None
@@ -45,12 +45,13 @@ def reward_head(cfg: RunConfig) -> Iterator[Finding]:
 @rule("FT120", "method", "settings the training method accepts and ignores (dropped, with a warning)")
 def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
     method, t = cfg.run.method, cfg.training
+    row = row_of(method)
     unused = []
-    if method in WITH_REFERENCE:
+    if compares(cfg):
         if not t.get("sync_ref_model"):
             synced = ("ref_model_mixup_alpha", "ref_model_sync_steps")
             unused += [(n, "only read with --sync_ref_model") for n in synced]
-        if not t.get("precompute_ref_log_probs"):
+        if row.reference and not t.get("precompute_ref_log_probs"):
             unused.append(("precompute_ref_batch_size", "only read with --precompute_ref_log_probs"))
     if method == DPO:
         losses = loss_types(cfg)
@@ -60,7 +61,7 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
             unused.append(("discopop_tau", "only the discopop loss reads it"))
         if t.get("f_divergence_type") != "alpha_divergence":
             unused.append(("f_alpha_divergence_coef", "only read with --f_divergence_type alpha_divergence"))
-    if method in PREFERENCE:
+    if row.preference or row.generates:
         why = "fsdp-tune passes no compute_metrics: evaluation reports the loss and the method's own metrics"
         unused += [(n, why) for n in ("batch_eval_metrics", "include_for_metrics")]
     for name, why in unused:
@@ -69,7 +70,10 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
     if cfg.is_set("model.reference") and not cfg.model.adapter:
         why = "without --adapter the reference is the base model (the new adapter starts at zero)"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it, or add --adapter RUN_DIR")
-    elif cfg.is_set("model.reference") and method not in WITH_REFERENCE:
+    elif cfg.is_set("model.reference") and row.generates and not float(t.get("beta") or 0):
+        why = "with beta 0 GRPO has no KL term, so no reference"
+        yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it, or set --beta 0.04")
+    elif cfg.is_set("model.reference") and not compares(cfg):
         why = f"--method {method} has no reference model"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it")
 
@@ -79,7 +83,7 @@ def reference_base(cfg: RunConfig) -> Iterator[Finding]:
     """The base as reference, while the policy starts from an adapter: the reference adapter's lora_B is zeroed
     after TRL copies the start into it (W + A·0 = W). DoRA's magnitudes, modules_to_save copies and trainable
     tokens have no such zero."""
-    if cfg.run.method not in WITH_REFERENCE or not cfg.model.adapter or cfg.model.reference != "base":
+    if not row_of(cfg.run.method).reference or not cfg.model.adapter or cfg.model.reference != "base":
         return
     extra = [
         name
@@ -103,7 +107,7 @@ def reference_base(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT123", "method", "router_aux_loss_coef on a model without experts")
 def router_aux(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.run.method not in WITH_REFERENCE or cfg.training.get("router_aux_loss_coef") is None:
+    if not compares(cfg) or cfg.training.get("router_aux_loss_coef") is None:
         return
     from fsdp_tune.sources.model import model_config
     from fsdp_tune.sources.moe import has_experts
@@ -120,22 +124,28 @@ def router_aux(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT124", "method", "a data format of the other kind of method (SFT data under DPO, pairs under SFT)")
+@rule("FT124", "method", "a data format of another kind of method (SFT data under DPO, pairs under SFT, ...)")
 def format_for_method(cfg: RunConfig) -> Iterator[Finding]:
-    from fsdp_tune.sources.formats import KINDS, PREFERENCE_KINDS
+    from fsdp_tune.sources.formats import KINDS, PREFERENCE_KINDS, PROMPT_KINDS
 
-    preference = cfg.run.method in PREFERENCE
-    wrong, right = (KINDS, PREFERENCE_KINDS) if preference else (PREFERENCE_KINDS, KINDS)
+    # the row's data kind -> (its formats, what people call it, the methods that train on it)
+    kinds = {
+        "sft": (KINDS, "supervised fine-tuning", "--method sft"),
+        "pairs": (PREFERENCE_KINDS, "preference", "--method dpo, kto or reward"),
+        "unpaired": (PREFERENCE_KINDS, "preference", "--method dpo, kto or reward"),
+        "prompts": (PROMPT_KINDS, "prompt-only", "--method grpo"),
+    }
+    right, named, _ = kinds[row_of(cfg.run.method).data]
     asked = [("data.dataset_format", cfg.data.dataset_format)]
     asked += [("data.datasets", e.get("format")) for e in cfg.data.datasets or () if isinstance(e, dict)]
     for path, value in asked:
-        if value in wrong:
-            trains = f"--method {cfg.run.method}" if preference else "--method dpo, kto or reward"
+        other = next((k for k in kinds.values() if value in k[0] and k[0] is not right), None)
+        if other is not None:
             yield error(
                 cfg,
                 "FT124",
                 path,
-                f"format {value} is {'supervised fine-tuning' if preference else 'preference'} data; {trains} "
-                f"trains on {'preference' if preference else 'supervised fine-tuning'} data",
+                f"format {value} is {other[1]} data; --method {cfg.run.method} trains on {named} data ({other[2]} "
+                "trains on it)",
                 f"a format of {', '.join(right)} (or auto), or another --method",
             )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.derived import FLOATS, compute_precision, quant_storage
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import FLOATS, compute_precision, quant_storage
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 
@@ -59,7 +59,7 @@ def storage_matches(cfg: RunConfig) -> Iterator[Finding]:
         return
     storage = quant_storage(cfg)
     if compute_precision(cfg) == "fp16" and storage != "float32" and cfg.fsdp.version == 1:
-        # FSDP2 all-gathers the packed weights in their storage dtype (launch/decide.py fsdp2_qlora_policy), so
+        # FSDP2 all-gathers the packed weights in their storage dtype (decide/rank.py fsdp2_qlora_policy), so
         # any float storage works there; FSDP1 flattens each unit into one dtype, the run's
         yield error(
             cfg,

@@ -1,5 +1,9 @@
 """The rule registry: each rule a pure function RunConfig -> findings, registered with a stable id, and the
-helpers rules use to cite a key as the user wrote it."""
+helpers rules use to cite a key as the user wrote it.
+
+A rule that depends on what is decided for the machine (a CPU run, offload that acts) takes the decisions too
+(`@rule(..., decided=True)`: fn(cfg, Derived)): validate-config runs it on the config as written, and `train` runs it
+again on the machine it launches on (rules/catalog.py machine_findings), so one check has one id at both times."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from dataclasses import dataclass
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
 
-RuleFn = Callable[[RunConfig], Iterable[Finding]]
+RuleFn = Callable[..., Iterable[Finding]]  # (cfg) or, for a rule on the decisions, (cfg, Derived)
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,7 @@ class Rule:
     family: str
     title: str
     fn: RuleFn
+    decided: bool = False  # fn(cfg, Derived): it reads what is decided for the machine (decide/derived.py)
 
 
 REGISTRY: dict[str, Rule] = {}
@@ -40,11 +45,11 @@ READER_RULES = {
 }
 
 
-def rule(rule_id: str, family: str, title: str) -> Callable[[RuleFn], RuleFn]:
+def rule(rule_id: str, family: str, title: str, decided: bool = False) -> Callable[[RuleFn], RuleFn]:
     def register(fn: RuleFn) -> RuleFn:
         if rule_id in REGISTRY or rule_id in READER_RULES:
             raise RuntimeError(f"duplicate rule id {rule_id}")
-        REGISTRY[rule_id] = Rule(rule_id, family, title, fn)
+        REGISTRY[rule_id] = Rule(rule_id, family, title, fn, decided)
         return fn
 
     return register

@@ -36,6 +36,17 @@ PRESETS = {
         num_key_value_heads=8,
         vocab_size=32000,
     ),
+    # Llama-3-8B's shape, its 128,256-token vocabulary and 8,192 positions included (8.03B parameters): the GPU check's
+    # throughput run, at the shape of NeMo AutoModel's published LoRA figure (BENCHMARKS.md section 5)
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+    ),
     # ~443M parameters, 1.7 GiB in fp32: the sharded-loading benchmark's model (benchmarks/loading.py)
     "llama-443m": dict(
         hidden_size=1024,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fsdp_tune.sources import vision
 from fsdp_tune.sources.formats import ALPACA, CONTENT_KEYS, MESSAGES, PROMPT_COMPLETION, SHAREGPT, TEXT, Format
 from fsdp_tune.sources.formats import decode_json as _json
 
@@ -74,7 +75,21 @@ def to_trl(row: Mapping, fmt: Format, roles: Mapping[str, str] | None = None) ->
     tools = _json(row.get(c["tools"])) if "tools" in c else None
     if tools:
         out["tools"] = tools
+    if "messages" in out:
+        out = with_images(out, row, fmt)
     return out
+
+
+def with_images(out: dict[str, Any], row: Mapping, fmt: Format) -> dict[str, Any]:
+    """A chat row's images (sources/vision.py): every image an {"type": "image"} block of its messages, the images
+    in `images`, in order. A row of a dataset with an images column gets `images` even when it has none (a
+    text-only row of vision data); a dataset without one, only when its messages hold image blocks."""
+    column = fmt.columns.get("images")
+    messages, inline = vision.with_blocks(out["messages"], placeholders=column is not None)
+    images = (vision.refs(row.get(column)) if column else []) + inline
+    if column is None and not vision.image_blocks(messages):
+        return out
+    return {**out, "messages": messages, "images": images}
 
 
 def alpaca(row: Mapping, fmt: Format) -> list[dict]:

@@ -32,7 +32,7 @@ PRIORITY = (MESSAGES, SHAREGPT, PROMPT_COMPLETION, ALPACA, TEXT)  # first match 
 # (logical=column) overrides them. Required fields come first in REQUIRED.
 FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     TEXT: {"text": ("text",)},
-    MESSAGES: {"messages": ("messages",), "tools": ("tools",)},
+    MESSAGES: {"messages": ("messages",), "tools": ("tools",), "images": ("images", "image")},
     PROMPT_COMPLETION: {"prompt": ("prompt",), "completion": ("completion",), "tools": ("tools",)},
     ALPACA: {
         "instruction": ("instruction",),
@@ -41,11 +41,18 @@ FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
         "system": ("system",),
         "history": ("history",),
     },
-    SHAREGPT: {"conversations": ("conversations",), "system": ("system",), "tools": ("tools",)},
+    SHAREGPT: {
+        "conversations": ("conversations",),
+        "system": ("system",),
+        "tools": ("tools",),
+        "images": ("images", "image"),  # sources/vision.py: `<image>` placeholders in the turns
+    },
 }
 # preference data (sources/preference.py): its kinds and the fields --dataset_columns may name for them
 PREFERENCE_KINDS = ("preference", "preference_implicit", "unpaired", "ranked")
 PREFERENCE_FIELDS = frozenset({"prompt", "chosen", "rejected", "completion", "label", "answer_a", "answer_b", "winner"})
+# prompt-only data for online RL (sources/prompts.py): the prompt, and columns the rewards read
+PROMPT_KINDS = ("prompt_only",)
 # what --dataset_columns may name
 ALL_FIELDS = frozenset(f for kind in KINDS for f in FIELDS[kind]) | PREFERENCE_FIELDS
 REQUIRED = {

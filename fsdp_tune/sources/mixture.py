@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_tune.sources.formats import AUTO, KINDS, PREFERENCE_KINDS
+from fsdp_tune.sources.formats import AUTO, KINDS, PREFERENCE_KINDS, PROMPT_KINDS
 
 TRL_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 OUR_KEYS = ("weight", "samples", "format", "roles")
@@ -35,12 +35,14 @@ class Source:
     weight: float | None = None  # ours: share of the mixture, repeating rows of small sources if needed
     samples: int | None = None  # ours: exactly this many rows (repeated if the source has fewer)
     train_on_prompt: bool = False  # every token trained (--train_on_prompt, or PEFT's rendered-text path)
-    # filled in on the launcher from the files (sources/datacheck.py); a Hub dataset keeps the defaults
+    # filled in on the launcher from the files (preflight/data.py); a Hub dataset keeps the defaults
     loader: str | None = None  # json | csv | parquet | arrow | disk; None: load_dataset(path, name=...)
     files: dict[str, list[str]] = field(default_factory=dict)  # split name -> local files
     detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it
     rows_checked: int | None = None  # training rows the pre-flight found usable; None: not counted (many, or Hub)
     tokenized: dict[str, Any] | None = None  # train's pre-flight tokenizing: {rows, of, skipped} or {why_not}
+    # what pre-flight found of the training split's images (preflight/images.py Found.as_dict); None: no images
+    images: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -72,8 +74,9 @@ def entry_problems(entry: Any) -> list[str]:
         value = entry[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             problems.append(f"{key} must be a positive number, got {value!r}")
-    if entry.get("format", AUTO) not in (AUTO, *KINDS, *PREFERENCE_KINDS):
-        problems.append(f"format {entry['format']!r} is not one of {AUTO}, {', '.join(KINDS + PREFERENCE_KINDS)}")
+    known = KINDS + PREFERENCE_KINDS + PROMPT_KINDS
+    if entry.get("format", AUTO) not in (AUTO, *known):
+        problems.append(f"format {entry['format']!r} is not one of {AUTO}, {', '.join(known)}")
     columns, roles = entry.get("columns"), entry.get("roles")
     if columns is not None and not isinstance(columns, (Mapping, list)):
         problems.append("columns must be a list (the columns to keep) or a mapping (field: column)")

@@ -143,12 +143,30 @@ def code_files(name: str) -> list[str] | None:
 
 
 def for_model(name: str | None) -> ModelSource | None:
+    """The model's classes and submodules; a composite model's (a vision-language model: its own modeling file,
+    and those of its text and vision sub-configs' types, as LLaVA builds a Llama and a CLIP inside) together."""
     if not name:
         return None
     config = model_config(name)
     if not config or not isinstance(config.get("model_type"), str):
         return None
-    return _read(config["model_type"])
+    main = _read(config["model_type"])
+    subs = [
+        _read(sub["model_type"])
+        for key in ("text_config", "vision_config")
+        if isinstance(sub := config.get(key), dict) and isinstance(sub.get("model_type"), str)
+    ]
+    parts = [p for p in subs if p is not None and main is not None and p.modeling_file != main.modeling_file]
+    if main is None or not parts:
+        return main
+    return ModelSource(
+        model_type=main.model_type,
+        modeling_file=main.modeling_file,
+        classes=main.classes.union(*(p.classes for p in parts)),
+        submodules=main.submodules.union(*(p.submodules for p in parts)),
+        linears=main.linears.union(*(p.linears for p in parts)),
+        no_split_modules=main.no_split_modules or tuple(c for p in parts for c in p.no_split_modules),
+    )
 
 
 @functools.lru_cache(maxsize=16)

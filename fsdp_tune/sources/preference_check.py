@@ -1,4 +1,4 @@
-"""The data pre-flight for preference methods (sources/datacheck.py runs it in place of SFT's format checks when the
+"""The data pre-flight for preference methods (preflight/data.py runs it in place of SFT's format checks when the
 run's method is dpo, kto or reward): the format from the columns, what the method cannot use refused with file and
 line, rows that cannot be trained on reported with file and line (and skipped on rank 0, counted in the summary).
 
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.preference import PAIRED, UNPAIRED, detect_preference
 from fsdp_tune.sources.preference_rows import canonical
-
-KTO = "kto"
 
 
 def detect(columns: list[str], rows: list[dict], source, method: str) -> Format:
@@ -40,7 +39,8 @@ def detect(columns: list[str], rows: list[dict], source, method: str) -> Format:
 
 def method_findings(split: str, where: str, fmt: Format, method: str) -> list[Finding]:
     """What the method makes of the format: unpaired rows for a pairwise method refused, pairs for KTO unpaired."""
-    if method != KTO and fmt.kind == UNPAIRED:
+    unpaired = row_of(method).data == "unpaired"  # KTO trains on unpaired rows
+    if not unpaired and fmt.kind == UNPAIRED:
         return [
             Finding(
                 "PF075",
@@ -52,7 +52,7 @@ def method_findings(split: str, where: str, fmt: Format, method: str) -> list[Fi
                 "--method kto trains on unpaired rows; or give pairs: {prompt, chosen, rejected}",
             )
         ]
-    if method == KTO and fmt.kind in PAIRED:
+    if unpaired and fmt.kind in PAIRED:
         return [
             Finding(
                 "PF076",
@@ -84,7 +84,7 @@ def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format) -> tuple[di
 def usable(rows: list[tuple[str, Any]], fmt: Format, method: str) -> int:
     """How many rows will be trained on: pairs for DPO and reward, rows as KTO gets them (a pair is two)."""
     good = sum(1 for _, r in rows if isinstance(r, dict) and canonical(r, fmt)[1] is None)
-    return 2 * good if method == KTO and fmt.kind in PAIRED else good
+    return 2 * good if row_of(method).data == "unpaired" and fmt.kind in PAIRED else good
 
 
 def mixed_kinds(detected: list[dict]) -> str | None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fsdp_tune.sources import vision
 from fsdp_tune.sources.convert import STANDARD_ROLES, text, to_trl
 from fsdp_tune.sources.formats import ALPACA, PROMPT_COMPLETION, REQUIRED, TEXT, Format, decode_json
 
@@ -23,7 +24,9 @@ SKIPPED = {
     "no-answer": "no assistant turn: nothing to train on",
     "mixed-types": "prompt and completion are of different kinds",
     "bad-history": "history is not a list of [prompt, answer] pairs",
+    "image-count": "its image placeholders and its images differ in number",
 }
+PREFLIGHT_REFUSES = ("image-count",)  # skipped on rank 0; refused before launch (preflight/images.py, PF079)
 KEPT = {
     "assistant-first": "the conversation starts with the assistant",
     "consecutive-user": "two user turns in a row",
@@ -63,6 +66,9 @@ def check_row(row: Mapping, fmt: Format, roles: Mapping[str, str] | None = None)
         return [] if isinstance(value, str) and value.strip() else [Problem("empty-text")]
     if fmt.kind == PROMPT_COMPLETION:
         return _prompt_completion(converted, fmt)
+    images = vision.count_problem(converted)
+    if images:
+        return [Problem("image-count", images)]
     problems: list[Problem] = []
     if fmt.kind == ALPACA and "history" in fmt.columns:
         history = decode_json(row.get(fmt.columns["history"]))

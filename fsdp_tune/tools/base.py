@@ -45,11 +45,17 @@ def is_reward_adapter(adapter_dir: Path) -> bool:
     return str(config.get("task_type") or "").upper() == "SEQ_CLS"
 
 
-def model_class(adapter_dir: Path):
+def model_class(adapter_dir: Path, base: str | None = None):
     """(the transformers class the adapter's base loads as, its extra from_pretrained arguments): a sequence
-    classifier with one score for a reward model's adapter, a causal LM otherwise."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    classifier with one score for a reward model's adapter, else its kind's (config/model_kinds.py: a causal LM,
+    or an image-text-to-text model for a vision-language base)."""
+    import transformers
+    from transformers import AutoModelForSequenceClassification
+
+    from fsdp_tune.config.model_kinds import KINDS
+    from fsdp_tune.tools.vision import kind_of_base
 
     if is_reward_adapter(adapter_dir):
         return AutoModelForSequenceClassification, {"num_labels": 1}
-    return AutoModelForCausalLM, {}
+    kind = kind_of_base(base or recorded_base(adapter_dir))
+    return getattr(transformers, KINDS[kind].auto_class), {}

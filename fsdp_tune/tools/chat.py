@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdp_tune.decide.spec import RankSpec, read_from
 from fsdp_tune.errors import UsageError
-from fsdp_tune.launch.spec import RankSpec, read_from
 from fsdp_tune.tools.base import check_adapter_folder, is_reward_adapter, recorded_base, resize_as_trained
 from fsdp_tune.tools.quiet import libraries_quiet, quiet_transformers
 
@@ -23,6 +23,7 @@ class Chat:
     tokenizer: object
     device: str
     described: str  # what was loaded, for people
+    processor: object | None = None  # a vision-language model's (tools/vision.py): prompts may carry an image
 
 
 def base_of(run_dir: Path, spec: RankSpec | None, base: str | None) -> str:
@@ -58,7 +59,10 @@ def load(run: str, base: str | None = None, device: str | None = None) -> Chat:
 def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from fsdp_tune.tools.base import model_class
+    from fsdp_tune.tools.vision import processor_of, reads_images
 
     quiet_transformers()
     spec = read_from(run_dir)
@@ -76,27 +80,40 @@ def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
 
             kwargs.update(quantization_config=quantization_config(spec), device_map={"": device})
             how = f"4-bit {spec.model.quantization['bnb_4bit_quant_type']}, as trained"
-    tokenizer = AutoTokenizer.from_pretrained(str(run_dir))
-    model = AutoModelForCausalLM.from_pretrained(base_path, **kwargs)
+    processor = processor_of(run_dir, base_path) if reads_images(base_path) else None
+    tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(str(run_dir))
+    auto, _ = model_class(run_dir, base_path)
+    model = auto.from_pretrained(base_path, **kwargs)
     if "device_map" not in kwargs:
         model = model.to(device)
     resize_as_trained(model, tokenizer)
     model = PeftModel.from_pretrained(model, str(run_dir)).eval()
     template = "its chat template" if getattr(tokenizer, "chat_template", None) else "no chat template (plain text)"
-    return Chat(model, tokenizer, device, f"{base_path} ({how}) + adapter {run_dir}, {template}, on {device}")
+    reads = ", reads images (--image FILE)" if processor is not None else ""
+    described = f"{base_path} ({how}) + adapter {run_dir}, {template}{reads}, on {device}"
+    return Chat(model, tokenizer, device, described, processor)
 
 
-def answer(chat: Chat, messages: list[dict], max_new_tokens: int, temperature: float, stream: bool = True) -> str:
-    """Generate a reply to `messages` (streamed to stdout as it comes) and return it."""
+def answer(
+    chat: Chat, messages: list[dict], max_new_tokens: int, temperature: float, stream: bool = True, image=None
+) -> str:
+    """Generate a reply to `messages` (streamed to stdout as it comes) and return it; `image` (a PIL image, for a
+    vision-language model) goes before the text of the first user turn."""
     import torch
     from transformers import TextStreamer
 
     tok = chat.tokenizer
+    if image is not None:
+        messages = with_image(messages)
     if getattr(tok, "chat_template", None):
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     else:
         text = "\n".join(m["content"] for m in messages)
-    inputs = tok(text, return_tensors="pt", add_special_tokens=False).to(chat.device)
+    if image is not None:
+        inputs = chat.processor(images=[image], text=[text], return_tensors="pt", add_special_tokens=False)
+        inputs = inputs.to(chat.device)
+    else:
+        inputs = tok(text, return_tensors="pt", add_special_tokens=False).to(chat.device)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     with torch.no_grad():
         out = chat.model.generate(
@@ -108,6 +125,31 @@ def answer(chat: Chat, messages: list[dict], max_new_tokens: int, temperature: f
             **sampling,
         )
     return tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def with_image(messages: list[dict]) -> list[dict]:
+    """The first user turn with an image block before its text (the processor's template places the image)."""
+    out, placed = [], False
+    for m in messages:
+        if not placed and m["role"] == "user" and isinstance(m["content"], str):
+            m = {**m, "content": [{"type": "image"}, {"type": "text", "text": m["content"]}]}
+            placed = True
+        out.append(m)
+    return out
+
+
+def image_for(chat: Chat, path: str | None):
+    """--image FILE opened for a vision-language run (None without it); a UsageError for a language model's."""
+    if path is None:
+        return None
+    from fsdp_tune.tools.vision import open_image
+
+    if chat.processor is None:
+        raise UsageError(
+            f"--image {path}: this run's model reads no images (a language model)",
+            "drop --image, or chat with a vision-language run",
+        )
+    return open_image(path)
 
 
 def prompts_from(prompt: list[str], prompts_file: str | None) -> list[str]:

@@ -6,8 +6,8 @@ import importlib.util
 import os
 import platform
 
-from fsdp_tune.launch.machine import ram_gib
-from fsdp_tune.launch.manifest import versions
+from fsdp_tune.decide.machine import ram_gib
+from fsdp_tune.rundir.manifest import versions
 
 
 def collect() -> dict:

@@ -22,8 +22,9 @@ import json
 import struct
 from pathlib import Path
 
+from fsdp_tune.decide.spec import read_from
 from fsdp_tune.errors import FsdpTuneError, UsageError
-from fsdp_tune.launch.spec import read_from
+from fsdp_tune.models.processor import save_processor
 from fsdp_tune.runfiles import RESOLVED_NAME
 from fsdp_tune.tools.base import (
     check_adapter_folder,
@@ -33,6 +34,7 @@ from fsdp_tune.tools.base import (
     resize_as_trained,
 )
 from fsdp_tune.tools.quiet import quiet_transformers
+from fsdp_tune.tools.vision import image_prompt, processor_of, reads_images
 
 DTYPES = {
     "bf16": "bfloat16",
@@ -106,14 +108,12 @@ def merge(
     into = _into(into, quantized, adapter)
 
     import torch
-    from transformers import AutoTokenizer
 
     quiet_transformers()  # the result lines are the output
     dtype_name, dtype_source = (DTYPES[dtype], "as --dtype asked") if dtype else own_dtype(base)
     torch_dtype = getattr(torch, dtype_name)
-    has_tokenizer = (adapter_dir / "tokenizer_config.json").exists()
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else base)
-    inputs = _prompt(tokenizer).to(device)
+    tokenizer, processor = _processing(adapter_dir, base)
+    inputs = _inputs(tokenizer, processor, device)
     load = _dequantized if into == "dequantized" else _unquantized
     model, reference, tolerance = load(base, adapter_dir, tokenizer, torch_dtype, device, inputs)
     merged = model.merge_and_unload()
@@ -123,12 +123,14 @@ def merge(
         )
     merged.save_pretrained(out, max_shard_size=max_shard_size, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    if processor is not None:  # a vision-language model's processor travels with it (models/processor.py)
+        save_processor(processor, out)
     del merged, model
     gc.collect()
-    auto, _ = model_class(adapter_dir)  # a reward model's: AutoModelForSequenceClassification
+    auto, _ = model_class(adapter_dir, base)  # a reward model's: AutoModelForSequenceClassification
     reloaded = auto.from_pretrained(out, dtype=torch_dtype).to(device).eval()
     with torch.no_grad():
-        got = reloaded(input_ids=inputs).logits.float().cpu()
+        got = reloaded(**inputs).logits.float().cpu()
     rel = ((got - reference).abs().max() / reference.abs().max().clamp_min(1e-6)).item()
     result = {
         "output": str(out),
@@ -166,7 +168,7 @@ def _checked(adapter_dir: Path, base: str | None, out: Path, dtype: str | None, 
 
 def _holds_a_run(out: Path, adapter_dir: Path) -> str | None:
     """What in `out` a merge must not write into: the adapter's own folder, another adapter, a run's folder."""
-    from fsdp_tune.launch.outdir import inspect
+    from fsdp_tune.rundir.outdir import inspect
 
     if out.exists() and out.resolve() == adapter_dir.resolve():
         return "is the adapter's own folder"
@@ -195,12 +197,12 @@ def _unquantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
     import torch
     from peft import PeftModel
 
-    auto, extra = model_class(adapter_dir)
+    auto, extra = model_class(adapter_dir, base)
     model = auto.from_pretrained(base, dtype=torch_dtype, low_cpu_mem_usage=True, **extra).to(device)
     resize_as_trained(model, tokenizer)
     model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     with torch.no_grad():
-        reference = model(input_ids=inputs).logits.float().cpu()
+        reference = model(**inputs).logits.float().cpu()
     return model, reference, TOLERANCE[str(torch_dtype).removeprefix("torch.")]
 
 
@@ -214,7 +216,7 @@ def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
 
     spec = read_from(adapter_dir)
     q = spec.model.quantization
-    auto, extra = model_class(adapter_dir)
+    auto, extra = model_class(adapter_dir, base)
     model = auto.from_pretrained(
         base,
         dtype=getattr(torch, spec.model.dtype),
@@ -225,7 +227,7 @@ def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
     resize_as_trained(model, tokenizer)
     trained = _as_in_training(PeftModel.from_pretrained(model, str(adapter_dir)).eval())
     with torch.no_grad():
-        reference = trained(input_ids=inputs).logits.float().cpu()
+        reference = trained(**inputs).logits.float().cpu()
     model = trained.unload().dequantize(dtype=torch_dtype).to(torch_dtype)
     model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
     # the 4-bit forward computes in bnb_4bit_compute_dtype: the check is as fine as the coarser of the two
@@ -244,6 +246,28 @@ def _as_in_training(model):
         if isinstance(module, bnb.nn.Linear4bit):
             module.train()
     return model
+
+
+def _processing(adapter_dir: Path, base: str):
+    """(the tokenizer, a vision-language model's processor or None): the run's own where it saved them."""
+    from transformers import AutoTokenizer
+
+    if reads_images(base):
+        processor = processor_of(adapter_dir, base)
+        return processor.tokenizer, processor
+    has_tokenizer = (adapter_dir / "tokenizer_config.json").exists()
+    return AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else base), None
+
+
+def _inputs(tokenizer, processor, device: str) -> dict:
+    """The check's prompt: a question, with an image for a vision-language model (its tower and projector then
+    run too, as an adapter on them needs)."""
+    if processor is not None:
+        from PIL import Image
+
+        image = Image.new("RGB", (64, 48), (200, 120, 40))
+        return dict(image_prompt(processor, PROMPT[0]["content"], image, device))
+    return {"input_ids": _prompt(tokenizer).to(device)}
 
 
 def _prompt(tokenizer):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.config.methods import METRICS, SFT
+from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
 
 
@@ -34,29 +34,34 @@ def method_of(run_dir: str | Path) -> str:
         spec = json.loads((Path(run_dir) / RESOLVED_NAME).read_text()).get("spec") or {}
     except (OSError, ValueError, AttributeError):
         spec = {}
-    if isinstance(spec, dict) and spec.get("method"):
-        return str(spec["method"])
+    method = spec.get("method") if isinstance(spec, dict) else None
+    if isinstance(method, dict) and method.get("name"):  # spec version 3: the method's part
+        return str(method["name"])
+    if isinstance(method, str) and method:  # spec version 2 named it alone
+        return method
     s = run_summary.read(run_dir)
     return s.method if isinstance(s, run_summary.RunSummary) else SFT
 
 
 def figure(run_dirs: list[str | Path]):
     """One figure for all runs: each run's training loss (a line) and eval loss (dashed, with points) in the
-    run's own colour above, its learning rate below; for preference runs, their own two metrics between (DPO's
-    reward accuracy and margin, KTO's KL and margin, a reward model's accuracy and margin)."""
+    run's own colour above, its learning rate below; for the other methods, their own metrics between (DPO's
+    reward accuracy and margin, KTO's KL and margin, a reward model's accuracy and margin; GRPO's reward with each
+    function's, completion length and KL)."""
     # matplotlib's object API without pyplot: half the import time, and no GUI backend is ever touched
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     methods = [method_of(r) for r in run_dirs]
-    extra = any(METRICS.get(m) for m in methods)
-    fig = Figure(figsize=(8, 9 if extra else 6))
+    extra = any(row_of(m).metrics for m in methods)
+    panels = max((row_of(m).panels for m in methods if row_of(m).metrics), default=0)
+    fig = Figure(figsize=(8, 6 + 1.5 * panels))
     FigureCanvasAgg(fig)
-    ratios = [3, 2, 2, 1] if extra else [3, 1]
+    ratios = [3, *[2] * panels, 1]
     axes = fig.subplots(len(ratios), 1, sharex=True, gridspec_kw={"height_ratios": ratios})
     ax_loss, ax_lr = axes[0], axes[-1]
     if extra:
-        _method_panels(axes[1:3], run_dirs, methods)
+        _method_panels(axes[1 : 1 + panels], run_dirs, methods)
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels(run_dirs), strict=True)):
         colour = f"C{i % 10}"
         records = load_metrics(run_dir)
@@ -78,15 +83,27 @@ def figure(run_dirs: list[str | Path]):
 
 
 def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None:
-    """Each preference run's first two metrics (config/methods.py METRICS), one panel each, in the run's colour."""
-    names: list[set[str]] = [set(), set()]
+    """Each run's first metrics (config/methods.py: its row's), one panel each, in the run's colour; the first panel
+    also has each of the row's `*` metrics (GRPO: every reward function's mean), dotted."""
+    names: list[set[str]] = [set() for _ in axes]
+    dotted = False
     for i, (run_dir, label, method) in enumerate(zip(run_dirs, labels(run_dirs), methods, strict=True)):
         records = load_metrics(run_dir)
-        for ax, (key, name), seen in zip(axes, METRICS.get(method, ())[:2], names, strict=False):
+        row = row_of(method)
+        plotted = [(m.key, m.label) for m in row.metrics if "*" not in m.key][: len(axes)]
+        for ax, (key, name), seen in zip(axes, plotted, names, strict=False):
             steps, values = series(records, key)
             if steps:
                 ax.plot(steps, values, color=f"C{i % 10}", marker="." if len(steps) < 50 else None, label=label)
                 seen.add(name)
+        literal = {m.key for m in row.metrics}
+        for key, name in metric_keys(row, {k for r in records for k in r}):
+            if key not in literal:
+                steps, values = series(records, key)
+                axes[0].plot(steps, values, color=f"C{i % 10}", linestyle=":", label=f"{label} {name}")
+                dotted = True
+    if dotted:
+        axes[0].legend(fontsize="x-small")
     for ax, seen in zip(axes, names, strict=True):
         ax.set_ylabel(" / ".join(sorted(seen)) or "-", fontsize="small")
         ax.grid(alpha=0.3)
@@ -135,7 +152,9 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
 def _method_values(records: list[dict], method: str) -> dict:
     """The last logged value of the method's first two metrics, under neutral names for the table."""
     out = {}
-    for column, (key, _) in zip(("metric_1", "metric_2"), METRICS.get(method, ())[:2], strict=False):
+    for column, (key, _) in zip(
+        ("metric_1", "metric_2"), [(m.key, m.label) for m in row_of(method).metrics][:2], strict=False
+    ):
         _, values = series(records, key)
         out[column] = {"key": key, "last": values[-1] if values else None}
     return out

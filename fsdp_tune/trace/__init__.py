@@ -1,7 +1,7 @@
 """`fsdp-tune plan --trace`: one training step executed at the run's real sizes and world size, on this machine.
 
 The model is built from its config.json on the meta device exactly as the ranks build it (the rank spec from
-launch/decide.py with a simulated GPU machine; worker/loading/sharded.py's and units.py's builders: LoRA,
+decide/rank.py with a simulated GPU machine; worker/loading/sharded.py's and units.py's builders: LoRA,
 QLoRA's packed weights, FSDP2 units, activation checkpointing, mixed precision, offload, the device mesh), its
 tensors become FakeTensors (shapes, dtypes, no storage) on a `cpu` fake device, a fake process group stands in for
 every other rank, and torch's FSDPMemTracker records live memory by category while one step runs: transformers'

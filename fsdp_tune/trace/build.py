@@ -1,5 +1,5 @@
 """The model a rank trains, built from its config.json with fewer decoder layers, the way the ranks build it: the
-rank spec (launch/decide.py, on a simulated GPU machine) decides, worker/loading/sharded.py's and units.py's
+rank spec (decide/rank.py, on a simulated GPU machine) decides, worker/loading/sharded.py's and units.py's
 builders execute (the 4-bit quantizer's modules and packed weights, get_peft_model with SFTTrainer's dtypes and
 accelerate's fp32 upcast, accelerate's FSDP2 units and checkpoint wrappers, the MixedPrecisionPolicy, offload and
 the device mesh). Everything happens on the meta device; `materialize` then turns every tensor into a FakeTensor
@@ -14,10 +14,10 @@ import copy
 import types
 from dataclasses import dataclass, field, replace
 
-from fsdp_tune.config.derived import derive
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.launch.loading import sharded_plan
-from fsdp_tune.launch.spec import RankSpec, ShardedPlan
+from fsdp_tune.decide.derived import derive
+from fsdp_tune.decide.loading import sharded_plan
+from fsdp_tune.decide.spec import RankSpec, ShardedPlan
 from fsdp_tune.sources.model import find_config
 from fsdp_tune.sources.moe import has_experts
 from fsdp_tune.trace.guard import refusal
@@ -62,7 +62,7 @@ def unit_plan(spec: RankSpec, cfg: RunConfig) -> ShardedPlan:
     """The sharded builder's plan: the spec's own, or the one accelerate follows on the transformers path."""
     if spec.loading.sharded is not None:
         return spec.loading.sharded
-    return sharded_plan(cfg, derive(cfg, on_cpu=False), spec.fsdp_mixed_precision)
+    return sharded_plan(cfg, derive(cfg, cpu=spec.device == "cpu"), spec.fsdp_mixed_precision)
 
 
 def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:

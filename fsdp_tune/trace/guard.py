@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import runs_on_cpu
 from fsdp_tune.errors import Finding, PreflightError, Severity
 
 # (distribution, lowest major.minor, highest major.minor) the trace was checked against
@@ -90,11 +92,12 @@ def _check_private() -> None:
         )
 
 
-def check_settings(cfg: RunConfig, on_cpu: bool = False) -> None:
-    """TR002 for what the trace does not build the way the ranks would."""
+def check_settings(cfg: RunConfig, on_cpu: bool | None = None) -> None:
+    """TR002 for what the trace does not build the way the ranks would; `on_cpu`: the plan is for a CPU run
+    (None: as the config describes it, decide/derived.py runs_on_cpu)."""
     f, p = cfg.fsdp, cfg.parallelism
     reasons = []
-    if on_cpu or cfg.launch.use_cpu:
+    if runs_on_cpu(cfg) if on_cpu is None else on_cpu:
         reasons.append(("use_cpu", "the trace simulates GPU ranks; a CPU run's plan is its host RSS", "GPUs"))
     if f.version != 2:
         reasons.append(("fsdp_version", "FSDP1 (flat parameters) is not traced", "--fsdp_version 2"))
@@ -110,8 +113,16 @@ def check_settings(cfg: RunConfig, on_cpu: bool = False) -> None:
         reasons.append(("parallelism_config", "tensor, context or sequence parallelism is not traced", "dp only"))
     if cfg.quantization.use_8bit_quantization:
         reasons.append(("use_8bit_quantization", "8-bit (LLM.int8) weights are not traced", "4-bit or none"))
-    if cfg.run.method == "reward":  # the trace builds a causal LM; a reward model is a sequence classifier
-        reasons.append(("method", "reward: a sequence classifier's score head is not traced", "--method dpo or sft"))
+    if row_of(cfg.run.method).head != "lm":  # the trace builds a causal LM; a reward model is a sequence classifier
+        reasons.append(
+            ("method", f"{cfg.run.method}: a sequence classifier's score head is not traced", "--method dpo or sft")
+        )
+    if row_of(cfg.run.method).generates:  # generate() samples and tests for the end at every token
+        why = (
+            f"{cfg.run.method}: its generation is not traced (transformers' generate samples each token and checks "
+            "every rank for the end, reading values that fake tensors do not have); its training pass is SFT's"
+        )
+        reasons.append(("method", why, "--method sft (the training pass; the plan's generation phase is arithmetic)"))
     if reasons:
         key, message, fix = reasons[0]
         raise refusal("TR002", key, "--trace", message, f"trace a variant with {fix}, or plan without --trace")

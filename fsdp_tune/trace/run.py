@@ -38,8 +38,8 @@ class Trace:
 
 def rank_spec(cfg: RunConfig):
     """The spec every rank of this run executes, decided for a machine with the run's GPUs."""
-    from fsdp_tune.launch.decide import decide
-    from fsdp_tune.launch.machine import Machine
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
 
     per_node = cfg.launch.nproc_per_node
     return decide(cfg, Machine(cuda=True, gpus=per_node, gpu_names=("simulated GPU",) * per_node))
@@ -63,7 +63,9 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
             traces[0].notes.append(f"the decoder layers differ in size: all {full} traced, nothing extrapolated")
             break
     result = extrapolate(traces, full)
-    if cfg.run.method != "sft":  # the step of TRL's DPOTrainer / KTOTrainer, with what stands in for the reference
+    if step_of(
+        cfg
+    ).no_grad_forwards:  # the step of TRL's DPOTrainer / KTOTrainer, with what stands in for the reference
         result["notes"] = [*result["notes"], f"{cfg.run.method}: {STEP_NOTE}"]
     result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
     result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
@@ -98,11 +100,9 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
     from fsdp_tune.trace.standins import cuda_paths
     from fsdp_tune.trace.tracker import PhaseTracker
 
-    args = spec.trainer_args
-    micro = int(args.get("per_device_train_batch_size") or 8)
-    accumulation = int(args.get("gradient_accumulation_steps") or 1)
+    micro, accumulation = spec.steps.per_device_train_batch_size, spec.steps.gradient_accumulation_steps
     micro_batches = min(accumulation, MAX_MICRO_BATCHES)
-    clip = float(args.get("max_grad_norm", 1.0) or 0.0)
+    clip = spec.steps.max_grad_norm
     method = cfg.run.method
     rows = micro * step_of(cfg).rows_with_grad  # DPO: the chosen and rejected rows, concatenated
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -110,7 +110,7 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
         model = built.model
         step.fused_head(model, method)
         model.train()
-        opt = step.optimizer(model, str(args.get("optim") or "adamw_torch_fused"))
+        opt = step.optimizer(model, spec.steps.optim)
         vocab = model.get_input_embeddings().weight.shape[0]
         inputs = step.batch(vocab, rows, spec.data.max_seq_len)
         with cuda_paths():

@@ -14,13 +14,9 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-FUSED_OUTPUTS = {  # what each trainer asks of the fused head (sft_trainer.py, dpo_trainer.py, kto_trainer.py)
-    "sft": ("log_probs", "entropy", "is_top1"),
-    "dpo": ("log_probs", "entropy", "mean_logits", "is_top1"),
-    "kto": ("log_probs", "entropy", "mean_logits"),
-}
+from fsdp_tune.config.methods import row_of
+
 REFERENCE = "reference forward (no grad)"  # planner/method.py REFERENCE_PHASE: the same phase, by name
-NO_GRAD_FORWARDS = {"dpo": (0, 1), "kto": (1, 2)}  # (before the policy's forward, after it): KTO's KL forward first
 
 
 def fused_head(model, method: str = "sft") -> None:
@@ -28,7 +24,7 @@ def fused_head(model, method: str = "sft") -> None:
     from trl.trainer.utils import add_fused_lm_head
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    add_fused_lm_head(base, outputs=FUSED_OUTPUTS[method])
+    add_fused_lm_head(base, outputs=row_of(method).fused_head)  # what the method's trainer asks of it
 
 
 def optimizer(model, optim: str):
@@ -56,7 +52,8 @@ def train_step(
     mark = phase or (lambda name, new_micro_batch=True: None)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
-    before, after = NO_GRAD_FORWARDS.get(method, (0, 0))
+    step = row_of(method).step  # KTO's KL forward comes before the policy's, the references after it
+    before, after = step.no_grad_before, step.no_grad_after
     for _ in range(micro_batches):
         mark("forward")
         _no_grad_forwards(model, inputs, autocast, before, mark, policy=True)
@@ -64,9 +61,9 @@ def train_step(
             mark("forward")  # the policy's forward: what its backward reads is counted from here
         with autocast:
             out = model(**inputs, fused_lm_head=True, use_cache=False)
-        if method == "sft":
+        if step.loss_over == "tokens":
             loss = -out.log_probs.float().sum() / out.label_mask.sum().clamp(min=1)
-        else:  # the methods' losses are functions of each sequence's summed log-probabilities
+        else:  # the preference losses are functions of each sequence's summed log-probabilities
             loss = -torch.nn.functional.logsigmoid(0.1 * out.log_probs.float().sum(-1)).mean()
         del out
         if after:

@@ -9,7 +9,7 @@ only for CPU runs, only on accelerate versions it was checked against, and only 
 It also makes fully_shard's default device mesh (used when no mesh is given: one process, where accelerate builds
 none because every size is 1) a CPU mesh: torch builds it on `torch._C._get_accelerator()`, which on a CUDA
 build of torch is cuda even in a CPU run (DeviceMesh then calls torch.cuda.set_device, and fails where the GPUs
-are hidden). Runs of several processes get an explicit CPU mesh in the rank spec (launch/decide.py mesh).
+are hidden). Runs of several processes get an explicit CPU mesh in the rank spec (decide/rank.py mesh).
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ FSDP_TUNE_TEST_HANG="RANK:STEP"   make that rank stop responding there instead
 FSDP_TUNE_TEST_POISON_STEP=N      the loss of step N becomes NaN (the NaN guard's test)
 FSDP_TUNE_TEST_FAKE_HUB=DIR       the Hub is a folder: repositories are created and uploaded into DIR, and
                                   every call is recorded in DIR/calls.jsonl (--push_to_hub's test, offline)
+FSDP_TUNE_TEST_SHORT_GENERATION="RANK:N"  that rank's completions end after N tokens (GRPO: ranks finish apart)
+FSDP_TUNE_TEST_UNMANAGED=NAME     a trainable parameter FSDP does not manage joins the sharded model of the run
+                                  whose folder is NAME ("*": any), as an adapter added after sharding would: never
+                                  reduced, its copies drift apart (the self-check's test)
 Nothing here acts unless one of these is set.
 """
 
@@ -26,6 +30,8 @@ from transformers import TrainerCallback
 from fsdp_tune.worker.rank import rank, restart_count
 
 KILL, HANG, POISON = "FSDP_TUNE_TEST_KILL", "FSDP_TUNE_TEST_HANG", "FSDP_TUNE_TEST_POISON_STEP"
+SHORT = "FSDP_TUNE_TEST_SHORT_GENERATION"
+UNMANAGED = "FSDP_TUNE_TEST_UNMANAGED"
 FAKE_HUB = "FSDP_TUNE_TEST_FAKE_HUB"
 
 
@@ -83,6 +89,45 @@ def poison_loss(loss, next_step: int):
     if wanted and int(wanted) == next_step:
         return loss * float("nan")
     return loss
+
+
+def shorten_generation(model) -> None:
+    """FSDP_TUNE_TEST_SHORT_GENERATION: that rank's generate() stops after N new tokens, so its ranks finish
+    decoding at different steps (what EOS does in a real run), which left unsynced ranks hanging in FSDP2."""
+    wanted = os.environ.get(SHORT)
+    if not wanted:
+        return
+    at_rank, n = (int(v) for v in wanted.split(":"))
+    if rank() != at_rank:
+        return
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    original = target.generate
+
+    def generate(*args, **kwargs):
+        kwargs["max_new_tokens"] = n
+        return original(*args, **kwargs)
+
+    target.generate = generate
+
+
+def unmanaged_parameter(model, output_dir: str) -> None:
+    """FSDP_TUNE_TEST_UNMANAGED: a zero bias added to the first decoder layer's output, a plain trainable parameter
+    registered after fully_shard (so in no FSDP parameter group). Each rank's gradient for it is its own."""
+    wanted = os.environ.get(UNMANAGED)
+    if not wanted or wanted not in ("*", Path(output_dir).name):
+        return
+    import torch
+
+    layer = next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer"))
+    size = model.get_input_embeddings().weight.shape[-1]
+    layer.register_parameter("fsdp_tune_test_bias", torch.nn.Parameter(torch.zeros(size)))
+
+    def add(module, args, out):
+        if isinstance(out, tuple):
+            return (out[0] + module.fsdp_tune_test_bias, *out[1:])
+        return out + module.fsdp_tune_test_bias
+
+    layer.register_forward_hook(add)
 
 
 class FaultInjectionCallback(TrainerCallback):

@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker import cpu_fsdp, faults
 from fsdp_tune.worker.logs import setup_rank_log
 from fsdp_tune.worker.rank import local_rank, rank, restart_count, world_size

@@ -15,17 +15,18 @@ from typing import Any
 from transformers import set_seed
 
 from fsdp_tune import summary as run_summary
-from fsdp_tune.launch.checkpoints import restart_checkpoint
-from fsdp_tune.launch.spec import RankSpec, from_dict
+from fsdp_tune.decide.spec import RankSpec, from_dict
+from fsdp_tune.rundir.checkpoints import restart_checkpoint
 from fsdp_tune.worker import faults, phases, process
 from fsdp_tune.worker.data.lengths import packed, truncated_rows
 from fsdp_tune.worker.data.preference_lengths import preference_truncation
 from fsdp_tune.worker.data.prepare import Prepared
+from fsdp_tune.worker.data.vision_collate import collator_for, dummy_batches
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.build import Loaded, load
+from fsdp_tune.worker.loading.processor import load_processing, save_processor
 from fsdp_tune.worker.loading.reference import REF, reset_to_base
 from fsdp_tune.worker.loading.report import FirstStepMemory
-from fsdp_tune.worker.loading.tokenizer import load_tokenizer
 from fsdp_tune.worker.logs import console
 from fsdp_tune.worker.rank import is_main, restart_count
 from fsdp_tune.worker.saving.hub import push_final
@@ -41,6 +42,7 @@ from fsdp_tune.worker.training.callbacks import (
 from fsdp_tune.worker.training.config import trainer_config
 from fsdp_tune.worker.training.methods import method_of
 from fsdp_tune.worker.training.progress import ProgressCallback
+from fsdp_tune.worker.training.selfcheck import DistributedSelfCheck
 from fsdp_tune.worker.training.trainer import Saving, fsdp_trainer
 from fsdp_tune.worker.wrappers import inner
 
@@ -66,6 +68,7 @@ class Built:
     metrics: MetricsCallback
     nan_guard: NanGuardCallback
     stopper: StopOnSignalCallback
+    self_check: DistributedSelfCheck
 
 
 def read_handoff(resolved_path: str) -> Handoff:
@@ -80,24 +83,24 @@ def run(resolved_path: str, started: float | None = None) -> None:
 class Recipe:
     def __init__(self, handoff: Handoff, started: float):
         self.spec, self.run_id = handoff.spec, handoff.run_id
-        self.method = method_of(self.spec)
+        self.method, self.row = method_of(self.spec)  # the ranks' hook, and the row (config/methods.py)
         self.phases = phases.Phases(started)
 
     def run(self) -> None:
         process.start(self.spec)
-        tokenizer = load_tokenizer(self.spec.model)
+        tokenizer, processor = load_processing(self.spec.model)  # a vision-language model's processor, or None
         args = self.seeded_config()
         with args.main_process_first(desc="dataset preparation"):
-            data = self.prepare_data(tokenizer)
+            data = self.prepare_data(tokenizer, processor)
         loaded = self.load_model(tokenizer, args)
-        built = self.build_trainer(loaded, tokenizer, data)
+        built = self.build_trainer(loaded, tokenizer, data, processor)
         truncation = self.report_truncation(built.trainer, len(data.train) if hasattr(data.train, "__len__") else None)
         result = self.train(built.trainer)
         if built.stopper.stopped_at is not None:
             self.finish_interrupted(built)
             return
         check_finite(built.nan_guard)
-        saved = self.save(built.trainer, loaded, tokenizer)
+        saved = self.save(built.trainer, loaded, tokenizer, processor)
         self.push(built.trainer)
         self.write_summary(built, result, truncation, saved, data, loaded)
 
@@ -114,51 +117,63 @@ class Recipe:
         args = self.spec.trainer_args if path is None else self.spec.trainer_args_on(path)
         return trainer_config(self.spec, self.method.config_class, args)
 
-    def prepare_data(self, tokenizer) -> Prepared:
+    def prepare_data(self, tokenizer, processor=None) -> Prepared:
         with self.phases.timed("build_data"):
-            return self.method.prepare(self.spec, tokenizer)
+            return self.method.prepare(self.spec, tokenizer, processor)
 
     def load_model(self, tokenizer, args) -> Loaded:
         """The model on the spec's loading path (worker/loading/build.py), and the config that trains it (the
         transformers path's, when a rank finds that sharded loading cannot take this model and falls back)."""
         with self.phases.timed("build_model"):
             loaded = load(self.spec, tokenizer, args, lambda: self.trainer_config("transformers"))
+            if loaded.path == "sharded":
+                faults.unmanaged_parameter(loaded.model, self.spec.output_dir)  # test-only: the self-check's divergence
         if is_main():
             phases.show_model(self.phases.took["build_model"], loaded.model, self.spec.model)
         return loaded
 
-    def build_trainer(self, loaded: Loaded, tokenizer, data: Prepared) -> Built:
+    def build_trainer(self, loaded: Loaded, tokenizer, data: Prepared, processor=None) -> Built:
+        """The method's trainer; a vision-language model's with its processor and, for data with images, the
+        collator that expands them and keeps every rank running the vision tower (worker/data/vision_collate.py)."""
         spec = self.spec
         with self.phases.timed("build_trainer"):
             metrics = MetricsCallback(spec.output_dir, self.run_id)
             nan_guard = NanGuardCallback(check_grad_norm=spec.check_grad_norm)
             stopper = StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device)
             sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
+            first_step = FirstStepMemory(loaded.report, lambda: getattr(trainer, "model_wrapped", None))
+            self_check = DistributedSelfCheck(spec.world.world_size, spec.fsdp_version, spec.device)
             progress = ProgressCallback(
                 spec.device,
                 spec.world.world_size,
                 self.phases,
                 spec.console == "live",
-                self.method.metrics,
-                self.method.progress,
+                self.row.eval_metrics,
+                self.row.progress,
             )
-            trainer = fsdp_trainer(self.method.trainer_class)(
+            made: list = []  # the trainer, once built: the rewards' messages name the step
+            extra = self.method.trainer_kwargs(spec, tokenizer, lambda: made[0].state.global_step + 1 if made else None)
+            trainer = fsdp_trainer(self.method.trainer_class, self.method.mixin)(
                 model=loaded.model,
                 args=loaded.args,
                 train_dataset=data.train,
                 eval_dataset=data.eval if spec.evaluation else None,
-                processing_class=tokenizer,
+                processing_class=processor or tokenizer,
+                data_collator=collator_for(spec, data, processor, tokenizer),
                 peft_config=None if loaded.prebuilt else lora_config(spec),  # sharded loading applied LoRA already
-                callbacks=[metrics, nan_guard, stopper, sharding, progress, FirstStepMemory(loaded.report)]
+                callbacks=[metrics, nan_guard, stopper, sharding, self_check, progress, first_step]
                 + faults.callbacks(),
                 saving=Saving(
                     spec.full_state_dict,
                     spec.save.final,
                     spec.save.resume,
+                    spec.save.checkpoint,
                     loaded.vocab_grew_from is not None,
                     self.run_id,
                 ),
+                **extra,
             )
+            made.append(trainer)
             if (
                 spec.model.reference == "base"
                 and spec.model.adapter
@@ -168,15 +183,17 @@ class Recipe:
         if is_main():  # reading the data and TRL's tokenizing (in the trainer's constructor), as one phase
             seconds = self.phases.took["build_data"] + self.phases.took["build_trainer"]
             phases.show_data(seconds, trainer, data.rows())
-        return Built(trainer, metrics, nan_guard, stopper)
+        return Built(trainer, metrics, nan_guard, stopper, self_check)
 
     def report_truncation(self, trainer, rows_in: int | None = None) -> dict | None:
         """Say how much of the data TRL cuts at max_seq_len (and, for preference data, drops), which it does
         without a word. `rows_in`: the training rows before the trainer tokenized them."""
         max_len = self.spec.data.max_seq_len
+        if self.spec.method.truncation == "none":  # GRPO: rank 0 left out and said the prompts too long
+            return None
         try:
-            if self.spec.method != "sft":
-                found = preference_truncation(trainer.train_dataset, rows_in or 0, max_len, self.spec.method)
+            if self.method.sequences is not None:  # the trainer tokenized its own columns (preference data)
+                found = preference_truncation(trainer.train_dataset, rows_in or 0, max_len, self.method.sequences)
                 cut, total = found["cut"], found["total"]
             else:
                 cut, total = truncated_rows(trainer.train_dataset, max_len, self.spec.data.packing)
@@ -188,7 +205,8 @@ class Recipe:
                 f"warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
                 f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)"
             )
-        what = "chosen or rejected sequence is longer than" if self.spec.method == "reward" else "prompt alone reaches"
+        whole = self.spec.method.truncation == "whole"  # RewardTrainer drops a pair with a sequence longer
+        what = "chosen or rejected sequence is longer than" if whole else "prompt alone reaches"
         if rows_in and found.get("dropped") == rows_in:
             raise ValueError(
                 f"no training row fits max_seq_len {max_len}: the trainer left out all {rows_in}, whose {what} it; "
@@ -223,9 +241,10 @@ class Recipe:
             run_summary.write(self.spec.output_dir, stopped, self.run_id)
         built.trainer.accelerator.wait_for_everyone()
 
-    def save(self, trainer, loaded: Loaded, tokenizer) -> dict:
-        """The final adapter (all ranks gather, rank 0 writes), the tokenizer and trainer state; rank 0 re-opens
-        the adapter and proves it whole and trained. Returns what the summary records about it."""
+    def save(self, trainer, loaded: Loaded, tokenizer, processor=None) -> dict:
+        """The final adapter (all ranks gather, rank 0 writes), the tokenizer (a vision-language model's whole
+        processor) and trainer state; rank 0 re-opens the adapter and proves it whole and trained. Returns what the
+        summary records about it."""
         spec = self.spec
         with self.phases.timed("save_and_verify"):
             expected = expected_adapter(trainer) if spec.lora is not None else (None, None)
@@ -233,6 +252,8 @@ class Recipe:
             out = {"vocab_grew": vocab_growth(inner(trainer), loaded.vocab_grew_from, tokenizer), "adapter_check": None}
             if is_main():
                 tokenizer.save_pretrained(spec.output_dir)
+                if processor is not None:
+                    save_processor(processor, spec.output_dir)
                 trainer.state.save_to_json(str(Path(spec.output_dir) / "trainer_state.json"))
                 if spec.lora is not None:
                     out["adapter_check"] = verify_adapter(spec.output_dir, *expected)
@@ -249,6 +270,9 @@ class Recipe:
     def write_summary(self, built: Built, result, truncation, saved: dict, data: Prepared, loaded: Loaded) -> None:
         loading = loaded.report.summary()  # a collective, as collect is
         trainer, d = built.trainer, self.spec.data
+        dummies = dummy_batches(trainer.data_collator)  # a collective too: the guard's batches, each rank's
+        if dummies is not None:
+            data.report.setdefault("images", {})["dummy_batches"] = dummies
         if d.packing:  # the sequences TRL packed, into how many rows (#25: "50 rows -> 50 sequences" said nothing)
             data.report["packed"] = packed(
                 trainer.train_dataset, len(data.train), trainer.args.packing_strategy, d.max_seq_len
@@ -261,7 +285,7 @@ class Recipe:
             self.phases.started["rank"],
             truncated_sequences=truncation,
             data=data.report,
-            extra={"loading": loading},
+            extra={"loading": loading, "self_check": built.self_check.result},
             **saved,
         )
         if is_main():

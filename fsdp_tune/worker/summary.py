@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from fsdp_tune.config.methods import METRICS
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.config.methods import metric_keys, row_of
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.summary import RankMemory, RunSummary
 from fsdp_tune.worker.loading.report import peak_gpu_mib, peak_rss_mib
 from fsdp_tune.worker.wrappers import base, describe_units, outer
@@ -50,8 +50,8 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
         use_peft_lora=spec.lora is not None,
         mesh=mesh_of(model),
         trackers=tracker_locations(trainer) or None,
-        method=spec.method,
-        method_metrics=method_metrics(history, spec.method),
+        method=spec.method.name,
+        method_metrics=method_metrics(history, spec.method.name),
         **extra,
     )
 
@@ -59,7 +59,8 @@ def collect(trainer, spec: RankSpec, result, metrics, started: float, **extra) -
 def method_metrics(history: list[dict], method: str) -> dict[str, dict[str, float]] | None:
     """The method's own training metrics (DPO's reward accuracy and margins, KTO's KL, ...): first and last logged."""
     out = {}
-    for key, _ in METRICS.get(method, ()):
+    logged = {k for h in history if "eval_loss" not in h for k in h}
+    for key, _ in metric_keys(row_of(method), logged):
         values = [h[key] for h in history if key in h and "eval_loss" not in h]
         if values:
             out[key] = {"first": float(values[0]), "last": float(values[-1])}

@@ -88,9 +88,9 @@ def _config(case: Case, model_dir: Path, out: Path):
 
 
 def _decide(case: Case, model_dir: Path, out: Path) -> Path:
-    from fsdp_tune.launch.decide import decide
-    from fsdp_tune.launch.machine import Machine
-    from fsdp_tune.launch.preflight import check_data
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
+    from fsdp_tune.preflight.checks import check_data
 
     # as `train` plans it: the decided spec, with the data's sources located and detected by pre-flight
     spec, problems = check_data(decide(_config(case, model_dir, out), Machine(cuda=False, gpus=0)))
@@ -144,7 +144,7 @@ def test_family_trains_and_its_adapter_reloads(trained, case: Case) -> None:
 
     result, model_dir, out = trained[case.name]
     assert result["attention"] == case.attention
-    # sharded loading wherever it applies (launch/loading.py): not MoE, DoRA or trainable tokens
+    # sharded loading wherever it applies (decide/loading.py): not MoE, DoRA or trainable tokens
     dense = case.family not in ("mixtral", "qwen3_moe")
     falls_back = {"--use_dora", "--trainable_token_indices"} & set(case.flags)
     assert result["loading"] == ("sharded" if dense and not falls_back else "transformers"), result["loading"]

@@ -59,3 +59,21 @@ def test_metrics_and_summary_files(train) -> None:
     assert "{'loss'" in run.proc.stdout and "it/s]" in run.proc.stderr, run.logs()
     assert run.proc.stdout.count("loading model ") == 1  # fsdp-tune's own lines once, not twice
     assert "{'loss'" in (run.output_dir / "logs" / "rank-0.log").read_text()
+
+
+def test_the_dry_runs_rank_spec_is_what_the_ranks_read(reference_run, model_cache) -> None:
+    """`train --dry_run --json` with the run's own flags prints exactly the spec the ranks executed (the builtin
+    model's folder included: decided, not patched at launch; nothing secret in either)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import offline_env
+    from tests.dist.conftest import BASE, REFERENCE
+
+    out = reference_run.output_dir
+    cmd = [sys.executable, "-m", "fsdp_tune", "train", "--config", str(BASE), "--output_dir", str(out), *REFERENCE]
+    dry = subprocess.run([*cmd, "--dry_run", "--json"], capture_output=True, text=True, env=offline_env(model_cache))
+    assert dry.returncode == 0, dry.stderr
+    ranks = json.loads((out / "fsdp_tune_resolved.json").read_text())["spec"]
+    assert json.loads(dry.stdout)["spec"] == ranks
+    assert not ranks["model"]["name_or_path"].startswith("builtin:")  # the folder the ranks read

@@ -26,7 +26,7 @@ def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, referenc
         assert x == pytest.approx(y, rel=2e-4, abs=2e-4), (a, b)
         assert z == pytest.approx(y, rel=2e-4, abs=2e-4), (c, b)
     assert hsdp.summary["mesh"] == {"dp_replicate": 2, "dp_shard_cp": 2}
-    assert two.summary["mesh"] == {"dp_shard_cp": 2}  # a CPU run gets an explicit mesh (launch/decide.py mesh)
+    assert two.summary["mesh"] == {"dp_shard_cp": 2}  # a CPU run gets an explicit mesh (decide/rank.py mesh)
     assert "device mesh: dp_replicate 2 x dp_shard 2" in hsdp.proc.stdout  # the plan
     assert "device mesh (read from the trained weights): dp_replicate 2 x dp_shard_cp 2" in hsdp.proc.stdout
 
@@ -83,11 +83,15 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, tmp_p
     else:
         straight = train(*flags, output_dir=tmp_path / "straight")
     assert all((straight.output_dir / f"checkpoint-{n}" / "fsdp_tune_complete").exists() for n in (2, 4, 6))
-    from fsdp_tune.launch.pickles import check_checkpoint
+    # a FULL checkpoint's model is the adapter file alone: accelerate's second save of it is skipped (SaveSpec)
+    full = state_dict_type == "FULL_STATE_DICT"
+    assert (straight.output_dir / "checkpoint-4" / "pytorch_model_fsdp.bin").exists() is False
+    assert (straight.output_dir / "checkpoint-4" / "adapter_model.safetensors").exists() is full
+    from fsdp_tune.rundir.pickles import check_checkpoint
 
     # every pickle DCP and the Trainer wrote passes the resume's check (#26: the allowlist is not too strict)
     assert [check_checkpoint(straight.output_dir / f"checkpoint-{n}") for n in (2, 4, 6)] == [None] * 3
-    from fsdp_tune.launch.checkpoints import read_marker
+    from fsdp_tune.rundir.checkpoints import read_marker
 
     # the marker records the global batch (a resume on another number of ranks is warned with it, PF063)
     batch = {"world_size": 2, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}

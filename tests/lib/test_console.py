@@ -14,16 +14,16 @@ def _state(step: int, total: int = 10) -> SimpleNamespace:
 
 def _drive(live: bool, monkeypatch) -> str:
     """Ten steps with a log at every other one, through ProgressCallback, onto a console in memory."""
+    from fsdp_tune.config.methods import ROWS
     from fsdp_tune.worker import logs
     from fsdp_tune.worker.phases import Phases
     from fsdp_tune.worker.training import progress
-    from fsdp_tune.worker.training.methods import METHODS
 
     out = io.StringIO()
     monkeypatch.setattr(logs, "_console", logs.Console(out, out, None, live=live))
     clock = iter(range(1000))
     monkeypatch.setattr(progress.time, "time", lambda: float(next(clock)) * 3)  # 3 s per call
-    cb = progress.ProgressCallback("cpu", 2, Phases(0.0), live, METHODS["sft"].metrics)
+    cb = progress.ProgressCallback("cpu", 2, Phases(0.0), live, ROWS["sft"].eval_metrics)
     cb.on_train_begin(None, _state(0), None)
     for step in range(1, 11):
         cb.on_step_end(None, _state(step), None)

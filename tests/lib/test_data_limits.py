@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_tune.worker.data.encode import Encoder
+from fsdp_tune.sources.encode import Encoder
 from tests.conftest import FIXTURES, REPO
 from tests.datafiles import jsonl
 
@@ -93,7 +93,7 @@ def test_rows_that_would_stop_rank_0_are_refused_before_launch(tmp_path, tok, mo
 
     import trl
 
-    from fsdp_tune.sources import tokencheck
+    from fsdp_tune.preflight import tokens as tokencheck
 
     qwen3 = copy.deepcopy(tok)
     qwen3.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
@@ -192,7 +192,7 @@ def test_turns_past_max_seq_lens_reach_are_never_rendered(tmp_path, tok, monkeyp
 )
 def test_cutting_before_rendering_keeps_the_tokens_the_whole_row_gives(tok, row) -> None:
     from fsdp_tune.sources.formats import detect_format
-    from fsdp_tune.worker.data.rows import encode_row
+    from fsdp_tune.sources.rows import encode_row
 
     fmt = detect_format(row.keys(), [row])
     cut = Encoder(tok, 96)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_tune.worker.data.masking import InconsistentTemplate, encode_messages
+from fsdp_tune.sources.masking import InconsistentTemplate, encode_messages
 from tests.conftest import FIXTURES
 from tests.datafiles import hub_cache, jsonl
 

@@ -68,7 +68,7 @@ def test_dry_run_json_is_the_rank_spec(tmp_path) -> None:
     """`--dry_run --json` prints the RankSpec the ranks would execute, parseable, and starts nothing."""
     import json
 
-    from fsdp_tune.launch.spec import from_dict
+    from fsdp_tune.decide.spec import from_dict
 
     out = tmp_path / "o"
     r = train("--config", BASE, "--output_dir", str(out), "--dry_run", "--json")
@@ -100,7 +100,7 @@ def test_accelerate_nd_example_shows_its_mesh(tmp_path) -> None:
         "cp_comm_strategy": "allgather",
     }
     if data["spec"]["device"] == "cpu":
-        assert "PF026" in [f["rule"] for f in data["preflight"]]
+        assert "FT049" in [f["rule"] for f in data["preflight"]]  # the config's rule, on this machine's decisions
 
 
 def test_gpu_node_preview_from_a_cpu_machine(tmp_path, monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""train's memory pre-flight on GPU machines (launch/memory_check.py), with simulated machines: the run planned on
+"""train's memory pre-flight on GPU machines (preflight/memory.py), with simulated machines: the run planned on
 the GPUs it will use, refused (PF050) when its peak does not fit the smallest, naming the phase, the figures and
 the cheapest change that fits. Library layer: the planner counts parameters with torch on the meta device."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.machine import Machine
-from fsdp_tune.launch.memory_check import check_memory, ranks_gpus
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.rank import decide
 from fsdp_tune.launch.train import plan_run
+from fsdp_tune.preflight.memory import check_memory, ranks_gpus
 from fsdp_tune.validate import check
 from tests.conftest import REPO, seed_flags
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
 from fsdp_tune.output.plan import format_plan
 from fsdp_tune.planner.plan import memory_plan
 from fsdp_tune.validate import check
@@ -101,12 +101,12 @@ def test_exit_codes_for_scripts() -> None:
 
 
 def test_host_ram_is_judged_against_this_machine_on_cpu(monkeypatch) -> None:
-    monkeypatch.setattr("fsdp_tune.launch.machine.available_ram_gib", lambda *a: 0.25)
+    monkeypatch.setattr("fsdp_tune.decide.machine.available_ram_gib", lambda *a: 0.25)
     r = runner.invoke(app, ["plan", str(REPO / "configs/demo_cpu.yaml"), "--cpu", "--json"])
     assert r.exit_code == 1, r.output
     plan = json.loads(r.output)
     assert plan["host_ram_gib"] == 0.2 and plan["host_fits"] is False
-    monkeypatch.setattr("fsdp_tune.launch.machine.available_ram_gib", lambda *a: 20.0)
+    monkeypatch.setattr("fsdp_tune.decide.machine.available_ram_gib", lambda *a: 20.0)
     r = runner.invoke(app, ["plan", str(REPO / "configs/demo_cpu.yaml"), "--cpu"])
     assert r.exit_code == 0 and "20.0 GiB available on this machine: fits" in r.output
 
@@ -114,8 +114,8 @@ def test_host_ram_is_judged_against_this_machine_on_cpu(monkeypatch) -> None:
 def test_this_machines_gpus_and_ram_when_no_gpu_is_named(monkeypatch) -> None:
     """No --gpu on a machine with GPUs: the plan is for it (its smallest card, its RAM); --gpu plans another."""
     two = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA GeForce RTX 4090",) * 2, gpu_memory_mib=(24564,) * 2)
-    monkeypatch.setattr("fsdp_tune.launch.machine.probe", lambda: two)
-    monkeypatch.setattr("fsdp_tune.launch.machine.available_ram_gib", lambda *a: 8.0)
+    monkeypatch.setattr("fsdp_tune.decide.machine.probe", lambda: two)
+    monkeypatch.setattr("fsdp_tune.decide.machine.available_ram_gib", lambda *a: 8.0)
     mine = json.loads(_plan_cli("--json").output)
     assert mine["device"] == "RTX 4090 24GB" and mine["gpu_memory_gib"] == 24.0
     assert mine["host_ram_gib"] == 8.0 and mine["host_fits"] is False  # 12.3 GiB at peak (offload, loading)

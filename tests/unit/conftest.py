@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from fsdp_tune.launch import torchrun
-from fsdp_tune.sources import tokencheck
+from fsdp_tune.preflight import tokens as tokencheck
 from tests.unit.fake_ranks import FakeRanks
 
 HEAVY = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
@@ -24,7 +24,7 @@ def _no_heavy_imports():
 
 @pytest.fixture(autouse=True)
 def _no_launcher_tokenizer(monkeypatch):
-    """train's pre-flight tokenizes the rows with transformers' tokenizer (sources/tokencheck.py): not in this
+    """train's pre-flight tokenizes the rows with transformers' tokenizer (preflight/tokens.py): not in this
     layer; tests/lib tests it."""
     monkeypatch.setattr(tokencheck, "load_tokenizer", lambda model: (None, "not loaded in the unit tests"))
 

@@ -38,7 +38,7 @@ def write_checkpoint(out: Path, step: int, run_id: str | None, marked: bool = Tr
     write_dcp(folder / "optimizer_0", 2, step)
     write_trainer_files(folder, 2, step)
     if marked:
-        from fsdp_tune.launch.checkpoints import write_marker
+        from fsdp_tune.rundir.checkpoints import write_marker
 
         write_marker(folder, step, run_id)
     return folder

@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch.checkpoints import latest_complete, write_marker
-from fsdp_tune.launch.pickles import check_checkpoint
+from fsdp_tune.rundir.checkpoints import latest_complete, write_marker
+from fsdp_tune.rundir.pickles import check_checkpoint
 from fsdp_tune.runfiles import COMPLETE_MARKER
 from tests.conftest import FIXTURES
 from tests.unit.fake_checkpoint import RunsCommand, archive, write_dcp
@@ -62,7 +62,7 @@ def test_a_checkpoint_that_lost_a_file_is_not_resumed(tmp_path, fake_ranks) -> N
 
 
 def test_a_shard_cut_short_or_changed_is_named(tmp_path) -> None:
-    from fsdp_tune.launch.checkpoints import verify, write_marker
+    from fsdp_tune.rundir.checkpoints import verify, write_marker
 
     folder = write_checkpoint(tmp_path, 3, "r1")
     assert verify(folder) is None
@@ -168,8 +168,8 @@ def test_an_elastic_restart_checks_the_checkpoint_it_resumes(tmp_path, fake_rank
     """#26: after an elastic restart (torchrun --max_restarts) each rank picks the newest checkpoint itself,
     one the launcher never checked (written, or planted, after launch). It is held to the launcher's check:
     refused with PF060, not loaded and not passed over for an older one."""
-    from fsdp_tune.launch.checkpoints import restart_checkpoint
-    from fsdp_tune.launch.pickles import Unsafe
+    from fsdp_tune.rundir.checkpoints import restart_checkpoint
+    from fsdp_tune.rundir.pickles import Unsafe
 
     out = tmp_path / "o"
     older = write_checkpoint(out, 2, None)

@@ -12,8 +12,8 @@ import sys
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch.decide import console_mode, decide
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.rank import console_mode, decide
 from fsdp_tune.validate import check
 from fsdp_tune.worker.logs import Console
 from tests.conftest import FIXTURES

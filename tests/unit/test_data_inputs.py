@@ -16,11 +16,11 @@ from fsdp_tune.launch.torchrun import command
 from fsdp_tune.launch.train import plan_run
 from fsdp_tune.output.data import summary_lines
 from fsdp_tune.output.run import describe_launch
+from fsdp_tune.preflight.data import settle
 from fsdp_tune.sources import sample
-from fsdp_tune.sources.datacheck import settle
+from fsdp_tune.sources.clip import Reach, TooLarge, clip, row_chars
+from fsdp_tune.sources.encode import Encoder
 from fsdp_tune.sources.mixture import Source
-from fsdp_tune.worker.data.clip import Reach, TooLarge, clip, row_chars
-from fsdp_tune.worker.data.encode import Encoder
 from tests.conftest import FIXTURES
 
 BASE = FIXTURES / "tiny_lora.yaml"

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.sources.datacheck import settle
+from fsdp_tune.preflight.data import settle
 from fsdp_tune.sources.mixture import Source
 from tests.conftest import FIXTURES
 

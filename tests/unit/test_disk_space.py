@@ -19,8 +19,8 @@ Usage = namedtuple("Usage", "total used free")
 
 
 def test_free_disk_space_is_checked_against_the_checkpoints(tmp_path, monkeypatch) -> None:
-    from fsdp_tune.launch import disk
     from fsdp_tune.launch.train import plan_run
+    from fsdp_tune.preflight import disk
 
     def findings(free: int, *flags: str) -> list:
         monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(free * 4, free * 3, free))
@@ -37,7 +37,7 @@ def test_free_disk_space_is_checked_against_the_checkpoints(tmp_path, monkeypatc
 
 def test_a_full_disk_does_not_replace_the_failure_report(tmp_path, fake_ranks, monkeypatch) -> None:
     """The manifest's own OSError at the end used to replace the report of the failed run."""
-    from fsdp_tune.launch import manifest
+    from fsdp_tune.rundir import manifest
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

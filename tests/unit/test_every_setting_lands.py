@@ -11,8 +11,8 @@ import pytest
 from fsdp_tune.config.lora_fields import TRL_MODEL_CONFIG, lora_fields, model_config_fields
 from fsdp_tune.config.names import flag_table
 from fsdp_tune.config.schema import SECTIONS, training_fields
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.rank import decide
 from fsdp_tune.validate import check
 
 GPUS = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8)
@@ -27,7 +27,7 @@ BASE_RECIPE = {
 
 # Settings that act outside the rank spec, and where. Each entry is a claim a reviewer can check.
 ELSEWHERE = {
-    "run.overwrite_output_dir": "pre-flight: an output dir holding a run is refused without it (launch/preflight.py)",
+    "run.overwrite_output_dir": "pre-flight: an output dir holding a run is refused without it (preflight/checks.py)",
     "parallelism.enabled": "switches the parallelism_config_* settings on; each of them is walked with it on",
     "training.resume_from_checkpoint": "resolved by launch/train.resolve_resume into RankSpec.resume_from_checkpoint",
     "training.overwrite_output_dir": "pre-flight, as run.overwrite_output_dir",
@@ -251,5 +251,5 @@ def test_method_argument_reaches_its_config(method: str, name: str) -> None:
     if said:
         return
     after = decide(changed.config, GPUS)
-    assert after.method == method
+    assert after.method.name == method
     assert after.trainer_args.get(name) == changed.config.training.get(name), f"--{name} does not reach {method}"

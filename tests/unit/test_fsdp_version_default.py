@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from fsdp_tune.launch.resume import fsdp_version_findings
 from fsdp_tune.launch.train import resolve_resume
+from fsdp_tune.preflight.resume import fsdp_version_findings
 from fsdp_tune.tools.convert import convert
 from fsdp_tune.validate import check
 

@@ -1,4 +1,4 @@
-"""`train --dry_run --gpu KEY [--gpus N]` (#25.8): a GPU node as data (launch/simulate.py), decided like any machine;
+"""`train --dry_run --gpu KEY [--gpus N]` (#25.8): a GPU node as data (decide/simulate.py), decided like any machine;
 refused without --dry_run. The console itself (its memory plan needs torch) is in tests/lib/test_dry_run.py."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch import simulate
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.memory_check import gpu_key
+from fsdp_tune.decide import simulate
+from fsdp_tune.decide.rank import decide
 from fsdp_tune.launch.torchrun import torchrun_args
+from fsdp_tune.preflight.memory import gpu_key
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES
 

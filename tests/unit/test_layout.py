@@ -52,6 +52,48 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+# The packages as layers, lowest first: a package imports only from layers below its own (function-local imports
+# count), so the data path reads one way and no two packages lean on each other. A module at the top of fsdp_tune
+# (errors.py, ...) is a package of its own here.
+LAYERS = (
+    ("fsdp_tune", "assets", "errors", "redact", "runfiles", "typed"),  # plain data and file names
+    ("summary",),  # the typed run summary
+    ("config",),  # files and flags -> the typed RunConfig
+    ("sources", "schedulers", "rewards"),  # a model's config, the data's rows; a scheduler's topology; GRPO's rewards
+    ("models",),  # the builtin models fsdp-tune builds
+    ("decide",),  # every decision: the machine, derived settings, the rank spec
+    ("rules",),  # findings on the config and its decisions
+    ("validate", "planner"),  # the one check; the memory and step-time plan
+    ("rundir", "output"),  # the run folder; every text a person reads
+    ("preflight",),  # this machine and these files, before any rank
+    ("worker",),  # the ranks
+    ("trace", "tools"),  # plan --trace (the ranks' builders, faked); chat, merge, report
+    ("launch",),  # train's steps and torchrun
+    ("cli",),
+    ("__main__",),
+)
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_packages_import_only_the_layers_below_them() -> None:
+    modules = _modules()
+    layer = {package: i for i, names in enumerate(LAYERS) for package in names}
+    unknown = {_package(m) for m in modules} - set(layer)
+    assert not unknown, f"packages without a layer in LAYERS: {sorted(unknown)}"
+    wrong = []
+    for name, path in sorted(modules.items()):
+        mine = _package(name)
+        for target in sorted(_imports(path, modules)):
+            theirs = _package(target)
+            if theirs != mine and theirs != "fsdp_tune" and layer[theirs] >= layer[mine]:
+                wrong.append(f"{name} ({mine}, layer {layer[mine]}) imports {target} ({theirs}, layer {layer[theirs]})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
 def test_no_import_cycles() -> None:
     modules = _modules()
     graph = {name: _imports(path, modules) for name, path in modules.items()}
@@ -130,3 +172,28 @@ def test_every_test_lives_in_a_layer() -> None:
     outside = [str(p.relative_to(REPO)) for p in found if p.relative_to(tests).parts[0] not in LAYERS]
     assert not outside, f"tests outside the layer folders {LAYERS}: {outside}"
     assert all((tests / layer / "__init__.py").exists() for layer in LAYERS)
+
+
+def _attribute_reads(attr: str, skip_owner: tuple[str, ...] = ()) -> list[str]:
+    """Modules (relative to fsdp_tune/) and lines reading `.attr`, other than on an object named in skip_owner."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == attr:
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in skip_owner:
+                    continue
+                if isinstance(owner, ast.Attribute) and owner.attr in skip_owner:
+                    continue
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    return found
+
+
+def test_whether_a_run_is_on_cpu_has_one_definition() -> None:
+    """`use_cpu` (the config's) and a Machine's `cuda` are read where the run's machine is decided
+    (decide/derived.py runs_on_cpu) and nowhere else: the rules, the planner, plan, the dry run and the trace ask it
+    (config/ writes the setting, decide/env.py hides a machine's GPUs from a CPU run it decided)."""
+    cpu = [r for r in _attribute_reads("use_cpu") if not r.startswith(("config/", "decide/derived.py"))]
+    cuda = _attribute_reads("cuda", skip_owner=("torch", "version"))
+    cuda = [r for r in cuda if not r.startswith(("decide/derived.py", "decide/env.py"))]
+    assert not cpu and not cuda, f"decide it with decide/derived.py runs_on_cpu or Derived.on_cpu: {cpu + cuda}"

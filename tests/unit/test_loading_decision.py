@@ -1,4 +1,4 @@
-"""Which runs load sharded and which from_pretrained, and why: decided on the launcher (launch/loading.py) and
+"""Which runs load sharded and which from_pretrained, and why: decided on the launcher (decide/loading.py) and
 carried in the rank spec, with what the sharded builder applies in accelerate's place (no torch, no launch)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.machine import Machine
-from fsdp_tune.launch.spec import ShardedPlan
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.rank import decide
+from fsdp_tune.decide.spec import ShardedPlan
 from fsdp_tune.output.run import describe_launch
 from fsdp_tune.validate import check
 from tests.conftest import spec_for
@@ -102,7 +102,7 @@ def test_lora_on_gpus_loads_sharded_and_the_builder_does_what_accelerate_would()
 def test_qlora_takes_the_storage_policy_fsdp2_gets_today_and_no_upcast() -> None:
     spec = spec_for(*QLORA, "--bnb_4bit_quant_storage_dtype", "bfloat16", "--bf16", "True", machine=GPUS)
     assert spec.loading.path == "sharded"
-    assert spec.loading.sharded.mp_policy == spec.fsdp_mixed_precision  # launch/decide.py fsdp2_qlora_policy
+    assert spec.loading.sharded.mp_policy == spec.fsdp_mixed_precision  # decide/rank.py fsdp2_qlora_policy
     assert spec.loading.sharded.upcast_trainable is False
 
 

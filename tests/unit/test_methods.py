@@ -28,7 +28,15 @@ def test_each_method_has_its_trl_configs_fields() -> None:
     assert fields_of("dpo")["loss_type"]["kind"] == "list" and "sppo_hard" in fields_of("dpo")["loss_type"]["choices"]
     assert fields_of("kto")["train_sampling_strategy"]["default"] == "sequential"
     assert "loss_type" not in fields_of("reward") and fields_of("sft")["loss_type"]["kind"] == "str"
-    assert methods_taking("beta") == ("dpo", "kto") and methods_taking("desirable_weight") == ("kto",)
+    assert methods_taking("beta") == ("dpo", "kto", "grpo") and methods_taking("desirable_weight") == ("kto",)
+    grpo = fields_of("grpo")
+    assert "max_length" not in grpo and grpo["num_generations"] == {"kind": "int", "default": 8}
+    assert set(grpo["loss_type"]["choices"]) >= {"grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"}
+    assert grpo["vllm_mode"]["choices"] == ["colocate", "server"] and grpo["scale_rewards"]["choices"] == [
+        "batch",
+        "group",
+        "none",
+    ]
 
 
 def test_the_method_reaches_the_spec_and_its_config_gets_only_its_fields(tmp_path) -> None:
@@ -39,14 +47,14 @@ def test_the_method_reaches_the_spec_and_its_config_gets_only_its_fields(tmp_pat
     assert checked.config.origin("run.method").source == f"{recipe}:36"
     spec = spec_for(*LORA, "--method", "dpo", "--loss_type", "sigmoid", "sft", "--loss_weights", "1", "0.5")
     args = spec.trainer_args
-    assert spec.method == "dpo" and args["loss_type"] == ["sigmoid", "sft"] and args["loss_weights"] == [1.0, 0.5]
+    assert spec.method.name == "dpo" and args["loss_type"] == ["sigmoid", "sft"] and args["loss_weights"] == [1.0, 0.5]
     assert "packing" not in args and "dataset_text_field" not in args and args["max_length"] == 2048
     assert set(args) <= set(fields_of("dpo"))
     assert spec.lora["task_type"] == "CAUSAL_LM" and spec.loading.path == "sharded"
     reward = spec_for(*LORA, "--method", "reward")
     assert reward.lora["task_type"] == "SEQ_CLS" and reward.loading.path == "transformers"
     assert "score head" in reward.loading.why and "loss_type" not in reward.trainer_args
-    assert spec_for(*LORA).method == "sft" and "packing" in spec_for(*LORA).trainer_args
+    assert spec_for(*LORA).method.name == "sft" and "packing" in spec_for(*LORA).trainer_args
 
 
 def test_dpo_and_kto_recompute_with_fsdp_activation_checkpointing_by_default() -> None:

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from fsdp_tune.config.lora_fields import INIT_VALUES, TRL_MODEL_CONFIG, VERDICTS, lora_fields, model_config_fields
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.rank import decide
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES
 

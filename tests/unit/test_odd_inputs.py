@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
 from fsdp_tune.config.readers import read_file
-from fsdp_tune.launch.checkpoints import write_marker
+from fsdp_tune.rundir.checkpoints import write_marker
 from fsdp_tune.runfiles import MANIFEST_NAME
 from tests.conftest import FIXTURES
 from tests.unit.fake_ranks import write_checkpoint

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_tune.errors import Severity
-from fsdp_tune.sources.datacheck import settle
+from fsdp_tune.preflight.data import settle
 from fsdp_tune.sources.formats import PREFERENCE_FIELDS, FormatError
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.preference import detect_preference

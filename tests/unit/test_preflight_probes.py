@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch import reach
+from fsdp_tune.preflight import reach
 from fsdp_tune.sources.modelcheck import check_model_folder
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES

@@ -1,14 +1,14 @@
 """GPU decisions as data: the RankSpec fsdp-tune decides for machines this one is not (no GPU runs here).
 
 Each row is a machine (GPU count and model, driver) and a launch; the expected fields are what the ranks then
-execute. The reasons are in launch/decide.py, each with the library source it follows.
+execute. The reasons are in decide/rank.py, each with the library source it follows.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
 from fsdp_tune.launch.torchrun import torchrun_args
 from tests.conftest import REPO, seed_flags, spec_for
 
@@ -84,6 +84,25 @@ SCENARIOS = [
         {"save.final": "fsdp1_units", "save.resume": "fsdp1_units", "full_state_dict": True},
     ),
     (
+        "FSDP1 on one GPU, FULL_STATE_DICT checkpoints: the checkpoint is the adapter file, saved unit by unit as the "
+        "final save is (accelerate's save_fsdp_model would take FSDP1's full state dict of the whole model on the GPU)",
+        H100x1,
+        [*LORA, "--fsdp_version", "1", "--bf16", "True", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
+        {"save.final": "fsdp1_units", "save.checkpoint": "adapter_file", "full_state_dict": True},
+    ),
+    (
+        "FSDP1, SHARDED_STATE_DICT checkpoints: accelerate's sharded save (each rank its shard)",
+        H100x8,
+        [*LORA, "--fsdp_version", "1", "--num_processes", "8", "--fsdp_state_dict_type", "SHARDED_STATE_DICT"],
+        {"save.final": "fsdp1_units", "save.checkpoint": "accelerate", "full_state_dict": False},
+    ),
+    (
+        "full fine-tuning with FULL_STATE_DICT checkpoints: the model itself is the checkpoint (accelerate's save)",
+        H100x8,
+        ["--output_dir", "/tmp/spec", "--num_processes", "8", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
+        {"lora": None, "save.checkpoint": "accelerate", "full_state_dict": True},
+    ),
+    (
         "FSDP2 + cpu_offload: the adapter gathered alone; resume copies each rank's rows into its host shards "
         "(set_model_state_dict refuses host weights beside GPU buffers)",
         H100x8,
@@ -91,6 +110,7 @@ SCENARIOS = [
         {
             "save.final": "gather_trainable",
             "save.resume": "local_rows",
+            "save.checkpoint": "adapter_file",
             "full_state_dict": True,
             "loading.sharded.cpu_offload": True,
         },
@@ -199,7 +219,7 @@ def test_seed_launches_keep_fsdp1_when_asked(script: str) -> None:
 @pytest.mark.parametrize(
     "flags,expected",
     [
-        ((), {"seed": 42, "data.seed": 42, "evaluation": False, "full_state_dict": False, "method": "sft"}),
+        ((), {"seed": 42, "data.seed": 42, "evaluation": False, "full_state_dict": False, "method.name": "sft"}),
         (
             (
                 "--seed",
@@ -211,7 +231,7 @@ def test_seed_launches_keep_fsdp1_when_asked(script: str) -> None:
                 "--fsdp_state_dict_type",
                 "FULL_STATE_DICT",
             ),
-            {"seed": 7, "data.seed": 11, "evaluation": True, "full_state_dict": True, "method": "sft"},
+            {"seed": 7, "data.seed": 11, "evaluation": True, "full_state_dict": True, "method.name": "sft"},
         ),
         (("--seed", "7"), {"seed": 7, "data.seed": 7}),
     ],

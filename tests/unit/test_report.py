@@ -95,3 +95,24 @@ def test_a_preference_runs_own_metrics_are_printed_and_plotted(tmp_path) -> None
     axes = figure([sft, dpo]).axes
     assert len(axes) == 4 and [len(ax.lines) for ax in axes[1:3]] == [1, 1]
     assert axes[1].lines[0].get_ydata().tolist() == [0.5, 1.0] and axes[2].get_ylabel() == "reward margin"
+
+
+def test_a_grpo_runs_reward_each_functions_length_and_kl_are_plotted(tmp_path) -> None:
+    """GRPO: the reward with each function's mean beside it (dotted), the completion length and the KL, a panel
+    each; the table's two columns are the reward and the length."""
+    from fsdp_tune.output.tables import format_rows
+    from fsdp_tune.tools.report import figure, summary_rows
+
+    run = _run(tmp_path, "grpo", [0.0, 0.1])
+    with open(run / "metrics.jsonl", "a") as f:
+        for step, (reward, kl) in enumerate(((0.2, 0.0), (0.6, 0.02)), 1):
+            record = {"step": step, "reward": reward, "completions/mean_length": 20 - step, "kl": kl}
+            f.write(json.dumps({**record, "rewards/exact/mean": reward / 2, "rewards/exact/std": 0.1}) + "\n")
+    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": {"method": "grpo"}}))
+    axes = figure([run]).axes
+    assert [ax.get_ylabel() for ax in axes] == ["loss", "reward", "completion length", "KL", "learning rate"]
+    assert [line.get_label() for line in axes[1].lines] == ["grpo", "grpo exact"]
+    assert axes[1].lines[1].get_ydata().tolist() == [0.1, 0.3] and axes[3].lines[0].get_ydata().tolist() == [0.0, 0.02]
+    assert (
+        format_rows(summary_rows([run])).splitlines()[1].endswith("grpo: reward 0.600, completions/mean_length 18.000")
+    )

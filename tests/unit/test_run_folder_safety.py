@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch import outdir, ownership
+from fsdp_tune.rundir import outdir, ownership
 from fsdp_tune.runfiles import MANIFEST_NAME, open_nofollow
 from tests.conftest import FIXTURES
 

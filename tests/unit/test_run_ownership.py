@@ -87,7 +87,7 @@ def test_checkpoints_copied_into_a_new_folder_continue_their_run(tmp_path) -> No
 def test_a_second_run_into_a_live_output_dir_is_refused(tmp_path, fake_ranks) -> None:
     """Defect 2: two runs into one folder both ran (one trained the other's config; checkpoints, metrics and
     the stop file were shared)."""
-    from fsdp_tune.launch import ownership
+    from fsdp_tune.rundir import ownership
 
     out = tmp_path / "o"
     first = stub_launcher(out)
@@ -108,7 +108,7 @@ def test_a_second_run_into_a_live_output_dir_is_refused(tmp_path, fake_ranks) ->
 def test_the_lock_dies_with_its_holder(tmp_path, fake_ranks) -> None:
     """A launcher killed outright (SIGKILL, OOM killer) leaves no lock behind: torchrun held it too, and
     dies with the launcher; the next run says whose lock it found."""
-    from fsdp_tune.launch import ownership
+    from fsdp_tune.rundir import ownership
 
     out = tmp_path / "o"
     first = stub_launcher(out)
@@ -130,7 +130,7 @@ def test_stale_record_without_flock_is_judged_by_pid(tmp_path, monkeypatch) -> N
     import fcntl
     import socket
 
-    from fsdp_tune.launch import ownership
+    from fsdp_tune.rundir import ownership
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "no locks")
@@ -173,7 +173,7 @@ def test_other_machines_rank_specs_in_flight_are_not_foreign_files(tmp_path) -> 
     """Multi-node, shared folder: machine 1 writes its rank spec (a temporary file, then renamed) while machine 0
     looks at the folder; found mid-write, the temporary file made machine 0 refuse the folder (PF033) and left
     machine 1 waiting at the rendezvous (seen once in CI's loopback test)."""
-    from fsdp_tune.launch import outdir
+    from fsdp_tune.rundir import outdir
     from fsdp_tune.runfiles import RESOLVED_NAME
 
     out = tmp_path / "run"

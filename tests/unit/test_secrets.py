@@ -10,8 +10,8 @@ import sys
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch import ownership
 from fsdp_tune.redact import is_secret_key, redact, redact_argv
+from fsdp_tune.rundir import ownership
 from fsdp_tune.runfiles import LOCK_NAME, MANIFEST_NAME
 from tests.conftest import FIXTURES
 

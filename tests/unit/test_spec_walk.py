@@ -15,8 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_tune.launch.machine import Machine
-from fsdp_tune.launch.spec import DataSpec, Loading, ModelSpec, RankSpec, SaveSpec, ShardedPlan, World, from_dict
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.spec import (
+    DataSpec,
+    GrpoSpec,
+    Loading,
+    MethodSpec,
+    ModelSpec,
+    RankSpec,
+    RewardSpec,
+    SaveSpec,
+    ShardedPlan,
+    Steps,
+    VisionSpec,
+    World,
+    from_dict,
+)
 from fsdp_tune.sources.mixture import Source
 from tests.conftest import REPO, spec_for
 
@@ -52,14 +66,50 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "seed": (RANK, "worker/recipe.py"),
         "full_state_dict": (RANK, "worker/recipe.py"),
         "method": (RANK, "worker/training/methods.py"),
-        "spec_version": (RANK, "launch/spec.py"),  # from_dict, as the worker reads the spec
+        "spec_version": (RANK, "decide/spec.py"),  # from_dict, as the worker reads the spec
         "notes": (PLAN, PLAN_TEXT),
         "console": (RANK, "worker/process.py"),
         "save": (RANK, "worker/recipe.py"),
+        "steps": (PREFLIGHT, "preflight/batch.py"),  # the ranks' Trainer reads trainer_args; the trace reads it too
+        "grpo": (RANK, "worker/training/methods.py"),
+    },
+    GrpoSpec: {
+        "rewards": (RANK, "worker/training/rewards.py"),
+        "generation": (RANK, "worker/training/grpo.py"),
+        "synced": (RANK, "worker/training/grpo.py"),
+        "weight_sync": (RANK, "worker/training/grpo.py"),
+        "reference": (RANK, "worker/training/grpo.py"),
+        "max_prompt_tokens": (RANK, "worker/data/prompts.py"),
+    },
+    RewardSpec: {
+        "name": (RANK, "worker/training/rewards.py"),
+        "kind": (RANK, "worker/training/rewards.py"),
+        "target": (RANK, "worker/training/rewards.py"),
+        "written": (RANK, "worker/training/rewards.py"),
+        "attr": (RANK, "rewards/load.py"),
+        "search_path": (RANK, "rewards/load.py"),
+    },
+    MethodSpec: {
+        "name": (RANK, "worker/training/methods.py"),  # the ranks' hook: TRL's classes and the data preparation
+        "data": (RANK, "worker/data/preference.py"),  # KTO's unpaired rows
+        "head": (RANK, "worker/loading/pretrained.py"),  # a score head: AutoModelForSequenceClassification
+        "reference_adapter": (RANK, "worker/loading/sharded.py"),
+        "truncation": (RANK, "worker/recipe.py"),
+    },
+    Steps: {
+        "per_device_train_batch_size": (PREFLIGHT, "preflight/batch.py"),  # a resume's batch (PF063), PF064
+        "gradient_accumulation_steps": (PREFLIGHT, "preflight/batch.py"),
+        "max_steps": (PREFLIGHT, "preflight/disk.py"),  # how many checkpoints the run keeps (PF037)
+        "max_grad_norm": (PREFLIGHT, "trace/run.py"),  # plan --trace's step, before any rank
+        "optim": (PREFLIGHT, "trace/run.py"),
+        "save_strategy": (PREFLIGHT, "preflight/disk.py"),
+        "save_steps": (PREFLIGHT, "preflight/disk.py"),
+        "save_total_limit": (PREFLIGHT, "preflight/disk.py"),
     },
     SaveSpec: {
         "final": (RANK, "worker/recipe.py"),  # into training/trainer.py's Saving and saving/save.py
         "resume": (RANK, "worker/recipe.py"),
+        "checkpoint": (RANK, "worker/recipe.py"),
     },
     World: {
         "world_size": (RANK, "worker/recipe.py"),
@@ -83,18 +133,32 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "revision": (RANK, "worker/loading/pretrained.py"),
         "adapter": (RANK, "worker/loading/build.py"),  # the starting adapter (sharded.py loads it there too)
         "reference": (RANK, "worker/recipe.py"),  # --reference base: the reference adapter reset to the base
+        "kind": (RANK, "worker/loading/pretrained.py"),  # the Auto class (and a processor: loading/processor.py)
+        "vision": (RANK, "worker/loading/pretrained.py"),  # freeze_vision; the collator reads its guard
+    },
+    VisionSpec: {
+        "family": (PLAN, PLAN_TEXT),  # the row's title on the plan's vision line
+        "tower": (RANK, "worker/loading/pretrained.py"),  # full fine-tuning: frozen unless it trains
+        "projector": (RANK, "worker/loading/pretrained.py"),
+        "train_tower": (RANK, "worker/loading/pretrained.py"),  # under LoRA: the adapter's targets (decide/vision.py)
+        "train_projector": (RANK, "worker/loading/pretrained.py"),
+        "guard": (RANK, "worker/data/vision_collate.py"),
     },
     DataSpec: {
         "dataset_name": (PLAN, PLAN_TEXT),  # the ranks read the sources
         "splits": (PLAN, PLAN_TEXT),
         "text_field": (RANK, "worker/data/prepare.py"),
-        "max_seq_len": (RANK, "worker/data/encode.py"),
-        "packing": (RANK, "worker/data/encode.py"),
+        "max_seq_len": (RANK, "sources/encode.py"),
+        "packing": (RANK, "sources/encode.py"),
         "seed": (RANK, "worker/data/prepare.py"),
         "sources": (RANK, "worker/data/prepare.py"),
         "test_split_size": (RANK, "worker/data/prepare.py"),
-        "mask_fallback": (RANK, "worker/data/encode.py"),
+        "mask_fallback": (RANK, "sources/encode.py"),
         "peft_text_field": (RANK, "worker/data/prepare.py"),
+        "truncation_mode": (RANK, "sources/encode.py"),
+        "packing_strategy": (RANK, "sources/encode.py"),
+        "eos_token": (RANK, "sources/encode.py"),
+        "num_proc": (RANK, "worker/data/prepare.py"),
     },
     Source: {
         "path": (RANK, "worker/data/splits.py"),
@@ -105,7 +169,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "data_files": (RANK, "worker/data/splits.py"),
         "columns": (RANK, "worker/data/splits.py"),
         "column_map": (RANK, "worker/data/splits.py"),
-        "roles": (RANK, "worker/data/rows.py"),
+        "roles": (RANK, "sources/rows.py"),
         "format": (RANK, "worker/data/splits.py"),
         "fraction": (RANK, "worker/data/prepare.py"),
         "weight": (RANK, "sources/mixture.py"),  # plan_counts, called by worker/data/prepare.py
@@ -114,14 +178,15 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "loader": (RANK, "worker/data/splits.py"),
         "files": (RANK, "worker/data/splits.py"),
         "detected": (RANK, "worker/data/splits.py"),
-        "rows_checked": (PREFLIGHT, "launch/batch.py"),  # rows per step against world size x batch (PF064)
+        "rows_checked": (PREFLIGHT, "preflight/batch.py"),  # rows per step against world size x batch (PF064)
         "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
+        "images": (PREFLIGHT, "preflight/vision.py"),  # PF081/PF082; the plan's images line too
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
         "why": (RANK, "worker/loading/build.py"),  # into the load report; the plan shows it too
         "sharded": (RANK, "worker/loading/build.py"),
-        "transformers_fsdp_config": (RANK, "launch/spec.py"),  # RankSpec.trainer_args_on, for a rank falling back
+        "transformers_fsdp_config": (RANK, "decide/spec.py"),  # RankSpec.trainer_args_on, for a rank falling back
     },
     ShardedPlan: {
         "layer_cls": (RANK, "worker/loading/sharded.py"),
@@ -135,7 +200,8 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
     },
 }
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
-RANK_SIDE = ("worker/", "launch/spec.py", "sources/mixture.py")
+RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")
+RANK_SIDE += ("rewards/load.py",)  # the user's reward imported, by the pre-flight's probe and the ranks alike
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
@@ -145,6 +211,8 @@ ENV = {
         "FSDP_TUNE_TEST_HANG",
         "FSDP_TUNE_TEST_POISON_STEP",
         "FSDP_TUNE_TEST_FAKE_HUB",
+        "FSDP_TUNE_TEST_SHORT_GENERATION",
+        "FSDP_TUNE_TEST_UNMANAGED",
     },
     # a debugging switch that changes which ranks' lines reach the console, never what a rank runs
     "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},
@@ -157,9 +225,9 @@ ENV = {
 # reads the user's config or decides.
 ALLOWED_IMPORTS = {
     "fsdp_tune",  # __version__
-    "fsdp_tune.launch.spec",
-    "fsdp_tune.launch.checkpoints",  # completion markers, the newest complete checkpoint after a restart
-    "fsdp_tune.launch.loading",  # checkpoint file names and the remote-code predicate a rank applies itself
+    "fsdp_tune.decide.spec",
+    "fsdp_tune.rundir.checkpoints",  # completion markers, the newest complete checkpoint after a restart
+    "fsdp_tune.decide.loading",  # checkpoint file names and the remote-code predicate a rank applies itself
     "fsdp_tune.runfiles",
     "fsdp_tune.summary",
     "fsdp_tune.config.templates",
@@ -169,7 +237,17 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.rowcheck",
     "fsdp_tune.sources.preference",  # preference rows: detected and converted as the launcher checks them
     "fsdp_tune.sources.preference_rows",
+    "fsdp_tune.sources.encode",  # rows rendered, masked and cut, as the launcher's pre-flight counts them
+    "fsdp_tune.sources.rows",
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
+    "fsdp_tune.config.model_kinds",  # the model kinds' Auto classes and whether they have a processor: a table
+    "fsdp_tune.sources.vision",  # images in the rows: converted as the launcher checks them
+    "fsdp_tune.sources.vision_rows",  # rows with images measured and cut, each image's tokens counted
+    "fsdp_tune.models.processor",  # a vision-language model's processor loaded and saved, torchvision or not
+    "fsdp_tune.sources.prompts",  # GRPO's prompt rows: detected and converted as the launcher checks them
+    "fsdp_tune.rewards.builtin",  # the built-in rewards, the user's imported, every result checked: the callables
+    "fsdp_tune.rewards.guard",
+    "fsdp_tune.rewards.load",
 }
 
 
@@ -204,7 +282,7 @@ def test_each_reader_reads_its_field(cls, name: str) -> None:
         TORCHRUN: ("launch/torchrun.py",),
         PLAN: (PLAN_TEXT, "output/data.py"),  # run.py's data lines, kept there
         AFTER: ("tools/",),
-        PREFLIGHT: ("launch/",),
+        PREFLIGHT: ("preflight/", "rundir/", "launch/", "trace/"),
     }[how]
     assert rel.startswith(expected), f"{cls.__name__}.{name}: {rel} is not where {how} happens"
 

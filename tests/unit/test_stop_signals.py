@@ -125,8 +125,8 @@ def test_a_stop_the_ranks_alone_received_ends_interrupted(tmp_path, fake_ranks) 
 
 
 def test_torchrun_forwards_sigusr1_and_waits_for_the_checkpoint() -> None:
-    from fsdp_tune.launch.decide import decide
-    from fsdp_tune.launch.machine import Machine
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
     from fsdp_tune.launch.torchrun import torchrun_args, torchrun_env
     from fsdp_tune.validate import check
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.launch.decide import decide
-from fsdp_tune.launch.machine import Machine
+from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.rank import decide
 from fsdp_tune.launch.torchrun import torchrun_args
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES, REPO, seed_flags
@@ -88,15 +88,16 @@ def test_fsdp1_on_cpu_is_refused(tmp_path) -> None:
 
 
 def test_fsdp1_on_a_machine_without_gpus_is_refused(tmp_path) -> None:
-    """A GPU config (use_cpu false) on a machine without GPUs: the rules accept FSDP1, pre-flight refuses it."""
-    from fsdp_tune.launch.preflight import check_machine
+    """A GPU config (use_cpu false) on a machine without GPUs: the config's check accepts FSDP1; the same rule, run
+    on this machine's decisions before launch, refuses it under the same id."""
+    from fsdp_tune.rules.catalog import machine_findings
 
     flags = ["--use_cpu", "false", "--fsdp_version", "1", "--output_dir", str(tmp_path / "o")]
-    cfg = check(BASE, flags).config
-    spec = decide(cfg, Machine.cpu_only())
-    assert [f.rule for f in check_machine(cfg, spec, Machine.cpu_only(), False) if f.rule.startswith("PF02")] == [
-        "PF022"
-    ]
+    checked = check(BASE, flags)
+    assert "FT022" not in [f.rule for f in checked.errors]  # a GPU config: FSDP1 is deprecated, not refused
+    found = machine_findings(checked.config, Machine.cpu_only(), checked.findings)
+    assert [(f.rule, f.severity.value) for f in found] == [("FT022", "error")], found  # one check, one id
+    assert "this machine has no GPU" in found[0].message
 
 
 def test_previous_run_is_not_overwritten(tmp_path) -> None:
@@ -206,7 +207,7 @@ def test_accelerate_launch_keys_reach_the_ranks_environment() -> None:
 
 def test_more_ranks_than_visible_gpus_is_refused(tmp_path) -> None:
     """One rank per GPU: 4 ranks with 2 visible GPUs would fail in NCCL after loading the model."""
-    from fsdp_tune.launch.preflight import check_machine
+    from fsdp_tune.preflight.checks import check_machine
 
     flags = ["--use_cpu", "false", "--num_processes", "4", "--output_dir", str(tmp_path / "o")]
     cfg = check(BASE, flags).config

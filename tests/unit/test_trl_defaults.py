@@ -3,7 +3,7 @@ default targets for the model type, not PEFT's FSDP example's r 64 / alpha 16 / 
 
 from __future__ import annotations
 
-from fsdp_tune.launch.lora import lora_kwargs
+from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.validate import check
 
 LLAMA = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B"]  # a shipped reference config: model_type llama

@@ -20,22 +20,22 @@ from typing import Any
 
 from datasets import Dataset, concatenate_datasets
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.runfiles import write_atomic
 from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.mixture import Source, plan_counts
 from fsdp_tune.sources.preference import PAIRED, detect_preference
 from fsdp_tune.sources.preference_rows import canonical, unpair
+from fsdp_tune.sources.rows import LISTED, where
 from fsdp_tune.worker.data.prepare import REPORT, Prepared, cache_key, check_template, load_prepared, take
-from fsdp_tune.worker.data.rows import LISTED, where
 from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
 
-KTO = "kto"
+UNPAIRED = "unpaired"  # MethodSpec.data of a method that trains on unpaired rows (KTO): pairs become two rows
 
 
-def prepare_preference(spec: RankSpec, tokenizer) -> Prepared:
+def prepare_preference(spec: RankSpec, tokenizer, processor=None) -> Prepared:
     """(train, eval or None, the data report): TRL's preference columns, converted once by rank 0 of each machine."""
-    key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:{spec.method}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:{spec.method.data}".encode()).hexdigest()[:16]
     return load_prepared(spec, tokenizer, key, build)
 
 
@@ -47,8 +47,9 @@ def format_of(source: Source, dataset) -> Format:
     return detect_preference(dataset.column_names, rows, forced=source.format, column_map=source.column_map)
 
 
-def convert(raw, fmt: Format, method: str, named: str) -> tuple[list[dict], dict[str, Any]]:
-    """(TRL's rows, the split's report part): every row converted, pairs unpaired for KTO, problems counted."""
+def convert(raw, fmt: Format, data: str, named: str) -> tuple[list[dict], dict[str, Any]]:
+    """(TRL's rows, the split's report part): every row converted, pairs unpaired for `data` "unpaired" (KTO),
+    problems counted."""
     out: list[dict] = []
     skipped: dict[str, dict[str, Any]] = {}
     for index, row in enumerate(raw):
@@ -59,12 +60,12 @@ def convert(raw, fmt: Format, method: str, named: str) -> tuple[list[dict], dict
             if len(seen["rows"]) < LISTED:
                 seen["rows"].append(f"{named} {index + 1}")
             continue
-        out += unpair(converted) if method == KTO and fmt.kind in PAIRED else [converted]
+        out += unpair(converted) if data == UNPAIRED and fmt.kind in PAIRED else [converted]
     return out, {"rows": len(raw), "sequences": len(out), "skipped": skipped}
 
 
-def _split(raw, source: Source, split: str, fmt: Format, method: str) -> tuple[Any, dict[str, Any]]:
-    rows, part = convert(raw, fmt, method, where(source, split))
+def _split(raw, source: Source, split: str, fmt: Format, data: str) -> tuple[Any, dict[str, Any]]:
+    rows, part = convert(raw, fmt, data, where(source, split))
     if not rows:
         reasons = "; ".join(f"{seen['count']} row(s): {r}" for r, seen in part["skipped"].items())
         raise ValueError(f"{source.label}: no row of the {split} split can be trained on ({reasons or 'no rows'})")
@@ -81,11 +82,13 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
         fmt = format_of(source, raw)
         if fmt.conversational:
             check_template(tokenizer, Format("messages", {}), source)
-        train, part = _split(raw, source, source.split, fmt, spec.method)
+        train, part = _split(raw, source, source.split, fmt, spec.method.data)
         trains.append(train)
         reports.append(_report(source, fmt, part))
         if source.eval_split:
-            held, held_part = _split(load_split(source, source.eval_split), source, source.eval_split, fmt, spec.method)
+            held, held_part = _split(
+                load_split(source, source.eval_split), source, source.eval_split, fmt, spec.method.data
+            )
             evals.append(held)
             reports[-1]["eval"] = _report(source, fmt, held_part)
     seed = spec.data.seed
@@ -98,7 +101,7 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     if spec.data.test_split_size:
         parts = train.train_test_split(test_size=spec.data.test_split_size, seed=seed)
         train, evaluation = parts["train"], parts["test"]
-    if spec.method == KTO:  # sequential sampling: mix desirable and undesirable rows once, with the seed
+    if spec.method.data == UNPAIRED:  # KTO samples in order: mix desirable and undesirable rows once, with the seed
         train = train.shuffle(seed=seed)
         evaluation = evaluation.shuffle(seed=seed) if evaluation is not None else None
     for report, used in zip(reports, counts, strict=True):
@@ -113,7 +116,7 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
         if not (folder / REPORT).exists():
             raise
     shutil.rmtree(work, ignore_errors=True)
-    print_report(report, spec.method)
+    print_report(report, spec.method.data)
 
 
 def _report(source: Source, fmt: Format, part: dict[str, Any]) -> dict[str, Any]:
@@ -136,9 +139,9 @@ def _save(train, evaluation, report: dict, out: Path) -> None:
     write_atomic(out / REPORT, json.dumps(report, indent=2))
 
 
-def print_report(report: dict[str, Any], method: str) -> None:
+def print_report(report: dict[str, Any], data: str) -> None:
     """What rank 0 says about the data before training (the summary repeats it)."""
-    what = "rows (prompt, completion, label)" if method == KTO else "pairs (prompt, chosen, rejected)"
+    what = "rows (prompt, completion, label)" if data == UNPAIRED else "pairs (prompt, chosen, rejected)"
     for s in report["sources"]:
         print(f"fsdp-tune: data: {s['source']}: {s['format']}, {s['rows']} rows -> {s['sequences']} {what}")
         for reason, seen in s["skipped"].items():

@@ -10,19 +10,13 @@ import numpy as np
 
 from fsdp_tune.worker.data.lengths import row_lengths
 
-# method -> (the columns a sequence is made of, each sequence's columns)
-SEQUENCES = {
-    "dpo": (("prompt_ids", "chosen_ids"), ("prompt_ids", "rejected_ids")),
-    "kto": (("prompt_ids", "completion_ids"),),
-    "reward": (("chosen_ids",), ("rejected_ids",)),
-}
 
-
-def preference_truncation(dataset, rows_in: int, max_len: int, method: str) -> dict:
+def preference_truncation(dataset, rows_in: int, max_len: int, sequences: tuple[tuple[str, ...], ...]) -> dict:
     """{"cut": sequences longer than max_len (TRL cuts them), "total": sequences, "dropped": rows TRL left out,
-    "max_seq_len"} for the dataset TRL prepared from `rows_in` rows."""
+    "max_seq_len"} for the dataset TRL prepared from `rows_in` rows; `sequences`: the columns each sequence of a row
+    is made of (the method's hook, worker/training/methods.py)."""
     cut = total = 0
-    for parts in SEQUENCES[method]:
+    for parts in sequences:
         lengths = sum(row_lengths(dataset, column) for column in parts)
         cut += int((np.asarray(lengths) > max_len).sum())
         total += len(lengths)

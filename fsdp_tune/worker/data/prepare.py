@@ -25,12 +25,13 @@ import numpy as np
 from datasets import concatenate_datasets, load_from_disk
 
 from fsdp_tune import __version__
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.runfiles import DATA_DIR, write_atomic
+from fsdp_tune.sources.encode import Encoder
 from fsdp_tune.sources.formats import TEXT, Format
 from fsdp_tune.sources.mixture import Source, plan_counts
-from fsdp_tune.worker.data.encode import Encoder
-from fsdp_tune.worker.data.rows import CLIPPED, encode_split, loss_counts, report_source
+from fsdp_tune.sources.rows import CLIPPED, IMAGE_COLUMNS, encode_split, loss_counts, report_source
+from fsdp_tune.sources.vision_rows import ImageTokens, image_counts
 from fsdp_tune.worker.data.splits import format_of, load_split
 from fsdp_tune.worker.rank import local_rank
 
@@ -52,10 +53,12 @@ class Prepared:
         }
 
 
-def prepare(spec: RankSpec, tokenizer) -> Prepared:
+def prepare(spec: RankSpec, tokenizer, processor=None) -> Prepared:
     """(train, eval or None, the data report): pre-tokenized `input_ids` + `assistant_masks`, from which TRL
-    builds the labels (only the tokens in the loss keep their id)."""
-    return load_prepared(spec, tokenizer, cache_key(spec, tokenizer), build)
+    builds the labels (only the tokens in the loss keep their id); with a vision-language model's `processor`,
+    each sequence's images and their token counts too (vision_rows.py)."""
+    key = cache_key(spec, tokenizer, processor)
+    return load_prepared(spec, tokenizer, key, lambda s, t, folder: build(s, t, folder, processor))
 
 
 def load_prepared(spec: RankSpec, tokenizer, key: str, builder) -> Prepared:
@@ -71,12 +74,14 @@ def load_prepared(spec: RankSpec, tokenizer, key: str, builder) -> Prepared:
     return Prepared(load_from_disk(str(folder / "train")), evaluation, report)
 
 
-def build(spec: RankSpec, tokenizer, folder: Path) -> None:
+def build(spec: RankSpec, tokenizer, folder: Path, processor=None) -> None:
     """Convert, encode, mix and save; the folder appears whole or not at all (other machines may share it)."""
     work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(work, ignore_errors=True)
-    encoder = Encoder.for_run(tokenizer, spec.data, spec.trainer_args)
-    num_proc = spec.trainer_args.get("dataset_num_proc")
+    images = ImageTokens(processor) if processor is not None else None
+    encoder = Encoder.for_run(tokenizer, spec.data, images)
+    encoder.text_only = processor is None  # a row with images is skipped ("no-vision"), not trained as text
+    num_proc = spec.data.num_proc
     trains, evals, reports = [], [], []
     for i, source in enumerate(spec.data.sources):
         raw = load_split(source, source.split)
@@ -135,8 +140,10 @@ def _skips(reports: list[dict]) -> str:
 
 
 def _save(train, evaluation, report: dict, work: Path) -> None:
+    """The training columns; a vision-language run's images beside them when any sequence has one (data without
+    images trains as text: no rank runs the vision tower, on every rank alike)."""
     out = work / "out"
-    columns = ["input_ids", "assistant_masks"]
+    columns = ["input_ids", "assistant_masks"] + (list(IMAGE_COLUMNS) if report.get("images") else [])
     train.select_columns(columns).flatten_indices().save_to_disk(str(out / "train"))
     if evaluation is not None and len(evaluation):
         evaluation.select_columns(columns).flatten_indices().save_to_disk(str(out / "eval"))
@@ -170,6 +177,7 @@ def summarise(reports: list[dict], counts: list[int], train, evaluation) -> dict
     for report, used in zip(reports, counts, strict=True):
         report["used"] = used
     out = {"sources": reports, "sequences": len(train), "tokens": tokens, "loss_tokens": in_loss}
+    out.update(image_counts(train, evaluation))
     out["loss_share"] = round(in_loss / tokens, 4) if tokens else None
     if evaluation is not None:
         eval_tokens, eval_loss = loss_counts(evaluation)
@@ -196,23 +204,29 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"fsdp-tune: note: {count} sequence(s) of {s['source']}: {note}")
     if report["loss_share"] is not None:
         print(f"fsdp-tune: data: {report['loss_share']:.1%} of {report['tokens']} training tokens are in the loss")
+    seen = (report.get("images") or {}).get("train")
+    if seen:
+        print(
+            f"fsdp-tune: data: {seen['image_sequences']} of {report['sequences']} training sequences have images "
+            f"({seen['images']} images, {seen['image_tokens']} image tokens once expanded)"
+        )
 
 
-def cache_key(spec: RankSpec, tokenizer) -> str:
+def cache_key(spec: RankSpec, tokenizer, processor=None) -> str:
     """Everything the prepared data depends on: the data settings, the files (size, time), the tokenizer and
     its template, how TRL cuts sequences, the seed (in the data settings), and this code's version."""
     files = [f for s in spec.data.sources for group in s.files.values() for f in group]
     stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files if os.path.exists(f)]
-    args = {k: spec.trainer_args.get(k) for k in ("truncation_mode", "packing_strategy", "eos_token")}
-    data = asdict(spec.data)
+    data = asdict(spec.data)  # how TRL cuts and packs included (DataSpec's truncation_mode, packing_strategy, ...)
     for source in data["sources"]:  # what the launcher's pre-flight counted, which changes nothing prepared here
         source.pop("tokenized", None)
         source.pop("rows_checked", None)
+        source.pop("images", None)
     key = {
         "data": data,
         "files": stats,
         "tokenizer": [tokenizer.name_or_path, tokenizer.chat_template, len(tokenizer), tokenizer.eos_token],
-        "args": args,
+        "images": processor.image_processor.to_dict() if processor is not None else None,
         "version": __version__,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

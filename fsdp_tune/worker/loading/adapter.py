@@ -1,11 +1,11 @@
-"""The LoraConfig every rank builds from the rank spec (launch/lora.py decided its arguments): sharded loading
+"""The LoraConfig every rank builds from the rank spec (decide/lora.py decided its arguments): sharded loading
 applies it itself, the transformers path hands it to the trainer."""
 
 from __future__ import annotations
 
 from peft import LoraConfig
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 
 
 def lora_config(spec: RankSpec) -> LoraConfig | None:

@@ -1,4 +1,4 @@
-"""The model step: the model on the loading path the rank spec decided (launch/loading.py), and what loading
+"""The model step: the model on the loading path the rank spec decided (decide/loading.py), and what loading
 cost. Sharded loading (sharded.py) hands over a PEFT model sharded already; a model it finds it cannot build
 sends the rank to from_pretrained (pretrained.py) with the transformers path's trainer config, which the
 launcher decided too (RankSpec.trainer_args_on), unless the run asked for sharded loading by name.
@@ -17,7 +17,7 @@ import torch
 from peft import get_peft_model
 from transformers import set_seed
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.files import FallbackRequired
 from fsdp_tune.worker.loading.pretrained import load_model

@@ -17,7 +17,7 @@ from pathlib import Path
 from huggingface_hub import snapshot_download
 from safetensors import safe_open
 
-from fsdp_tune.launch.loading import INDEX_FILE, SINGLE_FILE, remote_code_reason
+from fsdp_tune.decide.loading import INDEX_FILE, SINGLE_FILE, remote_code_reason
 from fsdp_tune.worker.wrappers import canonical_name
 
 
@@ -38,6 +38,7 @@ class Checkpoint:
         else:
             raise FallbackRequired(f"{self.dir} has no safetensors weights ({SINGLE_FILE} or {INDEX_FILE})")
         self.weight_map: dict[str, str] = weight_map
+        self.names: dict[str, str] = {}  # the model's key -> the file's, where transformers renames on load
         self._shapes: dict[str, tuple[int, ...]] = {}
         for name in sorted(set(weight_map.values())):
             with safe_open(str(self.dir / name), framework="pt") as f:
@@ -45,13 +46,14 @@ class Checkpoint:
                     self._shapes[key] = tuple(f.get_slice(key).get_shape())
 
     def __contains__(self, key: str) -> bool:
-        return key in self.weight_map
+        return self.names.get(key, key) in self.weight_map
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return self._shapes[key]
+        return self._shapes[self.names.get(key, key)]
 
     def rows(self, key: str, start: int, stop: int):
-        """Rows [start, stop) of tensor `key` (the whole tensor when it has no dimensions)."""
+        """Rows [start, stop) of tensor `key` (the model's name for it; the whole tensor when it has no dimensions)."""
+        key = self.names.get(key, key)
         with safe_open(str(self.dir / self.weight_map[key]), framework="pt") as f:
             piece = f.get_slice(key)
             if not piece.get_shape():
@@ -80,14 +82,30 @@ def model_folder(name_or_path: str) -> Path:
 
 
 def rank_fallback_reason(config, trust_remote_code: bool) -> str | None:
-    """What the launcher may not have seen (a hub model's config is read here for the first time): remote code,
-    and transformers renaming or fusing this model type's checkpoint tensors on load. None: sharded loading
-    applies as far as the config tells."""
-    try:
-        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-
-        if get_checkpoint_conversion_mapping(config.model_type):
-            return f"{config.model_type}: transformers converts its checkpoint tensors on load (conversion mapping)"
-    except ImportError:  # another transformers: the key and shape check before loading still catches it
-        pass
+    """What the launcher may not have seen (a hub model's config is read here for the first time): remote code.
+    None: sharded loading applies as far as the config tells (the model's key conversions: renamed_keys)."""
     return remote_code_reason(trust_remote_code, getattr(config, "auto_map", None))
+
+
+def renamed_keys(model, ckpt: Checkpoint) -> dict[str, str]:
+    """The model's key -> the checkpoint's, where transformers renames checkpoint keys on load (its conversion
+    mapping for the model's classes and types: a vision-language checkpoint's `model.layers.*` is the model's
+    `model.language_model.layers.*`), by transformers' own rules. A mapping that converts tensors (fused experts,
+    split projections) sends the rank to from_pretrained: FallbackRequired, before any collective."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming, rename_source_key
+    except ImportError:  # another transformers: the key and shape check before loading still catches a rename
+        return {}
+    transforms = get_model_conversion_mapping(model)
+    converting = [type(t).__name__ for t in transforms if not isinstance(t, WeightRenaming)]
+    if converting:
+        raise FallbackRequired(f"transformers converts this model's checkpoint tensors on load ({converting[0]})")
+    if not transforms:
+        return {}
+    meta = model.state_dict()
+    names = {}
+    for key in ckpt.weight_map:
+        renamed, _ = rename_source_key(key, transforms, [], getattr(model, "base_model_prefix", None), meta)
+        names[renamed] = key
+    return {k: v for k, v in names.items() if k != v}

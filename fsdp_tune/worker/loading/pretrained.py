@@ -5,9 +5,11 @@ is a sequence classifier with one score (its head is new: from_pretrained initia
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BitsAndBytesConfig
+import transformers
+from transformers import AutoConfig, AutoModelForSequenceClassification, BitsAndBytesConfig
 
-from fsdp_tune.launch.spec import ModelSpec, RankSpec
+from fsdp_tune.config.model_kinds import CAUSAL_LM, KINDS, kind_of
+from fsdp_tune.decide.spec import ModelSpec, RankSpec
 
 
 def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:
@@ -17,6 +19,20 @@ def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:
         if key in kwargs:
             kwargs[key] = getattr(torch, kwargs[key])
     return BitsAndBytesConfig(**kwargs)
+
+
+def auto_class(m: ModelSpec):
+    """The Auto class of the model's kind (config/model_kinds.py). A model the launcher could not read (a hub id
+    not on that machine) was taken as a language model: one with a vision tower stops here, before any weight."""
+    if m.kind == CAUSAL_LM:
+        revision = {"revision": m.revision} if m.revision else {}
+        config = AutoConfig.from_pretrained(m.name_or_path, trust_remote_code=m.trust_remote_code, **revision)
+        if kind_of(config.to_dict()) != CAUSAL_LM:
+            raise RuntimeError(
+                f"{m.name_or_path} is a vision-language model ({config.model_type}), and the launcher could not read "
+                "its config.json to plan it as one: download it first (hf download NAME), then train again"
+            )
+    return getattr(transformers, KINDS[m.kind].auto_class)
 
 
 def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]:
@@ -31,10 +47,10 @@ def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]
         kwargs["revision"] = m.revision
     if m.quantization:
         kwargs["quantization_config"] = quantization_config(spec)
-    if spec.method == "reward":  # RewardTrainer's own choice for a model it loads by name: one score
+    if spec.method.head == "score":  # RewardTrainer's own choice for a model it loads by name: one score
         model = AutoModelForSequenceClassification.from_pretrained(m.name_or_path, num_labels=1, **kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(m.name_or_path, **kwargs)
+        model = auto_class(m).from_pretrained(m.name_or_path, **kwargs)
     grew_from = None
     if vocab > model.get_input_embeddings().weight.shape[0]:
         # mean_resizing reads the weights, which sit on the meta device on ranks > 0 under
@@ -42,4 +58,16 @@ def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]
         grew_from = model.get_input_embeddings().weight.shape[0]
         model.resize_token_embeddings(vocab, pad_to_multiple_of=8, mean_resizing=False)
     model.config.use_cache = False
+    if spec.lora is None:
+        freeze_vision(model, m.vision)
     return model, grew_from
+
+
+def freeze_vision(model, vision) -> None:
+    """Full fine-tuning of a vision-language model: the vision tower and the projector stay frozen unless
+    --freeze_vision_tower / --freeze_multi_modal_projector false (under LoRA the adapter's targets say it)."""
+    if vision is None:
+        return
+    for path, trains in ((vision.tower, vision.train_tower), (vision.projector, vision.train_projector)):
+        for p in model.get_submodule(path).parameters():
+            p.requires_grad_(trains)

@@ -34,13 +34,15 @@ class LoadReport:
     def model_ready(self) -> None:
         self.update(model_ready_s=round(time.time() - self.started, 2), peak_rss_model_ready_mib=peak_rss_mib())
 
-    def first_step(self) -> None:
-        """The loading phase's peak, on either path: loading, sharding and the Trainer's preparation all done."""
+    def first_step(self, model=None) -> None:
+        """The loading phase's peak, on either path: loading, sharding and the Trainer's preparation all done; and
+        where the model's parameters then are (the model the Trainer trains)."""
         if "peak_rss_before_first_step_mib" not in self.record:
             self.update(
                 peak_rss_before_first_step_mib=peak_rss_mib(),
                 model_start_to_first_step_s=round(time.time() - self.started, 2),
                 peak_gpu_allocated_before_first_step_mib=peak_gpu_mib(),
+                params_mib_by_place=params_by_place(model) if model is not None else None,
             )
 
     def summary(self) -> dict:
@@ -55,13 +57,43 @@ class LoadReport:
 
 
 class FirstStepMemory(TrainerCallback):
-    """Notes this rank's peak RSS in its LoadReport when the first step begins."""
+    """Notes this rank's peak RSS in its LoadReport when the first step begins, and where the trained model's
+    parameters are: `trained()` gives the model the Trainer trains (wrapped by FSDP1, whose root the callbacks'
+    own `model` is not)."""
 
-    def __init__(self, report: LoadReport):
+    def __init__(self, report: LoadReport, trained=None):
         self.report = report
+        self.trained = trained
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.report.first_step()
+        self.report.first_step((self.trained() if self.trained else None) or kwargs.get("model"))
+
+
+def params_by_place(model) -> dict[str, float]:
+    """MiB of this rank's parameter storage by where it lives: "cuda", "cpu_pinned" (page-locked host memory, where
+    cpu_offload keeps FSDP's shards), "cpu", "meta". A DTensor counts its local shard, an FSDP1 flat parameter its
+    own storage; a storage several parameters view (tied weights, FSDP1's original parameters) counts once. What
+    the rank holds, not what the spec asked for (the GPU check compares the two)."""
+    from torch.distributed.tensor import DTensor
+
+    cuda = torch.cuda.is_available()  # is_pinned() asks the accelerator: only where there is one
+    out: dict[str, float] = {}
+    seen: set[int] = set()
+    for p in model.parameters():
+        local = (p.to_local() if isinstance(p, DTensor) else p).detach()
+        place = local.device.type
+        if place == "meta":
+            size = local.numel() * local.element_size()
+        else:
+            storage = local.untyped_storage()
+            if storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            size = storage.nbytes()
+            if place == "cpu" and cuda and local.is_pinned():
+                place = "cpu_pinned"
+        out[place] = out.get(place, 0.0) + size / 2**20
+    return {k: round(v, 2) for k, v in sorted(out.items())}
 
 
 def rss_now_mib() -> float:

@@ -6,7 +6,7 @@ shards plus one tensor in flight, where from_pretrained holds the whole model on
 The result equals the transformers path (from_pretrained, get_peft_model in SFTTrainer, accelerate's
 fully_shard) bit for bit: the same config through from_config under init_empty_weights (buffers such as rotary
 inv_freq computed as usual), LoRA's initial values drawn from the same RNG in the same order, accelerate 1.15's
-units and policies (the rank spec's loading.sharded says which: decided on the launcher, launch/loading.py), and
+units and policies (the rank spec's loading.sharded says which: decided on the launcher, decide/loading.py), and
 4-bit bytes and quant states as bitsandbytes makes them (four_bit.py). The Trainer then gets an FSDP2 model,
 which accelerate leaves as it is (fsdp2_prepare_model returns an FSDPModule untouched), with NO_WRAP and FSDP
 activation checkpointing off in its fsdp_config, and no peft_config.
@@ -24,19 +24,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from accelerate import init_empty_weights
 from peft import get_peft_model
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, set_seed
+from transformers import AutoConfig, GenerationConfig, set_seed
 from transformers.quantizers import AutoHfQuantizer
 
-from fsdp_tune.config.methods import WITH_REFERENCE
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.config.model_kinds import KINDS
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.loading import units
 from fsdp_tune.worker.loading.adapter import lora_config
-from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder
+from fsdp_tune.worker.loading.files import Checkpoint, FallbackRequired, checkpoint_key, model_folder, renamed_keys
 from fsdp_tune.worker.loading.files import rank_fallback_reason as _config_reason
 from fsdp_tune.worker.loading.four_bit import pack_meta_weights
 from fsdp_tune.worker.loading.pretrained import quantization_config
@@ -68,6 +69,7 @@ def build_sharded_model(spec: RankSpec, tokenizer, args) -> ShardedModel:
     t0 = time.time()
     ckpt = Checkpoint(model_folder(m.name_or_path))
     meta = _meta_model(spec, ckpt, len(tokenizer))
+    ckpt.names = renamed_keys(meta.model, ckpt)  # transformers' own renames (a vision-language checkpoint's keys)
     model = _with_lora(meta.model, spec, meta.quantizer is not None, plan.upcast_trainable, spec.seed)
     prefix = "base_model.model." if spec.lora is not None else ""
     _check_keys(model, ckpt, prefix, meta.packed, meta.new_rows)
@@ -99,7 +101,7 @@ def _meta_model(spec: RankSpec, ckpt: Checkpoint, vocab: int) -> MetaModel:
     dtype = _dtype(m.dtype)
     rng = torch.get_rng_state()
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(
+        model = getattr(transformers, KINDS[m.kind].auto_class).from_config(
             config, dtype=dtype, attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code
         )
     torch.set_rng_state(rng)  # the meta build draws nothing today; LoRA's draws must stay where they are
@@ -203,7 +205,7 @@ def _with_lora(model, spec: RankSpec, quantized: bool, upcast: bool, seed: int):
                 p.data = p.data.to(torch.bfloat16)
             elif upcast and p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.to(torch.float32)
-        if spec.method in WITH_REFERENCE:  # DPO/KTO's frozen reference adapter, inside FSDP's units (reference.py)
+        if spec.method.reference_adapter:  # DPO/KTO's (GRPO's from --adapter) frozen "ref" adapter, inside the units
             add_reference_adapter(model)
     return model
 

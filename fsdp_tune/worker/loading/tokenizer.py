@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import AutoTokenizer
 
 from fsdp_tune.config.templates import apply_template
-from fsdp_tune.launch.spec import ModelSpec
+from fsdp_tune.decide.spec import ModelSpec
 
 
 def load_tokenizer(m: ModelSpec):

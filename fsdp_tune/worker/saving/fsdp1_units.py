@@ -9,8 +9,14 @@ unsharded on its own (`summon_full_params(recurse=False)`: what its forward does
 sharded), its adapter tensors are copied off (save) or into it (resume, written back to the shard), and it is
 resharded: one unit gathered at a time, nothing but the adapter leaves the GPU.
 
-By reading torch 2.13: FSDP1 does not run on CPU, so this runs on GPUs only (scripts/gpu_check.sh's FSDP1
-scenarios exercise it); the rank spec decides it (RankSpec.save).
+FULL_STATE_DICT checkpoints go through here too (RankSpec.save.checkpoint = "adapter_file"): the Trainer's second
+save of the model at each checkpoint, accelerate's save_fsdp_model, takes that same full state dict of the whole
+model, and is skipped (worker/training/trainer.py).
+
+Run on CPU: FSDP1 NO_SHARD in one process over gloo (`device_id=cpu`), as accelerate wraps a PEFT model
+(tests/lib/test_fsdp1_units_on_cpu.py). fsdp-tune's ranks refuse FSDP1 on CPU, and sharded strategies over several
+CPU ranks were not tried: those, and the GPU-memory side, by reading torch 2.13
+(scripts/gpu_check.sh's FSDP1 scenarios run them on a GPU). The rank spec decides it (RankSpec.save).
 """
 
 from __future__ import annotations

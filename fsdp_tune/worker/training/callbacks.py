@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from fsdp_tune.launch.checkpoints import BATCH_KEYS, write_marker
+from fsdp_tune.rundir.checkpoints import BATCH_KEYS, write_marker
 from fsdp_tune.runfiles import ADAPTER_CONFIG, METRICS_NAME, STOP_FILE, open_nofollow
 from fsdp_tune.worker.loading.report import peak_rss_mib
 from fsdp_tune.worker.rank import is_main
@@ -23,7 +23,7 @@ from fsdp_tune.worker.wrappers import describe_units
 def mark_complete(output_dir: str, step: int, run_id: str | None, args=None) -> None:
     """Called on rank 0 once every rank has written every file of checkpoint-`step` (before old ones are
     rotated): the marker lists them with sizes and hashes, names the run and, given the TrainingArguments,
-    the global batch (a resume on another number of ranks is told what changes; launch/checkpoints.py)."""
+    the global batch (a resume on another number of ranks is told what changes; rundir/checkpoints.py)."""
     folder = Path(output_dir) / f"checkpoint-{step}"
     batch = {k: int(getattr(args, k)) for k in BATCH_KEYS} if args is not None else None
     if folder.is_dir():
@@ -32,7 +32,7 @@ def mark_complete(output_dir: str, step: int, run_id: str | None, args=None) -> 
 
 def record_adapter_config(model, output_dir: str, step: int) -> None:
     """Rank 0, before the marker: PEFT's adapter_config.json in checkpoint-`step` (a sharded checkpoint has none
-    of its own), so a resume can be checked against the adapter it continues (launch/resume.py) before any rank
+    of its own), so a resume can be checked against the adapter it continues (preflight/resume.py) before any rank
     starts, and the marker lists it with the other files."""
     folder = Path(output_dir) / f"checkpoint-{step}"
     configs = getattr(model, "peft_config", None)

@@ -9,7 +9,7 @@ import torch
 from accelerate import ParallelismConfig
 from accelerate.utils import TorchContextParallelConfig
 
-from fsdp_tune.launch.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.worker.training.spelling import installed_names
 
 

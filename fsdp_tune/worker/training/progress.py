@@ -9,11 +9,11 @@ gets a line at every logging step. Trainer's own progress bar and log dicts go t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 from transformers import TrainerCallback
 
+from fsdp_tune.config.methods import Metric
 from fsdp_tune.worker import phases
 from fsdp_tune.worker.loading.report import peak_rss_mib
 from fsdp_tune.worker.logs import console
@@ -22,16 +22,6 @@ from fsdp_tune.worker.wrappers import describe_units
 
 REDRAW_S = 0.5
 LINES_EVERY_S = 10.0
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One evaluation metric on rank 0's eval line: `label value`, the value formatted by `fmt` (each method
-    names its own, training/methods.py)."""
-
-    key: str  # as the trainer reports it (eval_loss, ...)
-    label: str
-    fmt: str
 
 
 class ProgressCallback(TrainerCallback):

@@ -1,9 +1,11 @@
 """The trainer every method trains with: its TRL trainer class (training/methods.py) with fsdp-tune's saving
-mixed in, so FULL_STATE_DICT saves and resumes go through fsdp-tune's gather and load (saving/save.py), and
-checkpoints are marked complete before old ones are rotated."""
+mixed in, so FULL_STATE_DICT saves and resumes go through fsdp-tune's gather and load (saving/save.py; FSDP1 unit
+by unit, at checkpoints too: RankSpec.save.checkpoint), and checkpoints are marked complete before old ones are
+rotated."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ class Saving:
     full_state_dict: bool  # RankSpec.full_state_dict: checkpoints hold the whole adapter
     final: str  # RankSpec.save.final: how the adapter leaves the sharded model (saving/save.py)
     resume: str  # RankSpec.save.resume: how a FULL checkpoint's adapter comes back
+    checkpoint: str  # RankSpec.save.checkpoint: "adapter_file" (the adapter file alone) | "accelerate"
     vocab_grew: bool  # the chat template's tokens grew the vocabulary: the adapter carries the embedding layers
     run_id: str | None  # written into each checkpoint's completion marker
 
@@ -66,6 +69,24 @@ class FsdpSaving:
                 best = self.state.best_model_checkpoint
                 rotate_checkpoints(run_dir, save_total_limit=limit, use_mtime=True, best_model_checkpoint=best)
 
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        # the Trainer saves the model a second time here through accelerate's save_fsdp_model (FULL_STATE_DICT:
+        # FSDP1's full state dict of the whole model); with "adapter_file" the adapter file save_model wrote is the
+        # checkpoint's model, and everything else (optimizer, scheduler) is saved as the Trainer saves it
+        if self.is_fsdp_enabled and self.saving.checkpoint == "adapter_file":
+            with without_accelerate_model_save():
+                return super()._save_optimizer_and_scheduler(output_dir)
+        return super()._save_optimizer_and_scheduler(output_dir)
+
+    def _load_best_model(self) -> None:
+        # load_best_model_at_end: the Trainer reads accelerate's model file, which "adapter_file" does not write
+        if self.is_fsdp_enabled and self.saving.checkpoint == "adapter_file":
+            best = self.state.best_model_checkpoint
+            if not load_adapter_into_fsdp(self, best, self.saving.resume):
+                raise RuntimeError(f"{best} holds no adapter_model.safetensors: the best model cannot be loaded")
+            return
+        super()._load_best_model()
+
     def compute_loss(self, model, inputs, *args, **kwargs):
         loss = super().compute_loss(model, inputs, *args, **kwargs)
         return faults.poison_loss(loss, self.state.global_step + 1)  # test-only; the loss itself otherwise
@@ -79,10 +100,32 @@ class FsdpSaving:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
 
+@contextlib.contextmanager
+def without_accelerate_model_save():
+    """transformers.trainer's save_fsdp_model (the name its _save_optimizer_and_scheduler calls) a no-op for the
+    block. Refuses, rather than saving the whole model unnoticed, when that name is gone (the probe of the GPU
+    check and tests/lib/test_checkpoint_save.py check it is there)."""
+    import transformers.trainer as hf_trainer
+
+    if not hasattr(hf_trainer, "save_fsdp_model"):
+        raise RuntimeError(
+            "transformers.trainer no longer calls save_fsdp_model: fsdp-tune's FULL_STATE_DICT checkpoint "
+            "(RankSpec.save.checkpoint = adapter_file) does not know this transformers"
+        )
+    kept = hf_trainer.save_fsdp_model
+    hf_trainer.save_fsdp_model = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        hf_trainer.save_fsdp_model = kept
+
+
 @functools.cache
-def fsdp_trainer(base: type) -> type:
-    """`base` (SFTTrainer, ...) with fsdp-tune's saving: FsdpTuneSFTTrainer and so on."""
-    return type(f"FsdpTune{base.__name__}", (FsdpSaving, base), {"__doc__": f"{base.__name__} + FsdpSaving"})
+def fsdp_trainer(base: type, mixin: type | None = None) -> type:
+    """`base` (SFTTrainer, ...) with fsdp-tune's saving, and the method's own `mixin` (GRPO's) between them:
+    FsdpTuneSFTTrainer and so on."""
+    bases = (FsdpSaving, mixin, base) if mixin is not None else (FsdpSaving, base)
+    return type(f"FsdpTune{base.__name__}", bases, {"__doc__": " + ".join(b.__name__ for b in reversed(bases))})
 
 
 def make_checkpoint_folder(trainer, trial) -> None:

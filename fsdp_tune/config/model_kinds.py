@@ -1,0 +1,152 @@
+"""Kinds of model as the launcher knows them (no torch): a row each, read where a decision is made.
+
+    causal_lm        a language model (AutoModelForCausalLM) and its tokenizer
+    vision_language  a vision tower, a projector and a language model (AutoModelForImageTextToText) and its
+                     processor (the tokenizer, the image processor, their chat template)
+
+A model's kind is read from its config.json (a `vision_config` makes it vision-language; no flag). A vision-language
+family is a row of FAMILIES: which modules are the tower, the projector and the language model (FSDP units, LoRA
+targets, what `--freeze_vision_tower` / `--freeze_multi_modal_projector` free), and how `plan` counts an image's
+tokens. What TRL refuses for vision data is VISION_DATA_REFUSES. The ranks' side is worker/loading/build.py (the
+class), worker/loading/processor.py (the processor), sources/vision_rows.py (the rows) and
+worker/data/vision_collate.py (the batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+CAUSAL_LM, VISION_LANGUAGE = "causal_lm", "vision_language"
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    name: str
+    auto_class: str  # the transformers Auto class the ranks, `chat` and `merge` load the model with
+    processor: bool  # the ranks load the model's processor, train with it and save it beside the adapter
+    title: str
+
+
+KINDS: dict[str, ModelKind] = {
+    CAUSAL_LM: ModelKind(CAUSAL_LM, "AutoModelForCausalLM", False, "language model"),
+    VISION_LANGUAGE: ModelKind(VISION_LANGUAGE, "AutoModelForImageTextToText", True, "vision-language model"),
+}
+
+
+@dataclass(frozen=True)
+class VisionFamily:
+    """One vision-language architecture, as its transformers 5.24 modeling file builds it (module paths as
+    named_modules spells them in the *ForConditionalGeneration class)."""
+
+    model_type: str
+    title: str
+    tower: str  # the vision tower
+    projector: str  # what maps image features into the language model's embedding space
+    language: str  # the language model
+    # the tower's block class (an FSDP unit each): one name, or one per vision sub-config model_type
+    tower_layers: str | Mapping[str, str]
+    # the language model's decoder layer class; None: its text sub-config's modeling file says (_no_split_modules)
+    language_layers: str | None
+    projector_class: str  # an FSDP unit of its own, so a projector trained whole never shares a unit's dtype
+    tower_linears: tuple[str, ...]  # the tower's Linear layers: LoRA's targets there with --freeze_vision_tower false
+    image_tokens: str  # how `plan` counts an image's tokens (sources/vision.py IMAGE_TOKENS)
+    tested: bool  # trained on 2 CPU ranks by tests/dist/test_vision.py; else the row is by reading
+    notes: tuple[str, ...] = field(default=())
+
+
+QWEN_VL_LINEARS = ("qkv", "proj", "fc1", "fc2", "gate_proj", "up_proj", "down_proj")
+CLIP_LINEARS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+
+FAMILIES: dict[str, VisionFamily] = {
+    "qwen2_vl": VisionFamily(
+        "qwen2_vl",
+        "Qwen2-VL",
+        tower="model.visual",
+        projector="model.visual.merger",
+        language="model.language_model",
+        tower_layers="Qwen2VLVisionBlock",
+        language_layers="Qwen2VLDecoderLayer",
+        projector_class="PatchMerger",
+        tower_linears=QWEN_VL_LINEARS,
+        image_tokens="merged_patches",
+        tested=True,
+    ),
+    "qwen2_5_vl": VisionFamily(
+        "qwen2_5_vl",
+        "Qwen2.5-VL",
+        tower="model.visual",
+        projector="model.visual.merger",
+        language="model.language_model",
+        tower_layers="Qwen2_5_VLVisionBlock",
+        language_layers="Qwen2_5_VLDecoderLayer",
+        projector_class="Qwen2_5_VLPatchMerger",
+        tower_linears=QWEN_VL_LINEARS,
+        image_tokens="merged_patches",
+        tested=True,
+    ),
+    "llava": VisionFamily(
+        "llava",
+        "LLaVA",
+        tower="model.vision_tower",
+        projector="model.multi_modal_projector",
+        language="model.language_model",
+        tower_layers={"clip_vision_model": "CLIPEncoderLayer", "siglip_vision_model": "SiglipEncoderLayer"},
+        language_layers=None,
+        projector_class="LlavaMultiModalProjector",
+        tower_linears=CLIP_LINEARS,
+        image_tokens="fixed_grid",
+        tested=True,
+    ),
+}
+
+
+def kind_of(config: Mapping[str, Any] | None) -> str:
+    """The kind of the model a config.json describes: vision-language when it has a vision tower's config."""
+    if isinstance(config, Mapping) and isinstance(config.get("vision_config"), Mapping):
+        return VISION_LANGUAGE
+    return CAUSAL_LM
+
+
+def family_of(config: Mapping[str, Any] | None) -> VisionFamily | None:
+    """The vision-language row of a config.json (None: not vision-language, or a family without a row)."""
+    if kind_of(config) != VISION_LANGUAGE:
+        return None
+    return FAMILIES.get(str(config.get("model_type")))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A trainer setting TRL 1.16 refuses for data with images (trl/trainer/sft_trainer.py SFTTrainer.__init__ and
+    DataCollatorForVisionLanguageModeling): fsdp-tune refuses it before launch (PF081), with TRL's reason."""
+
+    key: str  # the trainer argument (SFTConfig field, or fsdp-tune's data.packing)
+    refused: Any  # the value refused
+    why: str
+    hint: str
+
+
+VISION_DATA_REFUSES: tuple[Refusal, ...] = (
+    Refusal(
+        "packing",
+        True,
+        "packing is not supported for vision datasets (TRL): packed rows would share one image list, and each "
+        "image's tokens must stay with their own row",
+        "--packing false",
+    ),
+    Refusal(
+        "padding_free",
+        True,
+        "padding-free training is not supported for vision datasets (TRL): the image features are placed by "
+        "position in a padded batch",
+        "--padding_free false",
+    ),
+    Refusal(
+        "truncation_mode",
+        "keep_end",
+        "keep_end truncation is not supported for vision datasets (TRL): it may cut the image tokens from the "
+        "front of a row while its pixels are still passed to the model",
+        "--truncation_mode keep_start (the default)",
+    ),
+)

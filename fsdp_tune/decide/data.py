@@ -1,0 +1,78 @@
+"""The data part of the rank spec: which datasets, which splits, which format was asked for, what is in the
+loss. Pure, like rank.py; what the files themselves say (the detected format, the files of a folder) is
+added on the launcher by preflight/data.py before the spec is written.
+"""
+
+from __future__ import annotations
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived
+from fsdp_tune.decide.spec import DataSpec
+from fsdp_tune.sources.mixture import Source, from_entry, mixture_problems
+
+
+def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
+    d = cfg.data
+    return DataSpec(
+        dataset_name=d.dataset_name or "",
+        splits=tuple(d.splits or ("train",)),
+        text_field=d.dataset_text_field,
+        max_seq_len=d.max_seq_len,
+        packing=d.packing,
+        seed=derived.data_seed,
+        sources=sources(cfg, derived.train_on_prompt),
+        test_split_size=d.test_split_size,
+        mask_fallback=d.mask_fallback,
+        peft_text_field=peft_text_field(cfg),
+        # as the method's config reads them (its default when unset; a config without the field: TRL's SFT one)
+        truncation_mode=cfg.training.get("truncation_mode") or "keep_start",
+        packing_strategy=cfg.training.get("packing_strategy") or "bfd",
+        eos_token=cfg.training.get("eos_token"),
+        num_proc=cfg.training.get("dataset_num_proc"),
+    )
+
+
+def peft_text_field(cfg: RunConfig) -> str | None:
+    """PEFT's examples/sft (the seed scripts): with a chat template chosen, --dataset_text_field names the text
+    the chats are rendered into, trained on every token; an explicit --train_on_prompt decides instead."""
+    d = cfg.data
+    if (
+        d.chat_template_format != "none"
+        and cfg.is_set("data.dataset_text_field")
+        and not cfg.is_set("data.train_on_prompt")
+    ):
+        return d.dataset_text_field
+    return None
+
+
+def split_names(cfg: RunConfig) -> tuple[str, str | None]:
+    """(train split, eval split or None): TRL's --dataset_train_split/--dataset_test_split win over --splits."""
+    splits = cfg.data.splits or ("train",)
+    train = cfg.data.dataset_train_split or splits[0]
+    return train, cfg.data.dataset_test_split or (splits[1] if len(splits) > 1 else None)
+
+
+def sources(cfg: RunConfig, everything: bool) -> tuple[Source, ...]:
+    """The Sources of the run; `everything`: --train_on_prompt as decide/derived.py reads it."""
+    d = cfg.data
+    if d.datasets:
+        if mixture_problems(list(d.datasets)):
+            return ()  # refused by FT100
+        return tuple(from_entry(entry, everything) for entry in d.datasets)
+    if not d.dataset_name:
+        return ()
+    train, test = split_names(cfg)
+    return (
+        Source(
+            path=d.dataset_name,
+            split=train,
+            eval_split=test,
+            name=d.dataset_config,
+            data_dir=d.data_dir,
+            data_files=d.data_files,
+            column_map=dict(d.dataset_columns or {}),
+            roles=dict(d.dataset_roles or {}),
+            format=d.dataset_format,
+            train_on_prompt=everything,
+        ),
+    )

@@ -1,0 +1,47 @@
+"""The LoraConfig every rank builds (RankSpec.lora): the `lora` section's settings, the LoraConfig fields set
+by PEFT's names that reach it (config/lora_fields.py VERDICTS), and the decisions the model forces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsdp_tune.config.lora_fields import VERDICTS
+from fsdp_tune.config.methods import row_of
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.vision import scoped_lora
+from fsdp_tune.sources.moe import param_targets
+
+
+def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
+    lo = cfg.lora
+    if not lo.use_peft_lora:
+        return None
+    targets = lo.lora_target_modules
+    kwargs: dict[str, Any] = {
+        "r": lo.lora_r,
+        "lora_alpha": lo.lora_alpha,
+        "lora_dropout": dropout(cfg),
+        "target_modules": "all-linear" if targets == ("all-linear",) else list(targets),
+        "use_dora": lo.use_dora,
+        "bias": "none",
+        # a reward model's adapter is a sequence classifier's: PEFT then also trains the new score head
+        "task_type": "SEQ_CLS" if row_of(cfg.run.method).head == "score" else "CAUSAL_LM",
+    }
+    for name, value in cfg.peft.args.items():
+        if VERDICTS.get(name) is not None and VERDICTS[name].action == "pass":
+            kwargs[name] = list(value) if isinstance(value, tuple) else value
+    if cfg.model.model_revision:
+        kwargs["revision"] = cfg.model.model_revision  # recorded in adapter_config.json, as PEFT does
+    return scoped_lora(cfg, kwargs)  # a vision-language model's language model, by default (decide/vision.py)
+
+
+def dropout(cfg: RunConfig) -> float:
+    """fsdp-tune's default dropout (0.1) is 0 where a target is a parameter (MoE experts, the router,
+    target_parameters): PEFT's ParamWrapper refuses any dropout. FT066 says so; a dropout the user set there is
+    refused instead."""
+    lo = cfg.lora
+    if lo.lora_dropout and not cfg.is_set("lora.lora_dropout"):
+        reach = param_targets(cfg)
+        if reach is not None and reach.any:
+            return 0.0
+    return lo.lora_dropout

@@ -1,0 +1,84 @@
+"""The training method's part of the rank spec: its row's traits (MethodSpec), the batch and checkpoint schedule
+its config will read (Steps), the arguments its TRL config takes (DPOConfig has no `packing`, RewardConfig no
+`loss_type`), and GRPO's rewards, generation and reference (GrpoSpec). Pure, like rank.py.
+
+fsdp-tune sets some SFTConfig fields for every run (max_length, packing, dataset_text_field); a method whose
+config lacks one does not get it. A field the user set that the method's config lacks never gets here: FT110
+refuses it first (rules/method.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsdp_tune.config.methods import fields_of, row_of
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import GrpoSpec, MethodSpec, Steps
+
+
+def method_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` (SFTConfig's as decide.trainer_args made them) kept to the fields of the method's config."""
+    fields = fields_of(cfg.run.method)
+    return {k: v for k, v in args.items() if k in fields}
+
+
+def method_spec(cfg: RunConfig) -> MethodSpec:
+    """The method's row, as the ranks execute it (config/methods.py)."""
+    row = row_of(cfg.run.method)
+    return MethodSpec(
+        name=row.name,
+        data=row.data,
+        head=row.head,
+        # GRPO's reference with a starting adapter (beta > 0, --reference adapter) is DPO's frozen "ref" copy
+        reference_adapter=row.reference or _reference(cfg) == "ref_adapter",
+        truncation=row.truncation,
+    )
+
+
+def _reference(cfg: RunConfig) -> str:
+    """What a generating method's KL term compares with: nothing (beta 0), a frozen copy of the starting adapter,
+    or the same sharded model with the adapter switched off (the base, a fresh adapter's start)."""
+    if not row_of(cfg.run.method).generates or not float(cfg.training.get("beta") or 0):
+        return "off"
+    return "ref_adapter" if cfg.model.adapter and cfg.model.reference == "adapter" else "adapter_disabled"
+
+
+def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
+    """GRPO's rewards as resolved (the rules refused what does not resolve: FT131), how it generates and what its
+    KL term compares with (_reference)."""
+    if not row_of(cfg.run.method).generates:
+        return None
+    from fsdp_tune.rewards.resolve import Unresolved, resolve
+
+    rewards = []
+    for entry in cfg.run.reward_funcs:
+        try:
+            rewards.append(resolve(entry))
+        except Unresolved:
+            continue
+    vllm = bool(cfg.training.get("use_vllm"))
+    completion = int(cfg.training.get("max_completion_length") or 0)
+    return GrpoSpec(
+        rewards=tuple(rewards),
+        generation="vllm" if vllm else "transformers",
+        synced=world_size > 1,
+        weight_sync="adapter" if vllm else None,
+        reference=_reference(cfg),
+        max_prompt_tokens=cfg.data.max_seq_len - completion if completion else None,
+    )
+
+
+def steps(cfg: RunConfig) -> Steps:
+    """The batch, the end and the checkpoint schedule as the method's config will read them: the run's settings,
+    else that config's defaults (TrainingSettings.get: training_fields.json, read from the installed TRL)."""
+    value = cfg.training.get
+    return Steps(
+        per_device_train_batch_size=int(value("per_device_train_batch_size")),
+        gradient_accumulation_steps=int(value("gradient_accumulation_steps")),
+        max_steps=int(value("max_steps")),
+        max_grad_norm=float(value("max_grad_norm") or 0.0),
+        optim=str(value("optim")),
+        save_strategy=value("save_strategy"),
+        save_steps=float(value("save_steps")),
+        save_total_limit=value("save_total_limit"),
+    )

@@ -1,0 +1,278 @@
+"""The rank spec: every decision a rank executes, made once on the launcher side (see rank.py).
+
+Plain, frozen, typed data. It is written to OUTPUT_DIR/fsdp_tune_resolved.json, printed by `train --dry_run`
+(`--dry_run --json` prints it whole), and the worker reads nothing else: no rank re-decides the backend,
+a dtype, checkpointing, the seed, whether it evaluates, how the model loads or the `fsdp_config` that
+Transformers receives. Because GPU decisions are data here, they are tested as tables without a GPU
+(tests/unit/test_rank_spec.py); every field is read by the worker or shown by the plan
+(tests/unit/test_spec_walk.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from fsdp_tune.config.methods import DataKind, Head, Truncation
+from fsdp_tune.rewards.resolve import RewardSpec
+from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
+from fsdp_tune.sources.mixture import Source
+from fsdp_tune.typed import from_plain, to_plain
+
+SPEC_VERSION = 3
+
+
+@dataclass(frozen=True)
+class World:
+    """How many ranks on how many machines, and how they meet (torchrun's arguments)."""
+
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    rdzv_backend: str
+    standalone: bool  # one machine, no port asked for: torchrun picks a free port
+    max_restarts: int
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A vision-language model's decisions (decide/vision.py): its family's row (config/model_kinds.py), what trains
+    besides the language model, and how every rank runs the vision tower's collectives each step."""
+
+    family: str  # the row's model_type
+    tower: str  # the vision tower's module path
+    projector: str  # the projector's module path
+    train_tower: bool  # --freeze_vision_tower false: the tower trains too (LoRA on its linear layers)
+    train_projector: bool  # --freeze_multi_modal_projector false: the projector trains whole
+    # "dummy_image": a batch without images gets one tiny image whose tokens sit past every row's end (no row
+    # attends to them, none is in the loss), so every rank runs the vision tower, and its FSDP all-gathers, every
+    # step (worker/data/vision_collate.py)
+    guard: Literal["dummy_image", "none"] = "dummy_image"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name_or_path: str  # what from_pretrained reads (a builtin model's folder once materialised)
+    requested: str  # as the user named it (builtin:tiny-llama, a hub id, a folder)
+    dtype: str  # the dtype the base model is loaded in
+    attn_implementation: str | None  # None: transformers picks (sdpa if the class supports it, else eager)
+    trust_remote_code: bool
+    quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
+    chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
+    revision: str | None = None  # the model's branch, tag or commit (--model_revision)
+    adapter: str | None = None  # a trained adapter's folder the policy starts from (--adapter), absolute
+    # DPO/KTO's reference: "base" (the base model: a fresh adapter's start) or "adapter" (a frozen copy of the
+    # starting adapter); on the sharded path it is the frozen "ref" adapter either way (worker/loading/reference.py)
+    reference: Literal["base", "adapter"] = "base"
+    # the model's kind (config/model_kinds.py): its Auto class, a processor or not
+    kind: Literal["causal_lm", "vision_language"] = "causal_lm"
+    vision: VisionSpec | None = None  # a vision-language model's decisions
+
+
+@dataclass(frozen=True)
+class ShardedPlan:
+    """What the sharded model builder (worker/loading/sharded.py) applies that accelerate applies on the
+    transformers path, decided as accelerate 1.15 decides it (decide/loading.py sharded_plan)."""
+
+    layer_cls: tuple[str, ...]  # the classes made FSDP units; empty: the model's _no_split_modules
+    reshard_after_forward: bool
+    activation_checkpointing: bool  # FSDP activation checkpointing (fsdp2_apply_ac)
+    activation_checkpointing_offload: bool
+    cpu_offload: bool
+    mp_policy: dict[str, str] | None  # MixedPrecisionPolicy dtypes by name; None: FSDP2's default
+    upcast_trainable: bool  # trainable parameters in fp32 under mixed precision (not with 4-bit weights)
+    may_fall_back: bool  # --loading auto: a rank that finds the model needs from_pretrained falls back; else stops
+
+
+@dataclass(frozen=True)
+class Loading:
+    """How the weights reach the ranks (decide/loading.py): "sharded" (each rank reads only its shards,
+    worker/loading/sharded.py) or "transformers" (from_pretrained on every rank)."""
+
+    path: Literal["transformers", "sharded"] = "transformers"
+    why: str | None = None  # why the run takes the transformers path, when sharded loading does not apply
+    sharded: ShardedPlan | None = None  # on the sharded path: what the builder applies
+    # on the sharded path, the transformers path's fsdp_config: the units the builder makes follow it, and a rank
+    # that falls back gives it to the Trainer (the Trainer is otherwise told NO_WRAP); None on the transformers path
+    transformers_fsdp_config: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The data every rank trains on: the sources (their format detected from the files on the launcher, or
+    on rank 0 for a Hub dataset), how they mix, and what is in the loss. Rank 0 converts and tokenizes once
+    (worker/data/prepare.py); the others read its result."""
+
+    dataset_name: str
+    splits: tuple[str, ...]
+    text_field: str
+    max_seq_len: int
+    packing: bool
+    seed: int  # mixing sources and carving held-out rows: --data_seed, else --seed
+    sources: tuple[Source, ...] = ()
+    test_split_size: float | None = None  # held-out share carved from the mixed training rows
+    mask_fallback: Literal["split", "locate", "error"] = "split"  # chat templates that re-render earlier turns
+    peft_text_field: str | None = None  # PEFT's examples path: chats rendered into this text, every token trained
+    # how the trainer cuts and packs sequences, as its config reads them (the run's, or TRL's defaults): rank 0
+    # encodes the rows to match, and the pre-flight counts what would be cut
+    truncation_mode: Literal["keep_start", "keep_end"] = "keep_start"
+    packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped (TRL's packing)
+    eos_token: str | None = None  # SFTConfig's eos_token; None: the tokenizer's
+    num_proc: int | None = None  # --dataset_num_proc: processes rank 0 maps the rows with
+
+
+@dataclass(frozen=True)
+class SaveSpec:
+    """How the adapter leaves the sharded model at the end (and at FULL checkpoints) and comes back on resume
+    (worker/saving/save.py): it depends on the FSDP version, so it is decided here and tested as a table. Whether
+    checkpoints hold the whole adapter is RankSpec.full_state_dict."""
+
+    # "gather_trainable": FSDP2, every rank all-gathers the trainable tensors only, rank 0 writes them;
+    # "fsdp1_units": FSDP1, one unit unsharded at a time, its adapter tensors copied off (worker/saving/fsdp1_units.py)
+    final: Literal["gather_trainable", "fsdp1_units"] = "gather_trainable"
+    # "local_rows": FSDP2, each rank copies its rows of the saved adapter into its shards where they live (GPU, or
+    # pinned host memory under cpu_offload); "fsdp1_units": FSDP1, unit by unit, written back to each shard
+    resume: Literal["local_rows", "fsdp1_units"] = "local_rows"
+    # how a checkpoint holds the model: "adapter_file" (FULL_STATE_DICT with an adapter: the adapter file `final`
+    # writes, and nothing else; accelerate's save_fsdp_model is skipped, whose FULL state dict gathers the whole
+    # model under FSDP1, cloned on the GPU for an unsharded unit, and gathers the adapter a second time under FSDP2;
+    # the best model comes back from the adapter file as a resume does); "accelerate" (SHARDED_STATE_DICT, or full
+    # fine-tuning: accelerate's save_fsdp_model, the shards or the whole model, and its load)
+    checkpoint: Literal["adapter_file", "accelerate"] = "accelerate"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """The training method as the ranks execute it: its row's traits (config/methods.py), so no rank decides
+    anything from the method's name."""
+
+    name: str = "sft"  # the ranks' hook: the TRL config and trainer classes, the data preparation
+    data: DataKind = "sft"  # the rows it trains on
+    head: Head = "lm"  # "score": a sequence classifier with one number (AutoModelForSequenceClassification)
+    reference_adapter: bool = False  # a frozen "ref" adapter beside the policy's (worker/loading/reference.py)
+    truncation: Truncation = "sft"  # what the trainer cuts or drops at max_seq_len, as rank 0 counts it
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How many rows a step takes, how it ends, and when checkpoints are written: the Trainer reads these from
+    trainer_args; here they are typed, with the method's config defaults filled in, for the pre-flight (a resume's
+    batch, the disk a run's checkpoints take) and `plan --trace`."""
+
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_steps: int = -1
+    max_grad_norm: float = 1.0
+    optim: str = "adamw_torch_fused"
+    save_strategy: Literal["no", "steps", "epoch", "best"] = "steps"
+    save_steps: float = 500
+    save_total_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class GrpoSpec:
+    """What GRPO's ranks need beyond TRL's GRPOConfig (the trainer_args), decided on the launcher
+    (decide/method.py grpo_spec)."""
+
+    rewards: tuple[RewardSpec, ...]
+    # how completions are generated: "transformers" (generate on the sharded policy, every rank stepping until all
+    # are done) | "vllm" (TRL's vLLM backend, colocated, GPU only, never run here: by reading)
+    generation: Literal["transformers", "vllm"] = "transformers"
+    synced: bool = True  # generate() keeps every rank stepping until all ranks finish (more than one rank)
+    # how the policy reaches vLLM: "adapter" (the trained adapter alone, gathered as the final save gathers it; never
+    # a merge into the sharded, perhaps 4-bit, base) | None without vLLM
+    weight_sync: Literal["adapter"] | None = None
+    # the KL term's reference (beta > 0): "off" (none: beta 0) | "adapter_disabled" (the same sharded model with the
+    # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
+    reference: Literal["off", "adapter_disabled", "ref_adapter"] = "off"
+    max_prompt_tokens: int | None = None  # max_seq_len - max_completion_length: longer prompts are left out
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    world: World
+    device: Literal["cpu", "cuda"]  # where the ranks compute
+    backend: str  # the process-group backend string, e.g. "gloo", "nccl", "cuda:nccl,cpu:gloo"
+    timeout_s: int  # collectives time out after this long (--ddp_timeout)
+    env: dict[str, str]  # exported to torchrun and every rank, as `accelerate launch` would
+    cpu_fsdp_shim: bool  # accelerate's FSDP path on CPU (worker/cpu_fsdp.py)
+    fsdp_version: int  # shown by the plan; the ranks get it in trainer_args' fsdp_config
+    precision: Literal["no", "bf16", "fp16", "fp8"]  # mixed precision, shown by the plan (ranks: trainer_args')
+    # shown by the plan: "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"; the ranks get
+    # it as fsdp_config's activation_checkpointing, trainer_args' activation_checkpointing and loading.sharded's
+    checkpointing: Literal["fsdp", "gradient", "off"]
+    trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
+    parallelism: dict[str, Any] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
+    fsdp_mixed_precision: dict[str, str] | None  # FSDP2 MixedPrecisionPolicy dtypes (QLoRA), None: accelerate's
+    model: ModelSpec
+    lora: dict[str, Any] | None  # LoraConfig kwargs, None for full fine-tuning
+    data: DataSpec
+    output_dir: str
+    resume_from_checkpoint: str | None
+    checkpoint_on_stop: bool  # a stop request (signal, stop file) ends with a checkpoint
+    check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
+    loading: Loading  # how the model loads (decide/loading.py)
+    evaluation: bool  # the Trainer evaluates (--eval_strategy other than no): the ranks get the held-out rows
+    seed: int  # set_seed before data and model (LoRA's initial values): --seed, TRL's default when not given
+    full_state_dict: bool  # checkpoints hold the whole adapter (FULL_STATE_DICT): fsdp-tune's gather saves them
+    method: MethodSpec = field(default_factory=MethodSpec)  # the training method (worker/training/methods.py)
+    steps: Steps = field(default_factory=Steps)  # the batch, the end and the checkpoints, typed
+    spec_version: int = SPEC_VERSION
+    notes: tuple[str, ...] = field(default=())  # decisions worth telling the user (shown by --dry_run)
+    # what rank 0 shows people (worker/logs.py, worker/training/progress.py): "live" (a terminal: one progress
+    # line redrawn in place), "lines" (a file or a scheduler's log: plain progress lines) or "verbose" (also
+    # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
+    console: Literal["live", "lines", "verbose"] = "lines"
+    save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
+    grpo: GrpoSpec | None = None  # a generating method (GRPO): its rewards, its generation and its reference
+
+    @property
+    def fsdp_config(self) -> dict[str, Any]:
+        return self.trainer_args["fsdp_config"]
+
+    @property
+    def unit_fsdp_config(self) -> dict[str, Any]:
+        """The fsdp_config the FSDP units follow: under sharded loading the builder makes them (the Trainer is
+        told NO_WRAP), as the transformers path's config says."""
+        return self.loading.transformers_fsdp_config or self.fsdp_config
+
+    def trainer_args_on(self, path: str) -> dict[str, Any]:
+        """The SFTConfig arguments for the model loaded on `path`: a rank that fell back from sharded loading
+        trains with the transformers path's fsdp_config (decided here, on the launcher)."""
+        if path == "transformers" and self.loading.transformers_fsdp_config is not None:
+            return {**self.trainer_args, "fsdp_config": self.loading.transformers_fsdp_config}
+        return self.trainer_args
+
+    @property
+    def resolved_path(self) -> str:
+        return str(Path(self.output_dir) / resolved_name(self.world.node_rank, self.world.nnodes))
+
+    def as_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+
+def from_dict(data: dict[str, Any]) -> RankSpec:
+    """A RankSpec from `as_dict()` output (the worker reads resolved.json this way)."""
+    if data.get("spec_version") != SPEC_VERSION:
+        raise ValueError(
+            f"rank spec version {data.get('spec_version')} (this fsdp-tune reads {SPEC_VERSION}): the launcher "
+            "and the ranks run different fsdp-tune versions"
+        )
+    return from_plain(RankSpec, data)
+
+
+def read_from(run_dir: str | Path) -> RankSpec | None:
+    """The rank spec a run executed (machine 0's), for the commands after a run; None for a folder fsdp-tune
+    did not train into (a downloaded adapter)."""
+    for path in (Path(run_dir) / RESOLVED_NAME, *sorted(Path(run_dir).glob(f"node0-{RESOLVED_NAME}"))):
+        if path.exists():
+            return from_dict(json.loads(path.read_text())["spec"])
+    return None

@@ -1,0 +1,117 @@
+"""A vision-language model's decisions, made once on the launcher from its config.json and its family's row
+(config/model_kinds.py): no `if vision` elsewhere, each decision below is read where the rank spec is made.
+
+    units    FSDP2 units for both towers: the language model's decoder layers, the vision tower's blocks, and the
+             projector alone (what trains in a unit then has one dtype: the projector trained whole never shares a
+             unit with LoRA's tensors or with the frozen tower)
+    LoRA     the language model's linear layers by default (--lora_target_modules names them); the tower's and the
+             projector's are excluded (PEFT's exclude_modules), unless --freeze_vision_tower false puts LoRA on the
+             tower's linear layers too; --freeze_multi_modal_projector false trains the projector whole
+             (modules_to_save), as LLaMA-Factory does
+    trainer  the rows keep their image column to the collator (remove_unused_columns false)
+    guard    every rank runs the vision tower every step (VisionSpec.guard)
+
+Pure: reads config.json where it is on this machine (sources/model.py); no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fsdp_tune.config.model_kinds import CAUSAL_LM, VISION_LANGUAGE, VisionFamily, family_of, kind_of
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import VisionSpec
+from fsdp_tune.sources import model as model_source
+
+
+def config_of(cfg: RunConfig) -> dict | None:
+    name = cfg.model.model_name_or_path
+    return model_source.model_config(name) if name else None
+
+
+def model_kind(cfg: RunConfig) -> str:
+    """The model's kind from its config.json; a model whose config is not on this machine is taken as a language
+    model (a rank that finds a vision tower says so: worker/loading/build.py)."""
+    return kind_of(config_of(cfg))
+
+
+def family(cfg: RunConfig) -> VisionFamily | None:
+    return family_of(config_of(cfg))
+
+
+def vision_spec(cfg: RunConfig) -> VisionSpec | None:
+    row = family(cfg)
+    if row is None:
+        return None
+    m = cfg.model
+    return VisionSpec(
+        family=row.model_type,
+        tower=row.tower,
+        projector=row.projector,
+        train_tower=not m.freeze_vision_tower,
+        train_projector=not m.freeze_multi_modal_projector,
+    )
+
+
+def unit_classes(row: VisionFamily, config: dict) -> tuple[str, ...]:
+    """The classes made FSDP units: the language model's decoder layer, the tower's block, the projector."""
+    language = row.language_layers
+    if language is None:
+        text_type = str((config.get("text_config") or {}).get("model_type") or "")
+        src = model_source._read(text_type) if text_type else None  # noqa: SLF001 - the cached modeling-file read
+        language = src.no_split_modules[0] if src and src.no_split_modules else None
+    tower = row.tower_layers
+    if not isinstance(tower, str):
+        tower = tower.get(str((config.get("vision_config") or {}).get("model_type") or ""))
+    return tuple(c for c in (language, tower, row.projector_class) if c)
+
+
+def layer_classes(cfg: RunConfig) -> tuple[str, ...]:
+    """TRANSFORMER_BASED_WRAP's classes: the user's (--fsdp_transformer_layer_cls_to_wrap), else a vision-language
+    family's units, else none (accelerate takes the model's _no_split_modules)."""
+    named = tuple(cfg.fsdp.transformer_layer_cls_to_wrap)
+    if named or cfg.fsdp.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
+        return named
+    row, config = family(cfg), config_of(cfg)
+    return unit_classes(row, config) if row is not None and config is not None else ()
+
+
+def scoped_lora(cfg: RunConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """LoraConfig's arguments for a vision-language model: the frozen parts excluded, the tower's linear layers
+    targeted when it trains, the projector in modules_to_save when it trains whole (see the module's docstring)."""
+    row = family(cfg)
+    if row is None:
+        return kwargs
+    m = cfg.model
+    frozen = [row.projector] + ([row.tower] if m.freeze_vision_tower else [])
+    out = dict(kwargs)
+    out["exclude_modules"] = _excluded(frozen, kwargs.get("exclude_modules"))
+    targets = out["target_modules"]
+    if not m.freeze_vision_tower and targets != "all-linear":
+        out["target_modules"] = list(dict.fromkeys([*targets, *row.tower_linears]))
+    if not m.freeze_multi_modal_projector:
+        out["modules_to_save"] = list(dict.fromkeys([*(kwargs.get("modules_to_save") or []), row.projector]))
+    return out
+
+
+def _excluded(paths: list[str], given: Any) -> str:
+    """PEFT's exclude_modules as one regex (full match on a module's name): the frozen parts and all under them,
+    and what the user excluded (a list: by name or suffix, as PEFT reads a list; a string: the user's regex)."""
+    parts = [rf"(?:.*\.)?{re.escape(p)}(?:\..*)?" for p in paths]
+    if isinstance(given, str):
+        parts.append(given)
+    elif given:
+        parts += [rf"(?:.*\.)?{re.escape(str(g))}" for g in given]
+    return "|".join(f"(?:{p})" for p in parts)
+
+
+def trainer_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's arguments for a vision-language model: each row's images reach the collator (the Trainer would
+    otherwise drop every column the model's forward does not name)."""
+    if model_kind(cfg) != VISION_LANGUAGE:
+        return args
+    return {**args, "remove_unused_columns": False}
+
+
+__all__ = ["CAUSAL_LM", "VISION_LANGUAGE", "layer_classes", "model_kind", "scoped_lora", "trainer_args", "vision_spec"]

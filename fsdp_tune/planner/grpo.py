@@ -1,0 +1,120 @@
+"""GRPO's step for the memory plan (pure, read from TRL 1.16's GRPOTrainer and transformers 5.24's generate).
+
+One generation serves `steps_per_generation` optimizer micro-steps (by default gradient_accumulation_steps): each rank
+generates for per_device_train_batch_size x steps_per_generation prompts-with-completion at once, then trains on
+per_device_train_batch_size of them per micro-step, as SFT trains on a batch (TRL's fused head: log-probs and
+entropy, no full logits). Around it, two phases SFT has not:
+
+    generation       under no_grad, the policy's own generate() on the sharded model: the KV cache of every row at
+                     its full length (prompt + max_completion_length, within max_seq_len; 2 x layers x rows x tokens
+                     x key/value width, in the compute dtype), the last position's logits in fp32 with the
+                     sampler's copy (temperature, top-k/p: 2 x rows x vocabulary), and FSDP2's units in flight as in
+                     a forward (three layers' worth at a copy-out, the output head); the prefill's one-layer tensors
+                     for the prompts are bounded by what a layer saves for backward
+    log-prob passes  before training and without gradients, in chunks of per_device_train_batch_size rows: the
+                     reference's (beta > 0: the same model, adapter off) and the policy's "old" log-probs (when one
+                     generation serves several optimizer steps: num_iterations > 1, or steps_per_generation above
+                     gradient_accumulation_steps); one layer's tensors, the fused head's tile and the log-probs, and
+                     lm_head gathered
+
+Nothing of the generation outlives it: the KV cache is freed before the log-prob passes and the training forward.
+"""
+
+from __future__ import annotations
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.planner.shape import ModelShape
+from fsdp_tune.planner.stack import Stack
+
+GENERATION = "generation (KV cache, no grad)"
+LOG_PROBS = "log-prob passes (reference / old policy, no grad)"
+
+
+def rows_generated(cfg: RunConfig) -> int:
+    """Completions one rank generates at once (GRPOConfig: generation_batch_size / world, or per-device batch x
+    steps_per_generation)."""
+    t = cfg.training
+    per_device = int(t.get("per_device_train_batch_size") or 8)
+    if t.get("generation_batch_size"):
+        return max(int(t.get("generation_batch_size")) // max(cfg.launch.num_processes, 1), 1)
+    return per_device * int(t.get("steps_per_generation") or t.get("gradient_accumulation_steps") or 1)
+
+
+def log_prob_passes(cfg: RunConfig) -> int:
+    """Forwards without gradients before training: the reference's (beta > 0) and the old policy's."""
+    t = cfg.training
+    accumulation = int(t.get("gradient_accumulation_steps") or 1)
+    generate_every = int(t.get("steps_per_generation") or accumulation) * int(t.get("num_iterations") or 1)
+    old = accumulation % generate_every != 0
+    return int(float(t.get("beta") or 0) > 0) + int(old)
+
+
+def sequence(cfg: RunConfig) -> int:
+    """A row's length: the prompt and its completion, within max_seq_len (longer prompts are left out)."""
+    return cfg.data.max_seq_len
+
+
+def kv_cache_bytes(cfg: RunConfig, shape: ModelShape, st: Stack) -> float:
+    return 2 * shape.n_layers * rows_generated(cfg) * sequence(cfg) * shape.kv_dim * st.compute_bytes
+
+
+def phases(cfg: RunConfig, shape: ModelShape, st: Stack, u: dict, saved: float, head: float, loss_fwd) -> dict:
+    """GRPO's own phases (component -> bytes), beside the training step's. `u`: gathered unit bytes
+    (planner/gathered.py units), `saved`: what a layer saves for backward per token, `head`: lm_head gathered
+    whole (the fused head), `loss_fwd(tokens)`: the fused head's forward bytes."""
+    rows = rows_generated(cfg)
+    completion = int(cfg.training.get("max_completion_length") or 512)
+    prompt = max(sequence(cfg) - completion, 1)
+    out = {
+        GENERATION: {
+            "KV cache (every layer, prompt + completion)": kv_cache_bytes(cfg, shape, st),
+            "last position's logits and the sampler's copy (fp32)": 2 * 4 * rows * shape.vocab_size,
+            "prefill: one layer's tensors for the prompts (no grad)": rows * prompt * saved,
+            "gathered FSDP units": 3 * u["layer"] + u["head"],
+        }
+    }
+    if log_prob_passes(cfg):
+        tokens = int(cfg.training.get("per_device_train_batch_size") or 8) * sequence(cfg)
+        out[LOG_PROBS] = {
+            "one layer's tensors (no grad)": tokens * saved,
+            "gathered FSDP units": 3 * u["layer"],
+            "lm_head gathered (fused head)": head,
+            "log-probs": loss_fwd(tokens),
+        }
+    return out
+
+
+def note(cfg: RunConfig) -> str:
+    t = cfg.training
+    n = int(t.get("num_generations") or 8)
+    passes = log_prob_passes(cfg)
+    extra = f", {passes} log-prob pass(es) without gradients" if passes else ""
+    return (
+        f"grpo: {rows_generated(cfg)} completions generated per rank at once ({n} per prompt, up to "
+        f"{t.get('max_completion_length') or 512} tokens), then trained on like SFT rows{extra}; generating on the "
+        "sharded model all-gathers every FSDP unit again for each generated token (in the step time)"
+    )
+
+
+def generations_per_step(cfg: RunConfig) -> float:
+    """Generations per optimizer step: one per steps_per_generation x num_iterations micro-steps."""
+    t = cfg.training
+    accumulation = int(t.get("gradient_accumulation_steps") or 1)
+    every = int(t.get("steps_per_generation") or accumulation) * int(t.get("num_iterations") or 1)
+    return accumulation / every
+
+
+def generation_cost(cfg: RunConfig, shape: ModelShape, forward_gathered: float) -> tuple[float, float]:
+    """(FLOPs, all-gathered bytes) per GPU and optimizer step that GRPO adds to the training pass: each generation
+    runs the prefill and one forward per generated token on the sharded model, every forward all-gathering every
+    unit again (`forward_gathered`: one forward's worth); the log-prob passes are one forward each per micro-step."""
+    t = cfg.training
+    completion = int(t.get("max_completion_length") or 512)
+    gens = generations_per_step(cfg)
+    accumulation = int(t.get("gradient_accumulation_steps") or 1)
+    micro = int(t.get("per_device_train_batch_size") or 8)
+    n = shape.active_params
+    flops = gens * rows_generated(cfg) * sequence(cfg) * 2 * n
+    flops += log_prob_passes(cfg) * accumulation * micro * sequence(cfg) * 2 * n
+    gathered = (gens * (completion + 1) + log_prob_passes(cfg) * accumulation) * forward_gathered
+    return flops, gathered

@@ -1,0 +1,249 @@
+"""Checks that depend on this machine and these files, run by `train` before any rank starts.
+
+`validate-config` checks the configuration; this checks whether it can run here: files exist and hold
+the expected fields, libraries are importable, the output dir is safe to write. No torch import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.machine import Machine, visible_gpus
+from fsdp_tune.decide.spec import RankSpec
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.preflight import reach
+from fsdp_tune.preflight.disk import check_disk
+from fsdp_tune.preflight.memory import check_memory
+from fsdp_tune.preflight.vision import vision_data_findings
+from fsdp_tune.rundir import outdir, ownership
+from fsdp_tune.runfiles import links_in
+from fsdp_tune.sources.model import hub_cached, offline
+from fsdp_tune.sources.modelcheck import check_model_folder
+from fsdp_tune.sources.weights import check_weights
+
+BUILTIN_MODEL_PREFIX = "builtin:"
+
+
+def _err(rule: str, key: str, message: str, hint: str = "", source: str = "command line") -> Finding:
+    return Finding(rule, Severity.ERROR, key, source, message, hint)
+
+
+def _offline() -> bool:
+    return offline("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).exists()
+
+
+def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_requested: bool) -> list[Finding]:
+    findings: list[Finding] = []
+    findings += _model(cfg)
+    findings += _libraries(cfg, spec, machine)
+    findings += reach.port_findings(spec)
+    findings += _output_dir(cfg, spec, resume_requested)
+    findings += check_memory(cfg, spec, machine)  # last: it plans the run (seconds), on GPU machines only
+    return findings
+
+
+def _model(cfg: RunConfig) -> list[Finding]:
+    name = cfg.model.model_name_or_path
+    if not name:
+        return [
+            _err(
+                "PF001",
+                "--model_name_or_path",
+                "no model given",
+                "--model_name_or_path meta-llama/Llama-2-7b-hf (or a local folder, or builtin:tiny-llama)",
+            )
+        ]
+    if name.startswith(BUILTIN_MODEL_PREFIX):
+        from fsdp_tune.sources.builtin import PRESETS
+
+        if name.removeprefix(BUILTIN_MODEL_PREFIX) not in PRESETS:
+            return [
+                _err(
+                    "PF001",
+                    "--model_name_or_path",
+                    f"unknown builtin model {name}",
+                    f"one of: {', '.join(BUILTIN_MODEL_PREFIX + p for p in PRESETS)}",
+                )
+            ]
+        return []
+    if _looks_like_path(name):
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            return [_err("PF002", "--model_name_or_path", f"{name} does not exist", "check the path")]
+        if not (path / "config.json").exists():
+            return [
+                _err("PF002", "--model_name_or_path", f"{name} has no config.json: not a Transformers model folder")
+            ]
+        found = check_weights(path, name)
+        return found + check_model_folder(path, name, cfg.model.trust_remote_code, shapes=not found)
+    return _hub_model(name)
+
+
+def _hub_model(name: str) -> list[Finding]:
+    """A hub id: in the local cache, or a Hub that answers (offline: it must be in the cache)."""
+    if hub_cached(name, "models"):
+        return []
+    if _offline():
+        return [
+            _err(
+                "PF003",
+                "--model_name_or_path",
+                f"{name} is a hub id, the hub is offline (HF_HUB_OFFLINE) and the model is not in the local cache",
+                "download it first, or point at a local folder",
+            )
+        ]
+    return reach.hub_findings(name)
+
+
+def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
+    """The data files, read on this machine: their format detected and written into the spec (the ranks
+    execute it), unreadable files and bad rows reported with file and row (preflight/data.py), and their
+    rows tokenized as rank 0 will (preflight/tokens.py)."""
+    from dataclasses import replace
+
+    from fsdp_tune.preflight.data import settle
+    from fsdp_tune.preflight.tokens import TokenCheck
+
+    d = spec.data
+    eval_wanted = spec.evaluation and not d.test_split_size
+    tokens = TokenCheck(spec) if spec.method.data == "sft" else None  # a preference method's rows: preference_check
+    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method.name)
+    spec = replace(spec, data=replace(d, sources=sources))
+    findings += vision_data_findings(spec)  # images for this model and trainer (preflight/vision.py)
+    if spec.grpo is not None and not any(f.severity is Severity.ERROR for f in findings):
+        from fsdp_tune.preflight.rewards import check_rewards
+
+        findings += check_rewards(spec)  # the user's rewards called on one row, in a process of their own
+    return spec, findings
+
+
+def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
+    trackers = reach.tracker_findings(cfg)
+    return [*_attention(cfg, spec), *_quantization(cfg), *_gpus(cfg, spec, machine), *trackers, *_hub(cfg)]
+
+
+def _attention(cfg: RunConfig, spec: RankSpec) -> list[Finding]:
+    if not str(spec.model.attn_implementation or "").startswith("flash_attention"):
+        return []
+    key = "--use_flash_attn" if cfg.model.use_flash_attn else "--attn_implementation"
+    if spec.device == "cpu":
+        return [
+            _err(
+                "PF020",
+                key,
+                "flash-attention needs CUDA GPUs; this run is on CPU",
+                f"drop {key} (SDPA is used)",
+            )
+        ]
+    if importlib.util.find_spec("flash_attn") is None:
+        return [
+            _err(
+                "PF020",
+                key,
+                "flash-attn is not installed",
+                f"pip install flash-attn --no-build-isolation, or drop {key}",
+            )
+        ]
+    return []
+
+
+def _quantization(cfg: RunConfig) -> list[Finding]:
+    if cfg.quantization.use_4bit_quantization and importlib.util.find_spec("bitsandbytes") is None:
+        return [_err("PF021", "--use_4bit_quantization", "bitsandbytes is not installed", "pip install bitsandbytes")]
+    return []
+
+
+def _gpus(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
+    findings = []
+    w = spec.world
+    # the machine's own count (probed, or a simulated node's), unless the rank spec narrows it (gpu_ids)
+    narrowed = spec.env.get("CUDA_VISIBLE_DEVICES")
+    gpus = None if spec.device == "cpu" else visible_gpus(narrowed) if narrowed is not None else machine.gpus
+    if gpus is not None and gpus < w.nproc_per_node:
+        findings.append(
+            _err(
+                "PF025",
+                "num_processes",
+                f"{w.nproc_per_node} processes per machine, but the ranks would see {gpus} GPU(s) here: one "
+                "rank per GPU (NCCL)",
+                f"--num_processes {gpus * w.nnodes}, or check CUDA_VISIBLE_DEVICES / gpu_ids",
+            )
+        )
+    return findings
+
+
+def _hub(cfg: RunConfig) -> list[Finding]:
+    if not cfg.training.get("push_to_hub"):
+        return []
+    if _offline():
+        return [
+            _err(
+                "PF023",
+                "--push_to_hub",
+                "the hub is offline (HF_HUB_OFFLINE): every save would fail to push",
+                "drop --push_to_hub, or unset HF_HUB_OFFLINE",
+            )
+        ]
+    token = (
+        cfg.training.get("hub_token")
+        or os.environ.get("HF_TOKEN")
+        or Path("~/.cache/huggingface/token").expanduser().exists()
+    )
+    if not token:
+        return [
+            _err(
+                "PF023",
+                "--push_to_hub",
+                "no Hugging Face token (HF_TOKEN or `hf auth login`)",
+                "log in first, or drop --push_to_hub",
+            )
+        ]
+    return []
+
+
+def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[Finding]:
+    if not cfg.training.get("output_dir"):
+        return [_err("PF030", "--output_dir", "no output dir given", "--output_dir runs/my-run")]
+    out = Path(spec.output_dir)
+    unwritable = _unwritable(out)
+    if unwritable:
+        return [_err("PF032", "--output_dir", unwritable, "choose a folder you can write to")]
+    if spec.world.node_rank > 0:
+        return []  # machines other than 0 share the output dir that machine 0 checks and owns
+    if out.is_file():
+        return [_err("PF030", "--output_dir", f"{out} is a file", "choose a folder")]
+    links = links_in(out) if out.is_dir() else []
+    if links:
+        return [outdir.links_finding(out, links)]
+    holder = ownership.holder_of(out)
+    if holder:
+        return [ownership.in_use_finding(out, holder)]
+    folder = outdir.inspect(out)
+    found = outdir.findings(folder, resume=resume_requested, overwrite=bool(cfg.run.overwrite_output_dir))
+    return found + check_disk(cfg, spec)
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why the output dir cannot be created or written, found by trying (a hidden temporary folder in the
+    deepest existing ancestor, removed at once), or None. Permission bits alone miss read-only mounts and
+    kernel file systems (/proc lets root "write" but creates nothing)."""
+    existing = out
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{out}: {existing} is a file, not a folder"
+    try:
+        probe = tempfile.mkdtemp(prefix=".fsdp-tune-probe-", dir=existing)
+    except OSError as e:
+        what = "cannot be written" if existing == out else f"cannot be created in {existing}"
+        return f"{out} {what} ({e.strerror or e})"
+    os.rmdir(probe)
+    return None

@@ -1,0 +1,222 @@
+"""A resume that cannot continue its checkpoint, refused before any rank starts (PF039, PF051): the FSDP version,
+the adapter's shape (r, alpha, targets, DoRA, rsLoRA, ...), the method (full fine-tune, LoRA, DoRA, 4-bit) or the
+base model differ from what the checkpoint was trained with. Loaded anyway, a different shape fails on every rank after
+the model has loaded ("size mismatch"), and a different alpha or method silently changes what training means.
+
+What the checkpoint was: its own adapter_config.json (the ranks write PEFT's into every checkpoint), else the
+rank spec of the run that wrote it (OUTPUT_DIR/fsdp_tune_resolved.json, when its run id is the checkpoint's),
+else the finished adapter of that run. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fsdp_tune.config.lora_fields import lora_fields
+from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import RankSpec
+from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.rundir.checkpoints import folder_run_id, marker_run_id
+from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
+
+# LoraConfig fields that decide the adapter's tensors or what they mean (not dropout or init: they only start it)
+SHAPE = (
+    "r",
+    "lora_alpha",
+    "target_modules",
+    "use_dora",
+    "use_rslora",
+    "target_parameters",
+    "modules_to_save",
+    "layers_to_transform",
+    "layers_pattern",
+    "rank_pattern",
+    "alpha_pattern",
+    "exclude_modules",
+    "bias",
+    "lora_bias",
+    "trainable_token_indices",
+    "fan_in_fan_out",
+)
+# what PEFT's adapter_config.json alone can be compared on (PEFT rewrites the rest when it builds the model)
+CORE = ("r", "lora_alpha", "use_dora", "use_rslora", "target_modules")
+# how the user sets each (a PEFT field without one of our names is a flag under its own)
+FLAGS = {"r": "--lora_r", "lora_alpha": "--lora_alpha", "target_modules": "--lora_target_modules"}
+
+
+def resume_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
+    if not checkpoint:
+        return []
+    before = _previous(Path(checkpoint), spec.output_dir)
+    if before is None:
+        return []
+    differences = _differences(before, spec)
+    if not differences:
+        return []
+    said = "; ".join(f"{what} {was} (this launch: {now})" for what, was, now, _ in differences)
+    fix = " ".join(flag for *_, flag in differences if flag)
+    return [
+        Finding(
+            "PF039",
+            Severity.ERROR,
+            "--resume_from_checkpoint",
+            "command line",
+            f"{checkpoint} was trained with {said}: it cannot continue as this launch asks (a different shape "
+            "fails loading on every rank; a different scale or method changes the run without a word)",
+            (f"resume with the checkpoint's settings ({fix}), or " if fix else "")
+            + "start a new run in another --output_dir (the checkpoint stays as it is)",
+        )
+    ]
+
+
+def written_by_fsdp(checkpoint: Path) -> int | None:
+    """The FSDP version of the run that wrote a checkpoint: its folder's rank spec (machine 0's), None when that
+    folder holds none (a checkpoint copied from elsewhere, or written by an fsdp-tune before rank specs)."""
+    for name in (RESOLVED_NAME, f"node0-{RESOLVED_NAME}"):
+        record = _json(checkpoint.parent / name)
+        try:
+            return int(record["spec"]["fsdp_version"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def fsdp_version_findings(checkpoint: str | None, cfg: RunConfig) -> list[Finding]:
+    """PF051: FSDP1 and FSDP2 lay out sharded weights and optimizer state differently, so a checkpoint is resumed
+    by the version that wrote it (a config without fsdp_version now runs FSDP2: config/fsdp2.py)."""
+    from fsdp_tune.config.fsdp2 import version_note
+
+    theirs = written_by_fsdp(Path(checkpoint)) if checkpoint else None
+    ours = cfg.fsdp.version
+    if theirs is None or theirs == ours:
+        return []
+    why = f" ({version_note(cfg)})" if version_note(cfg) else ""
+    return [
+        Finding(
+            "PF051",
+            Severity.ERROR,
+            "--resume_from_checkpoint",
+            "command line",
+            f"{checkpoint} was written by FSDP{theirs}, and this launch runs FSDP{ours}{why}: the two lay out "
+            "sharded weights and optimizer state differently",
+            f"--fsdp_version {theirs} resumes it as it was written",
+        )
+    ]
+
+
+def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
+    """What the checkpoint was, as far as the files tell (a key missing: unknown, not compared), or None:
+    "lora" (LoraConfig fields, None for a full fine-tune), "fields" (those to compare), "trained_targets" (the
+    module names PEFT resolved), "method", "model". The run's own rank spec is the request as it was made, so it
+    compares like with like; PEFT's adapter_config.json holds what PEFT made of it (`all-linear` resolved, MoE
+    experts turned into target_parameters), so alone it speaks only for the core fields."""
+    run_id = marker_run_id(checkpoint)
+    spec = _json(Path(output_dir) / RESOLVED_NAME)
+    same_run = isinstance(spec, dict) and run_id is not None and spec.get("run_id") == run_id
+    record = spec.get("spec") if same_run else None
+    config = _json(checkpoint / ADAPTER_CONFIG)
+    if config is None and run_id is not None and folder_run_id(output_dir) == run_id:
+        config = _json(Path(output_dir) / ADAPTER_CONFIG)  # the run's finished adapter, same shape
+    trained = config.get("target_modules") if isinstance(config, dict) else None
+    if isinstance(record, dict):
+        lora, model = record.get("lora"), record.get("model") or {}
+        return {
+            "lora": lora,
+            "fields": SHAPE,
+            "trained_targets": trained,
+            "method": _method(lora, model.get("quantization")),
+            "model": model.get("requested"),
+            "training method": _method_name(record.get("method")),
+        }
+    if isinstance(config, dict):
+        return {"lora": config, "fields": CORE, "trained_targets": trained}
+    return None
+
+
+def _method_name(recorded) -> str:
+    """The method a checkpoint's run trained with: its rank spec's method part (version 3), or its name alone
+    (version 2), or SFT before either."""
+    if isinstance(recorded, dict):
+        return str(recorded.get("name") or "sft")
+    return str(recorded or "sft")
+
+
+def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str, str, str]]:
+    """(what, the checkpoint's value, this launch's, the flag that sets the checkpoint's) for each difference."""
+    found = []
+    if before.get("model") and before["model"] != spec.model.requested:
+        found.append(("base model", before["model"], spec.model.requested, f"--model_name_or_path {before['model']}"))
+    if before.get("training method", spec.method.name) != spec.method.name:
+        found.append(
+            ("training method", before["training method"], spec.method.name, f"--method {before['training method']}")
+        )
+    method = _method(spec.lora, spec.model.quantization)
+    if "method" in before and before["method"] != method:
+        found.append(("method", before["method"], method, ""))
+        return found
+    old, new = before.get("lora"), spec.lora
+    if old is None or new is None:
+        return found
+    defaults = lora_fields()
+    for name in before["fields"]:
+        default = (defaults.get(name) or {}).get("default")
+        was, now = _norm(old.get(name, default)), _norm(new.get(name, default))
+        asked = was
+        if name == "target_modules":
+            was = _targets(_norm(before.get("trained_targets")), was, now)
+        if was is not _UNKNOWN and was != now:
+            flag = FLAGS.get(name, f"--{name}")
+            found.append((name, _show(was), _show(now), f"{flag} {_show(asked, flag=True)}"))
+    return found
+
+
+_UNKNOWN = object()
+
+
+def _targets(trained: Any, requested: Any, now: Any) -> Any:
+    """What to compare this launch's targets with: `all-linear` (a string) with the request as it was made, a
+    list of names with the names PEFT resolved and trained, else with the request (a list asked for where
+    `all-linear` was is another request: the hint says how to repeat the first); _UNKNOWN when nothing says."""
+    if isinstance(now, str):
+        return requested if isinstance(requested, str) else _UNKNOWN
+    if isinstance(trained, tuple):
+        return trained
+    return requested if requested is not None else _UNKNOWN
+
+
+def _method(lora: dict | None, quantization: dict | None) -> str:
+    q = quantization or {}
+    bits = "4-bit " if q.get("load_in_4bit") else "8-bit " if q.get("load_in_8bit") else ""
+    if lora is None:
+        return bits + "full fine-tune"
+    return bits + ("DoRA" if lora.get("use_dora") else "LoRA")
+
+
+def _norm(value: Any) -> Any:
+    """One spelling per value: lists as sorted tuples (PEFT saves target_modules as a set), empties as None."""
+    if value in (None, "", [], {}, ()):
+        return None
+    if isinstance(value, (list, tuple, set)):
+        return tuple(sorted(map(str, value)))
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), v) for k, v in value.items()))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _show(value: Any, flag: bool = False) -> str:
+    if isinstance(value, tuple):
+        return (" " if flag else ",").join(str(v[0] if isinstance(v, tuple) else v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,67 @@
+"""A Job as an sbatch script: one `fsdp-tune train` a node under srun, the same line on every node.
+
+Preemption as README "Preemption on a cluster" asks: `--signal=USR1@GRACE` signals every process of the step
+(not `B:USR1`, the batch shell only) GRACE seconds before the time limit; the ranks finish the step and
+checkpoint, fsdp-tune exits 143 and the script requeues the job (`--requeue` makes it requeueable), which then
+continues with `--resume_from_checkpoint latest`. scancel and preemption send SIGTERM to the step and the batch
+shell alike: the ranks checkpoint the same way within SLURM's KillWait, and the shell, killed, requeues nothing.
+Every directive is one sbatch(1) documents (tests check them against its vendored option list).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from fsdp_tune.schedulers.job import Job
+
+STOPPED = 143  # fsdp-tune's exit after a stop signal, the checkpoint written (errors.ExitCode.TERMINATED)
+
+
+def directives(job: Job) -> list[tuple[str, str]]:
+    """(sbatch option, value) in the order written."""
+    out = [
+        ("job-name", job.name),
+        ("nodes", str(job.nodes)),
+        ("ntasks-per-node", "1"),
+        ("cpus-per-task", str(job.cpus)),
+        ("mem", f"{job.memory_gib}G"),
+    ]
+    if job.gpu:
+        out.insert(3, ("gpus-per-node", str(job.procs_per_node)))
+    out += [
+        ("chdir", job.workdir),  # where the config and local data files resolve, as where you emitted it
+        ("output", f"{job.name}-%j.out"),
+        ("open-mode", "append"),  # a requeued attempt appends to the same log
+        ("signal", f"USR1@{job.grace_s}"),
+        ("requeue", ""),
+    ]
+    return out
+
+
+def render(job: Job) -> str:
+    lines = ["#!/usr/bin/env bash", *_header(job)]
+    lines += [f"#SBATCH --{name}" + (f"={value}" if value else "") for name, value in directives(job)]
+    line = " ".join(['"$FSDP_TUNE"', *(shlex.quote(a) for a in job.argv)])
+    lines += [
+        "set -uo pipefail",
+        "# the Hugging Face cache on the shared folder: one download for every node and every attempt",
+        *(f'export {k}="${{{k}:-{v}}}"' for k, v in job.env.items()),
+        'FSDP_TUNE="${FSDP_TUNE:-fsdp-tune}"',
+        "# every node runs the same line; SLURM's variables tell each one its place (SLURM_NODEID, ...)",
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {line}",
+        "status=$?",
+        f"# {STOPPED}: stopped by the USR1 before the time limit, checkpoint written: requeue to continue",
+        f'if [ "$status" -eq {STOPPED} ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
+        'exit "$status"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _header(job: Job) -> list[str]:
+    return [
+        "# Written by `fsdp-tune train ... --emit slurm`; nothing was submitted. Submit: sbatch THIS_FILE",
+        *(f"# {fact}" for fact in job.facts),
+        f"# shared folder (output, checkpoints, Hugging Face cache): {job.shared}; output: {job.output_dir}",
+        f"# runs in {job.workdir} (on the filesystem the nodes share): the config and local data resolve there",
+        "# HF_TOKEN, when the model or the push needs one, comes from the environment sbatch is run from",
+    ]

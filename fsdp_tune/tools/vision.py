@@ -1,0 +1,55 @@
+"""A vision-language model behind a run's adapter, for the after-run tools: its processor (saved in the run's folder
+beside the adapter, else the base's), a prompt with an image, and whether a model reads images at all (its
+config.json: config/model_kinds.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fsdp_tune.config.model_kinds import VISION_LANGUAGE, kind_of
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def kind_of_base(base: str) -> str:
+    """The base model's kind, from its config.json (a local folder, or the Hub cache)."""
+    from transformers.utils import cached_file
+
+    try:
+        config = json.loads(Path(cached_file(base, "config.json")).read_text())
+    except (OSError, ValueError):
+        return kind_of(None)
+    return kind_of(config)
+
+
+def reads_images(base: str) -> bool:
+    return kind_of_base(base) == VISION_LANGUAGE
+
+
+def processor_of(run_dir: Path, base: str):
+    """The processor the run saved (worker/recipe.py), else the base model's."""
+    from fsdp_tune.models.processor import load_processor
+
+    saved = any((run_dir / f).exists() for f in PROCESSOR_FILES)
+    return load_processor(str(run_dir) if saved else base)
+
+
+def image_prompt(processor, text: str, image, device: str):
+    """The processor's inputs (token ids, pixels) for one user turn holding `image` and `text`."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+    rendered = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return processor(images=[image], text=[rendered], return_tensors="pt", add_special_tokens=False).to(device)
+
+
+def open_image(path: str):
+    """An image file as RGB (UsageError naming it when it does not open)."""
+    from PIL import Image, UnidentifiedImageError
+
+    from fsdp_tune.errors import UsageError
+
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, UnidentifiedImageError) as e:
+        raise UsageError(f"--image {path}: cannot be read ({e})", "a PNG, JPEG or other image file PIL opens") from None

@@ -1,0 +1,72 @@
+"""What GRPOTrainer needs under FSDP2 that TRL 1.16 does not do, mixed into its class (training/methods.py):
+
+Generation that cannot hang. TRL generates with the policy's own generate() on every rank; under FSDP2 each decoding
+step's forward all-gathers every unit, so a rank whose completions all ended (EOS, or max_new_tokens) must keep
+stepping until every rank has (transformers' synced_gpus). transformers turns it on by itself only when
+is_fsdp_managed_module(model) sees `_is_fsdp_managed_module`, a mark torch 2.13's fully_shard puts on the modules it
+manages "for Dynamo" (torch/distributed/fsdp/_fully_shard/_fully_shard.py), not a promise. Without it, the rank that
+finished first goes on to TRL's gather of the completion lengths while the other is still all-gathering a unit: on
+gloo the run aborted ("Received data size doesn't match expected size. Is there a distributed collective
+mismatch", seen here with synced_gpus forced off and one rank stopped after 2 tokens); on NCCL, by reading, it waits
+until the collective timeout. So the rank spec says when to sync (GrpoSpec.synced: more than one rank) and the
+model's generate() is called with synced_gpus=True, whatever the libraries' marks.
+
+The reference, as the adapter switched off. Given a PEFT model (sharded loading applied LoRA before FSDP, or a
+starting adapter did) and beta > 0, GRPOTrainer adds an adapter "ref" and copies "default" into it: on a sharded
+model the new weights are plain tensors beside DTensors (the copy fails, and the adapter would sit outside FSDP's
+units). For a fresh adapter (lora_B zero) the reference is exactly the base, so the trainer is built with beta 0
+(no "ref" adapter, no reference model) and given its beta afterwards: its reference forwards then run with the
+adapter disabled on the same sharded model (TRL's use_adapter(model, None)). A starting adapter as the reference is a
+frozen "ref" copy made before sharding, as DPO's (loading/reference.py; GrpoSpec.reference "ref_adapter").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from fsdp_tune.worker import faults
+from fsdp_tune.worker.training.vllm_sync import AdapterSync, lora_engine
+from fsdp_tune.worker.wrappers import base
+
+
+class GrpoOnFsdp:
+    """Mixed into GRPOTrainer before it (after FsdpSaving): synced generation and the disabled-adapter reference,
+    as the rank spec's GrpoSpec says."""
+
+    def __init__(self, *args, grpo, lora_rank: int | None = None, **kwargs):
+        self.grpo_spec = grpo
+        config = kwargs["args"]
+        beta = config.beta
+        if grpo.reference == "adapter_disabled":
+            config.beta = 0.0  # no "ref" adapter: the reference is the base, the adapter switched off
+        vllm = grpo.generation == "vllm"
+        try:
+            with lora_engine(lora_rank or 8) if vllm else contextlib.nullcontext():
+                super().__init__(*args, **kwargs)
+        finally:
+            config.beta = beta
+        self.beta = beta
+        if vllm:  # by reading: the adapter alone reaches the colocated engine (training/vllm_sync.py)
+            if grpo.weight_sync != "adapter":
+                raise ValueError(f"vLLM weight sync {grpo.weight_sync!r}: this fsdp-tune syncs the adapter alone")
+            AdapterSync(self, self.vllm_generation, config.output_dir)
+        faults.shorten_generation(self.model)  # test-only: this rank's completions end early
+        if grpo.synced:
+            sync_generation(self.model)
+
+
+def sync_generation(model) -> None:
+    """The transformers model's generate() (which PEFT's generate() calls) with synced_gpus=True."""
+    target = base(model)  # under PeftModel (FSDP2's fully_shard keeps the module object: set once, kept)
+    original = target.generate
+    if getattr(original, "fsdp_tune_synced", False):
+        return
+
+    @functools.wraps(original)
+    def generate(*args, **kwargs):
+        kwargs["synced_gpus"] = True
+        return original(*args, **kwargs)
+
+    generate.fsdp_tune_synced = True
+    target.generate = generate

@@ -1,0 +1,64 @@
+"""GRPO's reward functions on the ranks, from the rank spec's RewardSpecs: built-ins (rewards/builtin.py), the
+user's functions (rewards/load.py), each checked on every call (rewards/guard.py: a failure or a result GRPO cannot
+use stops the run in one line); reward models as TRL takes them, a model and its tokenizer.
+
+A --method reward run is its adapter on its base, loaded as a sequence classifier with one label and merged: a
+small unsharded copy on every rank, in inference mode (TRL's _calculate_rewards calls it under inference_mode).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fsdp_tune.decide.spec import RankSpec, RewardSpec
+from fsdp_tune.rewards.builtin import make
+from fsdp_tune.rewards.guard import guarded
+from fsdp_tune.rewards.load import load_function
+from fsdp_tune.runfiles import RESOLVED_NAME
+
+
+def reward_kwargs(spec: RankSpec, tokenizer, step=lambda: None) -> dict[str, Any]:
+    """GRPOTrainer's reward_funcs and reward_processing_classes for the spec's rewards. `step()`: the global step,
+    for the guard's messages."""
+    if spec.grpo is None:
+        return {}
+    length = int(spec.trainer_args.get("max_completion_length") or 512)
+    funcs, classes = [], []
+    for reward in spec.grpo.rewards:
+        if reward.kind in ("reward_run", "reward_model"):
+            model, reward_tokenizer = reward_model(reward, spec)
+            funcs.append(model)
+            classes.append(reward_tokenizer)
+            continue
+        func = make(reward.target, length) if reward.kind == "builtin" else load_function(reward)
+        where = "built-in" if reward.kind == "builtin" else reward.written
+        funcs.append(guarded(func, reward.name, where, step))
+        classes.append(None)
+    return {"reward_funcs": funcs, "reward_processing_classes": classes}
+
+
+def reward_model(reward: RewardSpec, spec: RankSpec):
+    """(a sequence classifier scoring with one number, its tokenizer)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = Path(reward.target)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if reward.kind == "reward_model":
+        model = AutoModelForSequenceClassification.from_pretrained(str(folder), num_labels=1)
+    else:
+        from peft import PeftModel
+
+        base = json.loads((folder / RESOLVED_NAME).read_text())["spec"]["model"]
+        dtype = getattr(torch, base.get("dtype") or "float32", torch.float32)
+        model = AutoModelForSequenceClassification.from_pretrained(base["name_or_path"], num_labels=1, dtype=dtype)
+        if len(tokenizer) != model.get_input_embeddings().weight.shape[0]:
+            model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)  # as the reward run grew it
+        model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.requires_grad_(False)
+    return model.eval(), tokenizer  # TRL places it on the rank's device (accelerator.prepare_model)

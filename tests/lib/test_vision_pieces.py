@@ -1,0 +1,148 @@
+"""Vision-language pieces in one process: the processor without torchvision, what the collator builds against the
+processor's own call (the same tokens, pixels and M-RoPE types), the guard's dummy image changing no real token's
+logits nor the loss, and rank 0's cut at max_seq_len where the image tokens are counted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.image_data import write_images
+from tests.vision_models import build_vlms
+
+
+@pytest.fixture(scope="module")
+def vlms(model_cache):
+    return build_vlms(model_cache)
+
+
+def _processor(vlms, family):
+    from fsdp_tune.models.processor import load_processor
+
+    return load_processor(str(vlms[family]))
+
+
+def test_the_processor_loads_and_saves_without_torchvision(vlms, tmp_path) -> None:
+    from fsdp_tune.models.processor import load_processor, save_processor
+
+    processor = _processor(vlms, "qwen2_vl")
+    assert type(processor).__name__ == "Qwen2VLProcessor" and not hasattr(processor, "video_processor")
+    save_processor(processor, tmp_path)
+    assert json.loads((tmp_path / "processor_config.json").read_text())["processor_class"] == "Qwen2VLProcessor"
+    assert json.loads((tmp_path / "preprocessor_config.json").read_text())["merge_size"] == 2
+    again = load_processor(str(tmp_path))
+    assert again.image_processor.to_dict() == processor.image_processor.to_dict()
+
+
+def _example(processor, i: int, image: bool, root) -> dict:
+    """A prepared row as rank 0 leaves it: the rendered ids with one placeholder per image, the answer mask."""
+    from fsdp_tune.sources.masking import encode_messages
+    from fsdp_tune.sources.vision_rows import ImageTokens
+
+    question = [{"type": "image"}, {"type": "text", "text": "What color?"}] if image else "Say hello."
+    messages = [{"role": "user", "content": question}, {"role": "assistant", "content": f"It is colour {i}."}]
+    (enc,) = encode_messages(processor.tokenizer, messages)
+    images = [{"bytes": None, "path": str(root / f"img/{i}.png")}] if image else []
+    counts = [ImageTokens(processor).count(im) for im in images]
+    return {"input_ids": enc.input_ids, "assistant_masks": enc.mask, "images": images, "image_tokens": counts}
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+def test_the_collator_builds_what_the_processor_builds(vlms, tmp_path, family: str) -> None:
+    from PIL import Image
+
+    from fsdp_tune.worker.data.vision_collate import VisionCollator
+
+    write_images(tmp_path, 2)
+    processor = _processor(vlms, family)
+    tok = processor.tokenizer
+    collate = VisionCollator(processor, pad_token_id=tok.pad_token_id)
+    batch = collate([_example(processor, 0, True, tmp_path), _example(processor, 1, False, tmp_path)])
+    assert collate.dummies == 0
+    text = tok.decode(_example(processor, 0, True, tmp_path)["input_ids"])
+    image = Image.open(tmp_path / "img/0.png").convert("RGB")
+    theirs = processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False)
+    n = theirs["input_ids"].shape[1]
+    assert batch["input_ids"][0, :n].tolist() == theirs["input_ids"][0].tolist()
+    assert torch.equal(batch["pixel_values"], theirs["pixel_values"])
+    if "mm_token_type_ids" in theirs:  # Qwen2-VL: M-RoPE places the image by them
+        assert batch["mm_token_type_ids"][0, :n].tolist() == theirs["mm_token_type_ids"][0].tolist()
+    image_positions = batch["input_ids"][0] == processor.image_token_id
+    assert image_positions.sum() == _example(processor, 0, True, tmp_path)["image_tokens"][0]
+    assert (batch["labels"][0][image_positions] == -100).all()  # images are never in the loss
+    assert (batch["labels"][0] != -100).sum() > 0
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+def test_the_dummy_image_changes_no_real_token(vlms, tmp_path, family: str) -> None:
+    """A text-only batch with the guard's image gives the loss and every real token's logits the batch gives
+    without it (its tokens sit past the shortest row's end, none in the loss)."""
+    from transformers import AutoModelForImageTextToText
+
+    from fsdp_tune.worker.data.vision_collate import VisionCollator
+
+    processor = _processor(vlms, family)
+    model = AutoModelForImageTextToText.from_pretrained(str(vlms[family]), dtype=torch.float32).eval()
+    rows = [_example(processor, 3, False, tmp_path), _example(processor, 12345, False, tmp_path)]
+    pad = processor.tokenizer.pad_token_id
+    guarded = VisionCollator(processor, pad_token_id=pad)(rows)
+    plain = VisionCollator(processor, pad_token_id=pad, guard="none")(rows)
+    assert "pixel_values" in guarded and "pixel_values" not in plain
+    with torch.no_grad():
+        a, b = model(**guarded), model(**plain)
+    assert torch.allclose(a.loss, b.loss, atol=1e-6), (a.loss, b.loss)
+    real = plain["attention_mask"].bool()
+    width = plain["input_ids"].shape[1]
+    assert torch.allclose(a.logits[:, :width][real], b.logits[real], atol=1e-5)
+
+
+def test_rank0_cuts_where_the_image_tokens_are_counted() -> None:
+    from fsdp_tune.sources.masking import Encoded
+    from fsdp_tune.sources.vision_rows import fit
+
+    image = [{"bytes": None, "path": "x.png"}]
+    # 10 tokens, the image placeholder (id 9) at position 2 and 16 image tokens once expanded: 25 tokens
+    ids = [1, 2, 9, 3, 4, 5, 6, 7, 8, 0]
+
+    def seq():
+        return Encoded(list(ids), [0] * 5 + [1] * 5)
+
+    kept = seq()
+    assert fit(kept, image, [16], 9, 30) == "" and not kept.truncated
+    cut = seq()
+    assert fit(cut, image, [16], 9, 22) == "" and cut.input_ids == ids[:7] and cut.truncated  # text after it cut
+    assert fit(seq(), image, [16], 9, 17) == "image-cut"  # max_seq_len would cut into the image's tokens
+    assert fit(seq(), [], [], 9, 30) == "image-count"
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
+    """The planner's tower count is the model's; its image tokens for a size are the processor's own count."""
+    from transformers import AutoModelForImageTextToText
+
+    from fsdp_tune.config.model_kinds import FAMILIES
+    from fsdp_tune.planner.plan import memory_plan
+    from fsdp_tune.planner.shape import measure
+    from fsdp_tune.validate import check
+    from tests.conftest import FIXTURES
+
+    folder = str(vlms[family])
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    row = measure(folder)
+    family_row = FAMILIES[family]
+    parts = (model.get_submodule(family_row.tower), model.get_submodule(family_row.projector))
+    tower = {id(p): p.numel() for part in parts for p in part.parameters()}  # Qwen2-VL's projector is in its tower
+    assert row.vision_params == sum(tower.values()) and row.vision_layers == 2
+    assert row.n_layers == 2 and row.layer_class in (
+        "Qwen2VLDecoderLayer",
+        "Qwen2_5_VLDecoderLayer",
+        "LlamaDecoderLayer",
+    )
+    cfg = check(str(FIXTURES / "tiny_lora.yaml"), ["--model_name_or_path", folder, "--chat_template_format", "none"])
+    processor = _processor(vlms, family)
+    for size in ((448, 448), (64, 48), (30, 80), (1000, 200)):
+        plan = memory_plan(cfg.config, on_cpu=True, image_size=size)
+        want = processor._get_num_multimodal_tokens(image_sizes=[(size[1], size[0])]).num_image_tokens[0]
+        assert plan["vision"]["tokens_per_image"] == want, (size, plan["vision"])
