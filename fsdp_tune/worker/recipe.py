@@ -18,9 +18,9 @@ from fsdp_tune import summary as run_summary
 from fsdp_tune.decide.spec import RankSpec, from_dict
 from fsdp_tune.rundir.checkpoints import restart_checkpoint
 from fsdp_tune.worker import faults, phases, process
-from fsdp_tune.worker.data.lengths import packed, truncated_rows
-from fsdp_tune.worker.data.preference_lengths import preference_truncation
+from fsdp_tune.worker.data.lengths import packed
 from fsdp_tune.worker.data.prepare import Prepared
+from fsdp_tune.worker.data.truncation import report_truncation
 from fsdp_tune.worker.data.vision_collate import collator_for, dummy_batches
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.build import Loaded, load
@@ -186,38 +186,9 @@ class Recipe:
         return Built(trainer, metrics, nan_guard, stopper, self_check)
 
     def report_truncation(self, trainer, rows_in: int | None = None) -> dict | None:
-        """Say how much of the data TRL cuts at max_seq_len (and, for preference data, drops), which it does
-        without a word. `rows_in`: the training rows before the trainer tokenized them."""
-        max_len = self.spec.data.max_seq_len
-        if self.spec.method.truncation == "none":  # GRPO: rank 0 left out and said the prompts too long
-            return None
-        try:
-            if self.method.sequences is not None:  # the trainer tokenized its own columns (preference data)
-                found = preference_truncation(trainer.train_dataset, rows_in or 0, max_len, self.method.sequences)
-                cut, total = found["cut"], found["total"]
-            else:
-                cut, total = truncated_rows(trainer.train_dataset, max_len, self.spec.data.packing)
-                found = {"cut": cut, "total": total, "max_seq_len": max_len}
-        except (TypeError, KeyError, AttributeError):  # an iterable (streamed) dataset: not counted
-            return None
-        if cut and is_main():
-            console().line(
-                f"warning: {cut} of {total} training sequences ({cut / total:.0%}) reach max_seq_len "
-                f"{max_len} and are cut there; tokens past it are not trained on (raise --max_seq_len to keep them)"
-            )
-        whole = self.spec.method.truncation == "whole"  # RewardTrainer drops a pair with a sequence longer
-        what = "chosen or rejected sequence is longer than" if whole else "prompt alone reaches"
-        if rows_in and found.get("dropped") == rows_in:
-            raise ValueError(
-                f"no training row fits max_seq_len {max_len}: the trainer left out all {rows_in}, whose {what} it; "
-                "raise --max_seq_len"
-            )
-        if found.get("dropped") and is_main():
-            console().line(
-                f"warning: the trainer left out {found['dropped']} of {rows_in} training rows whose {what} "
-                f"max_seq_len {max_len} (raise --max_seq_len to keep them)"
-            )
-        return found
+        """What TRL cut at max_seq_len and left out (worker/data/truncation.py); `rows_in`: the training rows
+        before the trainer tokenized them."""
+        return report_truncation(self.spec, self.method.sequences, trainer.train_dataset, rows_in)
 
     def train(self, trainer):
         with self.phases.timed("train"):
