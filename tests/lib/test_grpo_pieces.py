@@ -200,7 +200,7 @@ def test_the_reference_is_the_adapter_switched_off_or_a_frozen_copy(tmp_path, to
         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
         train_dataset=Dataset.from_list([{"prompt": "Say it."}] * 4),
         processing_class=tok,
-        saving=Saving(False, "gather_trainable", "local_rows", False, None),
+        saving=Saving(False, "gather_trainable", "local_rows", "adapter_file", False, None),
         grpo=GrpoSpec(rewards=(), reference=reference, synced=False),
     )
     assert trainer.beta == 0.04 and trainer.args.beta == 0.04 and trainer.ref_model is None
