@@ -12,6 +12,7 @@ from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, row_findings, sl
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.prompts import canonical, detect_prompts
+from fsdp_tune.sources.rowcheck import problems_by_code
 
 
 def detect(columns: list[str], rows: list[dict], source: Source) -> Format:
@@ -33,16 +34,7 @@ def detect(columns: list[str], rows: list[dict], source: Source) -> Format:
 
 def check_rows(rows: list[tuple[str, Any]], fmt: Format) -> tuple[dict, dict]:
     """(problem code -> the rows with it, problem code -> its first problem), for preflight/rows.py row_findings."""
-    by_code: dict[str, list[str]] = {}
-    first: dict[str, Any] = {}
-    for where, row in rows:
-        if not isinstance(row, dict):
-            continue  # datacheck reports unreadable rows itself
-        _, problem = canonical(row, fmt)
-        if problem is not None:
-            by_code.setdefault(problem.code, []).append(where)
-            first.setdefault(problem.code, problem)
-    return by_code, first
+    return problems_by_code(rows, fmt, canonical)
 
 
 def settle(source: Source, splits: list[str], samples: dict, located) -> tuple[Source, list[Finding]]:

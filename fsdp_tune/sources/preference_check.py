@@ -19,6 +19,7 @@ from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.preference import PAIRED, UNPAIRED, detect_preference
 from fsdp_tune.sources.preference_rows import canonical
+from fsdp_tune.sources.rowcheck import problems_by_code
 
 
 def detect(columns: list[str], rows: list[dict], source, method: str) -> Format:
@@ -69,16 +70,7 @@ def method_findings(split: str, where: str, fmt: Format, method: str) -> list[Fi
 def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format) -> tuple[dict, dict]:
     """(problem code -> the rows with it, problem code -> its first problem): datacheck's _row_findings reports
     them as SFT's skipped rows are (PF017, an error when every row would be skipped)."""
-    by_code: dict[str, list[str]] = {}
-    first: dict[str, Any] = {}
-    for where, row in rows:
-        if not isinstance(row, dict):
-            continue  # datacheck reports unreadable rows itself
-        _, problem = canonical(row, fmt)
-        if problem is not None:
-            by_code.setdefault(problem.code, []).append(where)
-            first.setdefault(problem.code, problem)
-    return by_code, first
+    return problems_by_code(rows, fmt, canonical)
 
 
 def usable(rows: list[tuple[str, Any]], fmt: Format, method: str) -> int:

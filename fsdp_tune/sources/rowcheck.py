@@ -137,3 +137,18 @@ def check_messages(messages: Any, need_answer: bool = True) -> list[Problem]:
     elif need_answer and answers and prev not in ("assistant", None):
         problems.append(Problem("trailing-turns"))
     return problems
+
+
+def problems_by_code(rows: list[tuple[str, Any]], fmt: Format, canonical) -> tuple[dict, dict]:
+    """(problem code -> the rows with it, problem code -> its first problem), each row read by `canonical(row,
+    fmt) -> (row, problem or None)` (a preference or a prompt row's); unreadable rows are the data check's own."""
+    by_code: dict[str, list[str]] = {}
+    first: dict[str, Any] = {}
+    for where, row in rows:
+        if not isinstance(row, dict):
+            continue
+        _, problem = canonical(row, fmt)
+        if problem is not None:
+            by_code.setdefault(problem.code, []).append(where)
+            first.setdefault(problem.code, problem)
+    return by_code, first

@@ -12,22 +12,19 @@ to each other, or TRL's own unpairing would put a whole block of desirable rows 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, concatenate_datasets
+from datasets import Dataset
 
 from fsdp_tune.decide.spec import RankSpec
-from fsdp_tune.runfiles import write_atomic
 from fsdp_tune.sources.formats import Format
-from fsdp_tune.sources.mixture import Source, plan_counts
+from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.preference import PAIRED, detect_preference
 from fsdp_tune.sources.preference_rows import canonical, unpair
 from fsdp_tune.sources.rows import LISTED, where
-from fsdp_tune.worker.data.prepare import REPORT, Prepared, cache_key, check_template, load_prepared, take
+from fsdp_tune.worker.data.mixing import columns_report, mix, publish, save_columns, work_folder
+from fsdp_tune.worker.data.prepare import Prepared, cache_key, check_template, load_prepared
 from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
 
 UNPAIRED = "unpaired"  # MethodSpec.data of a method that trains on unpaired rows (KTO): pairs become two rows
@@ -74,8 +71,7 @@ def _split(raw, source: Source, split: str, fmt: Format, data: str) -> tuple[Any
 
 def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     """Convert, mix, shuffle for KTO and save; the folder appears whole or not at all."""
-    work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
+    work = work_folder(folder)
     trains, evals, reports = [], [], []
     for source in spec.data.sources:
         raw = load_split(source, source.split)
@@ -91,31 +87,14 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
             )
             evals.append(held)
             reports[-1]["eval"] = _report(source, fmt, held_part)
-    seed = spec.data.seed
-    counts = plan_counts([len(d) for d in trains], list(spec.data.sources))
-    picked = [
-        take(d, n, s, seed + k) for k, (d, n, s) in enumerate(zip(trains, counts, spec.data.sources, strict=True))
-    ]
-    train = concatenate_datasets(picked)
-    evaluation = concatenate_datasets(evals) if evals else None
-    if spec.data.test_split_size:
-        parts = train.train_test_split(test_size=spec.data.test_split_size, seed=seed)
-        train, evaluation = parts["train"], parts["test"]
+    train, evaluation, counts = mix(spec, trains, evals)
     if spec.method.data == UNPAIRED:  # KTO samples in order: mix desirable and undesirable rows once, with the seed
+        seed = spec.data.seed
         train = train.shuffle(seed=seed)
         evaluation = evaluation.shuffle(seed=seed) if evaluation is not None else None
-    for report, used in zip(reports, counts, strict=True):
-        report["used"] = used
-    report = {"sources": reports, "sequences": len(train), "tokens": None, "loss_tokens": None, "loss_share": None}
-    if evaluation is not None:
-        report["eval"] = {"sequences": len(evaluation), "tokens": 0, "loss_tokens": 0}
-    _save(train, evaluation, report, work / "out")
-    try:
-        os.replace(work / "out", folder)
-    except OSError:  # another machine sharing the folder finished first: its result is the same
-        if not (folder / REPORT).exists():
-            raise
-    shutil.rmtree(work, ignore_errors=True)
+    report = columns_report(reports, counts, train, evaluation)
+    save_columns(train, evaluation, report, work / "out")
+    publish(work, folder)
     print_report(report, spec.method.data)
 
 
@@ -130,13 +109,6 @@ def _report(source: Source, fmt: Format, part: dict[str, Any]) -> dict[str, Any]
         "template_notes": {},
         **part,
     }
-
-
-def _save(train, evaluation, report: dict, out: Path) -> None:
-    train.flatten_indices().save_to_disk(str(out / "train"))
-    if evaluation is not None and len(evaluation):
-        evaluation.flatten_indices().save_to_disk(str(out / "eval"))
-    write_atomic(out / REPORT, json.dumps(report, indent=2))
 
 
 def print_report(report: dict[str, Any], data: str) -> None:

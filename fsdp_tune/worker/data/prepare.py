@@ -16,26 +16,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from datasets import concatenate_datasets, load_from_disk
+from datasets import load_from_disk
 
 from fsdp_tune import __version__
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.runfiles import DATA_DIR, write_atomic
 from fsdp_tune.sources.encode import Encoder
 from fsdp_tune.sources.formats import TEXT, Format
-from fsdp_tune.sources.mixture import Source, plan_counts
+from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.rows import CLIPPED, IMAGE_COLUMNS, encode_split, loss_counts, report_source
 from fsdp_tune.sources.vision_rows import ImageTokens, image_counts
+from fsdp_tune.worker.data.mixing import REPORT, mix, publish, work_folder
 from fsdp_tune.worker.data.splits import format_of, load_split
 from fsdp_tune.worker.rank import local_rank
-
-REPORT = "report.json"
 
 
 @dataclass
@@ -76,8 +73,7 @@ def load_prepared(spec: RankSpec, tokenizer, key: str, builder) -> Prepared:
 
 def build(spec: RankSpec, tokenizer, folder: Path, processor=None) -> None:
     """Convert, encode, mix and save; the folder appears whole or not at all (other machines may share it)."""
-    work = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
-    shutil.rmtree(work, ignore_errors=True)
+    work = work_folder(folder)
     images = ImageTokens(processor) if processor is not None else None
     encoder = Encoder.for_run(tokenizer, spec.data, images)
     encoder.text_only = processor is None  # a row with images is skipped ("no-vision"), not trained as text
@@ -95,25 +91,10 @@ def build(spec: RankSpec, tokenizer, folder: Path, processor=None) -> None:
             held = encode_split(raw, fmt, source, source.eval_split, encoder, train_all, work / f"{i}-eval", num_proc)
             evals.append(held.kept)
             reports[-1]["eval"] = report_source(source, fmt, train_all, held)
-    seed = spec.data.seed
-    counts = plan_counts([len(d) for d in trains], list(spec.data.sources))
-    picked = [
-        take(d, n, s, seed + k) for k, (d, n, s) in enumerate(zip(trains, counts, spec.data.sources, strict=True))
-    ]
-    train = concatenate_datasets(picked)
-    evaluation = concatenate_datasets(evals) if evals else None
-    something_left(train, evaluation, reports)
-    if spec.data.test_split_size:
-        parts = train.train_test_split(test_size=spec.data.test_split_size, seed=seed)
-        train, evaluation = parts["train"], parts["test"]
+    train, evaluation, counts = mix(spec, trains, evals, lambda t, e: something_left(t, e, reports))
     report = summarise(reports, counts, train, evaluation)
     _save(train, evaluation, report, work)
-    try:
-        os.replace(work / "out", folder)
-    except OSError:  # another machine sharing the folder finished first: its result is the same
-        if not (folder / REPORT).exists():
-            raise
-    shutil.rmtree(work, ignore_errors=True)
+    publish(work, folder)
     print_report(report)
 
 
@@ -157,19 +138,6 @@ def check_template(tokenizer, fmt: Format, source: Source) -> None:
             f"{source.label} is chat data ({fmt.describe()}) and the tokenizer has no chat template: "
             "pass --chat_template_format chatml (or zephyr), or use a model that ships one"
         )
-
-
-def take(dataset, count: int, source: Source, seed: int):
-    """`count` rows: the first ones for TRL's fraction; a seeded random choice for weight and samples,
-    repeating rows when the source has fewer (LLaMA-Factory's num_samples)."""
-    n = len(dataset)
-    if count == n or n == 0:
-        return dataset
-    if source.fraction is not None:
-        return dataset.select(range(min(count, n)))
-    order = np.random.default_rng(seed).permutation(n)
-    indices = np.concatenate([np.tile(np.arange(n), count // n), order[: count % n]])
-    return dataset.select(indices.tolist())
 
 
 def summarise(reports: list[dict], counts: list[int], train, evaluation) -> dict[str, Any]:
