@@ -35,3 +35,14 @@ def test_the_hook_runs_the_rows_classes_on_the_decided_spec(name: str, tmp_path)
     taken = {f.name for f in dataclasses.fields(hook.config_class)}
     handed = installed_names(dict(spec.trainer_args), hook.config_class)  # as worker/training/config.py hands them
     assert set(handed) <= taken, set(handed) - taken
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_every_hooks_preparation_takes_what_the_recipe_passes(name: str) -> None:
+    """The recipe calls `prepare(spec, tokenizer, processor)` for every method (worker/recipe.py prepare_data)."""
+    import inspect
+
+    from fsdp_tune.worker.training.methods import HOOKS
+
+    params = inspect.signature(HOOKS[name].prepare).parameters
+    assert list(params)[:3] == ["spec", "tokenizer", "processor"], list(params)

@@ -28,8 +28,9 @@ from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
 TOO_LONG = "the prompt leaves no room for a completion within max_seq_len"
 
 
-def prepare_prompts(spec: RankSpec, tokenizer) -> Prepared:
-    """(train, eval or None, the data report): TRL's prompt rows, converted once by rank 0 of each machine."""
+def prepare_prompts(spec: RankSpec, tokenizer, processor=None) -> Prepared:
+    """(train, eval or None, the data report): TRL's prompt rows, converted once by rank 0 of each machine
+    (`processor`: a vision-language model's, which GRPO does not take: FT126)."""
     limit = spec.grpo.max_prompt_tokens if spec.grpo else None
     key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:grpo:{limit}".encode()).hexdigest()[:16]
     return load_prepared(spec, tokenizer, key, build)

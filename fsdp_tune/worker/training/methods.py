@@ -43,7 +43,8 @@ from fsdp_tune.worker.training.rewards import reward_kwargs
 class Method:
     config_class: type  # TrainingArguments subclass: the spec's trainer_args are its keyword arguments
     trainer_class: type  # the TRL trainer; fsdp-tune's saving is mixed in (training/trainer.py fsdp_trainer)
-    prepare: Callable[[RankSpec, Any], Prepared]  # (spec, tokenizer) -> the train and eval datasets, and a report
+    # (spec, tokenizer, processor or None) -> the train and eval datasets, and a report
+    prepare: Callable[[RankSpec, Any, Any], Prepared]
     # the tokenized columns each sequence of a row is made of, as the trainer builds them (None: SFT's rows,
     # counted by worker/data/lengths.py); worker/data/preference_lengths.py reads them
     sequences: tuple[tuple[str, ...], ...] | None = None
