@@ -153,13 +153,15 @@ class Recipe:
             )
             made: list = []  # the trainer, once built: the rewards' messages name the step
             extra = self.method.trainer_kwargs(spec, tokenizer, lambda: made[0].state.global_step + 1 if made else None)
+            collator = collator_for(spec, data, processor, tokenizer)  # vision rows: the guard's; else TRL's own
+            if collator is not None:  # (GRPOTrainer takes no data_collator at all)
+                extra = {**extra, "data_collator": collator}
             trainer = fsdp_trainer(self.method.trainer_class, self.method.mixin)(
                 model=loaded.model,
                 args=loaded.args,
                 train_dataset=data.train,
                 eval_dataset=data.eval if spec.evaluation else None,
                 processing_class=processor or tokenizer,
-                data_collator=collator_for(spec, data, processor, tokenizer),
                 peft_config=None if loaded.prebuilt else lora_config(spec),  # sharded loading applied LoRA already
                 callbacks=[metrics, nan_guard, stopper, sharding, self_check, progress, first_step]
                 + faults.callbacks(),
