@@ -1,25 +1,29 @@
-"""The unit layer never imports torch or the HF stack: that is the launcher side's promise. And the stand-in
-for torchrun and the ranks that drives `train` through its launcher path (tests/unit/fake_ranks.py)."""
+"""The unit layer never imports torch or the HF stack: that is the launcher side's promise (tests/unit/guard.py
+holds it, in any order of the layers in one pytest process). And the stand-in for torchrun and the ranks that
+drives `train` through its launcher path (tests/unit/fake_ranks.py)."""
 
 from __future__ import annotations
-
-import sys
 
 import pytest
 
 from fsdp_tune.launch import torchrun
 from fsdp_tune.preflight import tokens as tokencheck
 from tests.unit.fake_ranks import FakeRanks
+from tests.unit.guard import heavy_globals, no_heavy_imports
 
-HEAVY = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """A unit test module that imports a heavy package at its top is refused at collection."""
+    for module in {item.module for item in items if hasattr(item, "module")}:
+        if heavy_globals(module) and "tests/unit/" in module.__file__.replace("\\", "/"):
+            raise pytest.UsageError(f"{module.__name__} imports {heavy_globals(module)}: not in the unit layer")
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(autouse=True)
 def _no_heavy_imports():
-    before = {m for m in HEAVY if m in sys.modules}  # tests/dist may have run first in this process
-    yield
-    heavy = [m for m in HEAVY if m in sys.modules and m not in before]
-    assert not heavy, f"a unit test imported {heavy}; move it to tests/dist or keep the import lazy"
+    with no_heavy_imports() as attempts:
+        yield
+    assert not attempts, f"a unit test imported {attempts}; move it to tests/lib or keep the import lazy"
 
 
 @pytest.fixture(autouse=True)
