@@ -15,7 +15,7 @@ import sys
 import types
 from contextlib import contextmanager
 
-HEAVY = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
+from fsdp_tune.rundir.manifest import PACKAGES as HEAVY  # the stack a run records: what the launcher never loads
 
 
 def _heavy(name: str) -> bool:
@@ -62,10 +62,6 @@ class _RefusingLoader(importlib.abc.Loader):
         raise HeavyImport(module.__name__)
 
 
-def _holds_heavy(module: types.ModuleType) -> bool:
-    return any(isinstance(v, types.ModuleType) and _heavy(v.__name__) for v in list(vars(module).values()))
-
-
 @contextmanager
 def no_heavy_imports():
     """Within the block no heavy package can be imported; yields the list of attempted imports (empty on exit
@@ -73,7 +69,7 @@ def no_heavy_imports():
     stashed = {
         name: mod
         for name, mod in list(sys.modules.items())
-        if mod is not None and (_heavy(name) or (name.partition(".")[0] == "fsdp_tune" and _holds_heavy(mod)))
+        if mod is not None and (_heavy(name) or (name.partition(".")[0] == "fsdp_tune" and heavy_globals(mod)))
     }
     for name in stashed:
         del sys.modules[name]
@@ -89,5 +85,7 @@ def no_heavy_imports():
 
 
 def heavy_globals(module: types.ModuleType) -> list[str]:
-    """The heavy modules a test module imported at its top (at collection, before any test's guard)."""
-    return sorted({v.__name__ for v in vars(module).values() if isinstance(v, types.ModuleType) and _heavy(v.__name__)})
+    """The heavy modules among a module's globals: what a test module imported at its top (at collection, before
+    any guard), or what an already-imported fsdp_tune module holds."""
+    found = {v.__name__ for v in list(vars(module).values()) if isinstance(v, types.ModuleType) and _heavy(v.__name__)}
+    return sorted(found)
