@@ -5,16 +5,18 @@ On failure the assertion message carries every rank's log, so a broken run expla
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, offline_env
+from tests.conftest import FIXTURES, REPO, offline_env
 
 BASE = FIXTURES / "tiny_lora.yaml"
 TIMEOUT = int(os.environ.get("FSDP_TUNE_TEST_TIMEOUT", "300"))
@@ -78,3 +80,216 @@ REFERENCE = ("--save_strategy", "steps", "--save_steps", "2", "--max_steps", "6"
 def reference_run(tmp_path_factory, model_cache) -> Run:
     """Read only: a test that changes what it finds copies it first."""
     return run_train(tmp_path_factory.mktemp("reference") / "run", model_cache, *REFERENCE)
+
+
+# A group launch: several runs that each test only reads afterwards (their summary, adapter, checkpoints, logs), one
+# after another in ONE torchrun launch (tests/dist/recipes_in_one_group.py): one start-up (~25 s of imports on
+# 2 cores) for the group instead of one per run. Each member is planned by the launcher's own plan_run (what
+# `train` runs before it launches), its plan is the text `train` prints, and its ranks run the whole rank recipe.
+# What the launcher itself does around a launch (torchrun's command, the output folder's lock, the manifest,
+# faults, signals) is tested by runs of their own through the CLI.
+
+
+@dataclass
+class Member:
+    """One run of a group launch."""
+
+    name: str
+    planned: object  # fsdp_tune.launch.train.Planned
+    resolved: Path  # the rank spec its ranks read (OUTPUT_DIR/fsdp_tune_resolved.json)
+    said: list[str] = field(default_factory=list)  # what the launcher said while planning it (its stderr)
+    group: GroupLaunch | None = None
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.planned.spec.output_dir)
+
+    @property
+    def spec(self):
+        return self.planned.spec
+
+    @property
+    def summary(self) -> dict:
+        path = self.output_dir / "fsdp_tune_summary.json"
+        assert path.exists(), f"{self.name} did not finish\n{self.logs()}"
+        return json.loads(path.read_text())
+
+    @property
+    def plan(self) -> str:
+        """The plan `train` prints for it before launching."""
+        from fsdp_tune.launch import torchrun
+        from fsdp_tune.output.run import describe_launch
+
+        return describe_launch(self.planned.config, self.spec, torchrun.command(self.spec))
+
+    @property
+    def console(self) -> str:
+        """What `train` would show of it: the plan, what planning said, and the summary's lines after the run."""
+        from fsdp_tune import summary as run_summary
+        from fsdp_tune.output.run import format_summary
+
+        finished = run_summary.read(self.output_dir)
+        assert isinstance(finished, run_summary.RunSummary), f"{self.name} did not finish\n{self.logs()}"
+        return "\n".join([self.plan, *self.said, format_summary(finished)])
+
+    def logs(self) -> str:
+        parts = [self.group.logs()] if self.group else []
+        for log in sorted((self.output_dir / "logs").glob("rank-*.log")):
+            parts.append(f"--- {self.name}: {log.name}\n{log.read_text()[-4000:]}")
+        return "\n".join(parts)
+
+
+@dataclass
+class GroupLaunch:
+    proc: subprocess.CompletedProcess | None
+    members: dict[str, Member]
+
+    def __getitem__(self, name: str) -> Member:
+        return self.members[name]
+
+    def logs(self) -> str:
+        if self.proc is None:
+            return "--- the group was not launched"
+        return f"--- group launch: exit {self.proc.returncode}\n--- stderr\n{self.proc.stderr[-6000:]}"
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with `values` while planning (plan_run materialises builtin models where FSDP_TUNE_CACHE says)."""
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def plan_member(name: str, out: Path, flags: tuple[str, ...], config: Path = BASE) -> Member:
+    """A run planned as `train --config CONFIG --output_dir OUT FLAGS...` plans it, and its rank spec written;
+    pre-flight errors fail here, as `train` would refuse to start."""
+    from fsdp_tune.launch import torchrun
+    from fsdp_tune.launch.train import plan_run
+    from fsdp_tune.output.findings import format_findings
+
+    said: list[str] = []
+    planned = plan_run(str(config), [*flags, "--output_dir", str(out)], said.append)
+    errors = [f for f in planned.machine_findings if f.severity.value == "error"]
+    assert not errors, format_findings(name, errors)
+    resolved = torchrun.prepare(planned.config, planned.spec, planned.run_id).resolved_path
+    return Member(name, planned, Path(resolved), said)
+
+
+def launch_group(
+    root: Path,
+    model_cache: Path,
+    runs: Mapping[str, tuple[str, ...]],
+    nproc: int = 2,
+    configs: Mapping[str, Path] | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = False,
+) -> GroupLaunch:
+    """Plan every run (into root/NAME, from configs[NAME] or the base config) and run them all in one torchrun
+    launch of `nproc` ranks. A run that fails stops the launch: the runs after it have no summary, and their
+    tests fail with the group's and their own logs (`check`: fail here)."""
+    full_env = dict(offline_env(model_cache), **(env or {}))
+    with environment(full_env):
+        members = {n: plan_member(n, root / n, flags, (configs or {}).get(n, BASE)) for n, flags in runs.items()}
+    for member in members.values():
+        assert member.spec.world.world_size == nproc, (member.name, member.spec.world)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd += ["-m", "tests.dist.recipes_in_one_group", *(str(m.resolved) for m in members.values())]
+    timeout = TIMEOUT + 60 * len(members)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+    group = GroupLaunch(proc, members)
+    for member in members.values():
+        member.group = group
+    if check:
+        assert proc.returncode == 0, group.logs()
+    return group
+
+
+QLORA = ("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32")
+QLORA += ("--bnb_4bit_compute_dtype", "float32")
+FSDP_AC = ("--fsdp_activation_checkpointing", "true", "--gradient_checkpointing", "false")
+SAVE_EVERY_2_OF_4 = ("--save_strategy", "steps", "--save_steps", "2", "--max_steps", "4")
+
+# The base config's variants on 2 ranks, one group launch for the session (tests/dist/test_train_variants.py,
+# test_after_training.py read them)
+VARIANTS = {
+    "qlora": (*QLORA, "--use_nested_quant", "True", "--max_steps", "4"),
+    "dora": ("--use_dora", "True", "--max_steps", "4"),
+    "fsdp-ac full checkpoints": (*FSDP_AC, *SAVE_EVERY_2_OF_4, "--fsdp_state_dict_type", "FULL_STATE_DICT"),
+    "full checkpoints": ("--fsdp_state_dict_type", "FULL_STATE_DICT", *REFERENCE),
+    "zephyr": ("--chat_template_format", "zephyr", "--max_steps", "2"),
+}
+
+
+def mixture(root: Path) -> Path:
+    """The base recipe on a mixture of every format from every kind of source (tests/datafiles.py every_source),
+    packed, evaluated on held-out rows every 2 steps with the best checkpoint kept (tests/dist/test_data_train.py)."""
+    import yaml
+
+    from tests.datafiles import every_source
+
+    config = yaml.safe_load(BASE.read_text())
+    data = {k: v for k, v in config["data"].items() if k != "dataset_name"}
+    config["data"] = data | {"test_split_size": 0.2, "packing": True}  # masks go through TRL's BFD packing
+    config["datasets"] = every_source(root / "data")
+    config["training"].update(
+        max_steps=4,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+        per_device_eval_batch_size=8,
+    )
+    recipe = root / "mixture.yaml"
+    recipe.write_text(yaml.safe_dump(config))
+    return recipe
+
+
+@pytest.fixture(scope="session")
+def variants(tmp_path_factory, model_cache) -> GroupLaunch:
+    """Read only, as the reference run. The mixture runs last (a run that fails stops those after it) and brings
+    its Hub dataset's cache (HF_DATASETS_CACHE: the others' local files cache there as well)."""
+    root = tmp_path_factory.mktemp("variants")
+    runs = {**VARIANTS, "mixture": ()}
+    configs = {"mixture": mixture(root)}
+    return launch_group(root, model_cache, runs, configs=configs, env={"HF_DATASETS_CACHE": str(root / "data" / "hub")})
+
+
+def constant_answer(path: Path) -> Path:
+    """Random numbers as the prompt, one constant answer: only the answer can be learned."""
+    import random
+
+    from tests.datafiles import jsonl
+
+    rnd = random.Random(0)
+    rows = []
+    for _ in range(320):
+        prompt = " ".join(str(rnd.randint(0, 999)) for _ in range(rnd.randint(6, 12)))
+        turns = [{"from": "human", "value": prompt}, {"from": "gpt", "value": "The answer is always the same."}]
+        rows.append({"conversations": turns})
+    return jsonl(path, rows)
+
+
+@pytest.fixture(scope="session")
+def one_rank(tmp_path_factory, model_cache) -> GroupLaunch:
+    """Runs on one rank, one group launch for the session: the one-process side of the parity test (a global batch
+    of 8, as the reference run's), QLoRA under FSDP activation checkpointing, and the loss-on-answers probe
+    (full fine-tuning, 40 steps, on the answers only and on everything)."""
+    root = tmp_path_factory.mktemp("one-rank")
+    data = constant_answer(root / "constant.jsonl")
+    probe = ("--dataset_name", str(data), "--num_processes", "1", "--use_peft_lora", "false", "--max_steps", "40")
+    probe += ("--per_device_train_batch_size", "8", "--learning_rate", "0.003", "--lr_scheduler_type", "constant")
+    probe += ("--logging_steps", "5")
+    runs = {
+        "one process": ("--max_steps", "6", "--num_processes", "1", "--per_device_train_batch_size", "8"),
+        "qlora fsdp-ac": ("--num_processes", "1", *QLORA, *FSDP_AC, *SAVE_EVERY_2_OF_4),
+        "answers": probe,
+        "everything": (*probe, "--train_on_inputs"),  # axolotl's spelling
+    }
+    return launch_group(root / "runs", model_cache, runs, nproc=1)

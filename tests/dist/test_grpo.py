@@ -17,9 +17,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import REPO
 from tests.datafiles import jsonl
-from tests.dist.conftest import TIMEOUT, run_train
+from tests.dist.conftest import TIMEOUT, Member, plan_member, run_train
 
 REWARDS = '''
 import json
@@ -81,13 +81,8 @@ def _reward_model(folder: Path) -> Path:
     return folder
 
 
-def _resolved(tmp_path: Path, name: str, *flags: str):
-    from fsdp_tune.launch import torchrun
-    from fsdp_tune.launch.train import plan_run
-
-    planned = plan_run(str(FIXTURES / "tiny_lora.yaml"), [*flags, "--output_dir", str(tmp_path / name)], lambda m: None)
-    assert not [f for f in planned.machine_findings if f.severity.value == "error"], planned.machine_findings
-    return planned, torchrun.prepare(planned.config, planned.spec, planned.run_id)
+def _resolved(tmp_path: Path, name: str, *flags: str) -> Member:
+    return plan_member(name, tmp_path / name, flags)
 
 
 def _resumed(tmp_path: Path, straight) -> str:
@@ -95,7 +90,7 @@ def _resumed(tmp_path: Path, straight) -> str:
     so before the checkpoint exists: the ranks' resume is what this checks, the launcher's is method-blind)."""
     from fsdp_tune.launch import torchrun
 
-    planned, spec = straight
+    planned, spec = straight.planned, straight.spec
     out = str(tmp_path / "resumed")
     args = {**spec.trainer_args, "output_dir": out}
     spec = replace(spec, output_dir=out, trainer_args=args, resume_from_checkpoint=str(tmp_path / "lora/checkpoint-8"))
@@ -130,9 +125,9 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
     unmanaged = _resolved(
         tmp_path, "unmanaged", *GROUPS, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars"
     )
-    assert lora[1].grpo.reference == "adapter_disabled" and qlora[1].grpo.reference == "off"
-    assert [r.kind for r in qlora[1].grpo.rewards] == ["python", "builtin", "reward_model"]
-    paths = [lora[1].resolved_path, qlora[1].resolved_path, _resumed(tmp_path, lora), unmanaged[1].resolved_path]
+    assert lora.spec.grpo.reference == "adapter_disabled" and qlora.spec.grpo.reference == "off"
+    assert [r.kind for r in qlora.spec.grpo.rewards] == ["python", "builtin", "reward_model"]
+    paths = [lora.resolved, qlora.resolved, _resumed(tmp_path, lora), unmanaged.resolved]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "tests.dist.recipes_in_one_group", *paths]
     faults = {"FSDP_TUNE_TEST_SHORT_GENERATION": "1:2", "FSDP_TUNE_TEST_UNMANAGED": "unmanaged"}

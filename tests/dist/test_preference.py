@@ -1,4 +1,4 @@
-"""Preference tuning on 2 CPU ranks, every method in one torchrun launch (tests/dist/recipes_in_one_group.py; the
+"""Preference tuning on 2 CPU ranks, every method in one torchrun launch (tests/dist/conftest.py launch_group; the
 rank specs come from the launcher's own plan_run): DPO on a preference probe (random prompts, one constant preferred
 and one constant rejected answer), from plain pairs and from conversations whose prompt is their common turns; KTO
 on unpaired rows; a reward model, scored on held-out prompts, merged into a sequence classifier; and DPO continuing
@@ -7,15 +7,11 @@ the reference run's SFT adapter, which is both the policy's start and the refere
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import FIXTURES, REPO
 from tests.datafiles import jsonl
-from tests.dist.conftest import TIMEOUT
+from tests.dist.conftest import Member, launch_group
 
 GOOD, BAD = "I am glad to help with that.", "Go away, I will not answer."
 WORDS = "the cat dog sun moon tree river house car blue red green small big fast slow happy old new".split()
@@ -56,76 +52,41 @@ def probe(tmp_path: Path) -> dict[str, Path]:
     }
 
 
-def resolved(tmp_path: Path, name: str, *flags: str) -> tuple[str, object]:
-    from fsdp_tune.launch import torchrun
-    from fsdp_tune.launch.train import plan_run
-
-    out = tmp_path / name
-    planned = plan_run(str(FIXTURES / "tiny_lora.yaml"), [*flags, "--output_dir", str(out)], lambda m: None)
-    assert not [f for f in planned.machine_findings if f.severity.value == "error"], planned.machine_findings
-    return torchrun.prepare(planned.config, planned.spec, planned.run_id).resolved_path, planned.spec
-
-
-def summary(run: Path) -> dict:
-    return json.loads((run / "fsdp_tune_summary.json").read_text())
-
-
-def test_dpo_kto_reward_and_dpo_from_an_sft_run(tmp_path, model_cache, reference_run, monkeypatch) -> None:
-    env = {"FSDP_TUNE_CACHE": str(model_cache), "HF_DATASETS_CACHE": str(model_cache / "datasets")}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)  # plan_run materialises the builtin model where the ranks read it
+def test_dpo_kto_reward_and_dpo_from_an_sft_run(tmp_path, model_cache, reference_run) -> None:
     data = probe(tmp_path)
     sft = reference_run.output_dir  # LoRA r 8 on all linears, 6 SFT steps on the demo chats
     runs = {
-        "dpo": resolved(tmp_path, "dpo", "--method", "dpo", "--dataset_name", str(data["pairs"]), *STEPS),
-        "dpo-chats": resolved(tmp_path, "dpo-chats", "--method", "dpo", "--dataset_name", str(data["chats"]), *STEPS),
-        "kto": resolved(tmp_path, "kto", "--method", "kto", "--dataset_name", str(data["unpaired"]), *STEPS),
-        "reward": resolved(tmp_path, "reward", "--method", "reward", "--dataset_name", str(data["pairs"]), *STEPS),
-        "from-sft": resolved(
-            tmp_path,
-            "from-sft",
-            "--method",
-            "dpo",
-            "--adapter",
-            str(sft),
-            "--dataset_name",
-            str(data["chats"]),
-            "--max_steps",
-            "6",
-            "--learning_rate",
-            "0.001",
-        ),  # fmt: skip
+        "dpo": ("--method", "dpo", "--dataset_name", str(data["pairs"]), *STEPS),
+        "dpo-chats": ("--method", "dpo", "--dataset_name", str(data["chats"]), *STEPS),
+        "kto": ("--method", "kto", "--dataset_name", str(data["unpaired"]), *STEPS),
+        "reward": ("--method", "reward", "--dataset_name", str(data["pairs"]), *STEPS),
+        "from-sft": ("--method", "dpo", "--adapter", str(sft), "--dataset_name", str(data["chats"]))
+        + ("--max_steps", "6", "--learning_rate", "0.001"),
     }
-    specs = {name: spec for name, (_, spec) in runs.items()}
-    assert [specs[n].loading.path for n in runs] == ["sharded", "sharded", "sharded", "transformers", "sharded"]
-    assert specs["from-sft"].model.adapter == str(sft) and specs["from-sft"].lora["r"] == 8
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += ["-m", "tests.dist.recipes_in_one_group", *(path for path, _ in runs.values())]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * TIMEOUT, env={**os.environ, **env}, cwd=REPO)
-    logs = "".join(
-        (tmp_path / n / "logs" / "rank-0.log").read_text()[-3000:] for n in runs if (tmp_path / n / "logs").is_dir()
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:] + logs
-    shown = {n: (tmp_path / n / "logs" / "rank-0.log").read_text() for n in ("dpo", "kto", "reward")}
+    group = launch_group(tmp_path / "runs", model_cache, runs)
+    assert [group[n].spec.loading.path for n in runs] == ["sharded", "sharded", "sharded", "transformers", "sharded"]
+    assert group["from-sft"].spec.model.adapter == str(sft) and group["from-sft"].spec.lora["r"] == 8
+    assert group.proc.returncode == 0, group.logs() + "".join(group[n].logs() for n in runs)
+    shown = {n: (group[n].output_dir / "logs" / "rank-0.log").read_text() for n in ("dpo", "kto", "reward")}
     for name, said in (("dpo", "  reward acc 1.00  margin "), ("kto", "  kl "), ("reward", "  acc 1.00  margin ")):
         assert "fsdp-tune: step 10/10  loss " in shown[name] and said in shown[name], name  # the progress line
 
     for name in ("dpo", "dpo-chats"):
-        s = summary(tmp_path / name)
+        s = group[name].summary
         metrics = s["method_metrics"]
         assert s["method"] == "dpo" and s["adapter_check"]["ok"] and s["adapter_check"]["lora_tensors"] == 56, s
         assert metrics["rewards/accuracies"]["last"] >= 0.9 and metrics["rewards/margins"]["last"] > 0, metrics
         assert metrics["rewards/margins"]["first"] == 0  # step 1: the policy is its reference (a fresh adapter)
-    kinds = {n: summary(tmp_path / n)["data"]["sources"][0] for n in ("dpo", "dpo-chats", "kto")}
+    kinds = {n: group[n].summary["data"]["sources"][0] for n in ("dpo", "dpo-chats", "kto")}
     assert [kinds[n]["kind"] for n in kinds] == ["preference", "preference_implicit", "unpaired"]
     assert "(conversational)" in kinds["dpo-chats"]["format"]
 
-    kto = summary(tmp_path / "kto")
+    kto = group["kto"].summary
     assert kto["loss_last"] < kto["loss_first"] and kto["method_metrics"]["rewards/margins"]["last"] > 0, kto
     assert "kl" in kto["method_metrics"] and kto["adapter_check"]["ok"]
 
-    _check_reward_model(tmp_path / "reward", tmp_path)
-    _check_the_start_and_the_reference(tmp_path / "from-sft", sft)
+    _check_reward_model(group["reward"], tmp_path)
+    _check_the_start_and_the_reference(group["from-sft"], sft)
 
 
 def _scores(model, tok, texts: list[str]) -> list[float]:
@@ -135,7 +96,7 @@ def _scores(model, tok, texts: list[str]) -> list[float]:
         return [model(**tok(t, return_tensors="pt")).logits[0, 0].item() for t in texts]
 
 
-def _check_reward_model(run: Path, tmp_path: Path) -> None:
+def _check_reward_model(member: Member, tmp_path: Path) -> None:
     """The reward model scores the preferred answer higher on prompts it never saw; merged, it is a sequence
     classifier that scores the same."""
     from peft import PeftModel
@@ -143,7 +104,7 @@ def _check_reward_model(run: Path, tmp_path: Path) -> None:
 
     from fsdp_tune.tools.merge import merge
 
-    s = summary(run)
+    s, run = member.summary, member.output_dir
     assert s["method"] == "reward" and s["adapter_check"]["ok"] and s["method_metrics"]["accuracy"]["last"] >= 0.9, s
     config = json.loads((run / "adapter_config.json").read_text())
     assert config["task_type"] == "SEQ_CLS" and "score" in config["modules_to_save"]
@@ -163,12 +124,12 @@ def _check_reward_model(run: Path, tmp_path: Path) -> None:
     assert max(abs(a - g) for a, g in zip(again, good, strict=True)) < 1e-4
 
 
-def _check_the_start_and_the_reference(run: Path, sft: Path) -> None:
+def _check_the_start_and_the_reference(member: Member, sft: Path) -> None:
     """DPO from the SFT adapter: at step 1 the policy equals its reference (both the SFT adapter); the saved adapter
     is the policy, a few small steps away from the SFT adapter (not from a fresh one), and holds no reference."""
     from safetensors.torch import load_file
 
-    s = summary(run)
+    s, run = member.summary, member.output_dir
     assert s["adapter_check"]["ok"] and s["method_metrics"]["rewards/margins"]["first"] == 0, s
     start, end = load_file(str(sft / "adapter_model.safetensors")), load_file(str(run / "adapter_model.safetensors"))
     assert end.keys() == start.keys() and not any(".ref." in k for k in end)

@@ -2,24 +2,20 @@
 for LoRA, nested-4-bit QLoRA, a vocabulary grown for new chat tokens under FSDP activation checkpointing and bf16,
 and the 125M built-in model; and a model only the ranks can tell sharded loading cannot take (its checkpoint lacks
 a tensor the model has) falls back on every rank and trains as the transformers path does. Every pair runs in one
-torchrun launch (tests/dist/recipes_in_one_group.py): the rank specs come from the launcher's own plan_run, one
+torchrun launch (tests/dist/conftest.py launch_group): the rank specs come from the launcher's own plan_run, one
 per path (--loading transformers | auto, which the launcher resolves to sharded)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import FIXTURES, REPO
-from tests.dist.conftest import TIMEOUT
+from tests.conftest import offline_env
+from tests.dist.conftest import QLORA, Member, environment, launch_group
 
-QLORA = ("--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "float32")
 CASES = {
     "lora": (),
-    "qlora": (*QLORA, "--bnb_4bit_compute_dtype", "float32", "--use_nested_quant", "True"),
+    "qlora": (*QLORA, "--use_nested_quant", "True"),
     "grown vocabulary, FSDP AC, bf16": ("--chat_template_format", "zephyr", "--fsdp_activation_checkpointing", "true")
     + ("--bf16", "True"),
     "small-llama": ("--model_name_or_path", "builtin:small-llama", "--max_seq_len", "64")
@@ -27,18 +23,6 @@ CASES = {
 }
 PATHS = ("transformers", "sharded")
 FALLBACK = "fallback on the ranks"
-
-
-def _resolved(tmp_path: Path, case: str, path: str, flags: tuple[str, ...]) -> str:
-    from fsdp_tune.launch import torchrun
-    from fsdp_tune.launch.train import plan_run
-
-    out = tmp_path / f"{case.replace(' ', '_').replace(',', '')}-{path}"
-    loading = "auto" if path == "sharded" else path  # the default decides sharded loading
-    flags = ("--max_steps", "3", *flags, "--loading", loading, "--output_dir", str(out))
-    planned = plan_run(str(FIXTURES / "tiny_lora.yaml"), list(flags), lambda m: None)
-    assert planned.spec.loading.path == path
-    return torchrun.prepare(planned.config, planned.spec, planned.run_id).resolved_path
 
 
 def _without_lm_head(folder: Path, copy: Path) -> str:
@@ -55,36 +39,40 @@ def _without_lm_head(folder: Path, copy: Path) -> str:
     return str(copy)
 
 
-def test_sharded_loading_trains_as_from_pretrained_does(tmp_path, model_cache, monkeypatch) -> None:
+def test_sharded_loading_trains_as_from_pretrained_does(tmp_path, model_cache) -> None:
     from fsdp_tune.sources.builtin import materialize
 
-    env = {"FSDP_TUNE_CACHE": str(model_cache), "HF_DATASETS_CACHE": str(model_cache / "datasets")}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)  # plan_run materialises the builtin models where the ranks read them
-    cases = {**CASES, FALLBACK: ("--model_name_or_path", _without_lm_head(materialize("tiny-llama"), tmp_path / "m"))}
-    specs = {(c, p): _resolved(tmp_path, c, p, flags) for c, flags in cases.items() for p in PATHS}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += ["-m", "tests.dist.recipes_in_one_group", *specs.values()]  # from the checkout, as the CLI runs its ranks
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * TIMEOUT, env={**os.environ, **env}, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    with environment(offline_env(model_cache)):  # where the ranks read the builtin models
+        broken = _without_lm_head(materialize("tiny-llama"), tmp_path / "m")
+    cases = {**CASES, FALLBACK: ("--model_name_or_path", broken)}
+    runs = {
+        (case, path): ("--max_steps", "3", *flags, "--loading", "auto" if path == "sharded" else path)
+        for case, flags in cases.items()
+        for path in PATHS
+    }  # --loading auto: the default decides sharded loading
+    named = {_name(*key): flags for key, flags in runs.items()}
+    group = launch_group(tmp_path / "runs", model_cache, named, check=True)
     for case in cases:
-        _assert_same_training(case, {p: Path(specs[case, p]).parent for p in PATHS})
-    fallback = _summary(Path(specs[FALLBACK, "sharded"]).parent)["extra"]["loading"]
+        members = {path: group[_name(case, path)] for path in PATHS}
+        assert [members[path].spec.loading.path for path in PATHS] == list(PATHS), case  # as planned
+        _assert_same_training(case, members)
+    fallback = group[_name(FALLBACK, "sharded")].summary["extra"]["loading"]
     assert fallback["path"] == "transformers" and "lm_head.weight" in fallback["note"], fallback
-    grown = _summary(Path(specs["grown vocabulary, FSDP AC, bf16", "sharded"]).parent)
+    grown = group[_name("grown vocabulary, FSDP AC, bf16", "sharded")].summary
     assert grown["vocab_grew"]["rows"] > grown["vocab_grew"]["from"]
-    qlora = _summary(Path(specs["qlora", "sharded"]).parent)
+    qlora = group[_name("qlora", "sharded")].summary
     assert qlora["extra"]["loading"]["tensors_quantized"] == 28  # 7 linears x 4 layers, each rank its part
 
 
-def _summary(run: Path) -> dict:
-    return json.loads((run / "fsdp_tune_summary.json").read_text())
+def _name(case: str, path: str) -> str:
+    return f"{case.replace(' ', '_').replace(',', '')}-{path}"  # the run's folder
 
 
-def _assert_same_training(case: str, runs: dict[str, Path]) -> None:
+def _assert_same_training(case: str, members: dict[str, Member]) -> None:
     from safetensors.torch import load_file
 
-    summary = {p: _summary(runs[p]) for p in PATHS}
+    summary = {p: members[p].summary for p in PATHS}
+    runs = {p: members[p].output_dir for p in PATHS}
     took = [summary[p]["extra"]["loading"]["path"] for p in PATHS]
     assert took == (["transformers"] * 2 if case == FALLBACK else list(PATHS)), case
     assert summary["sharded"]["losses"] == summary["transformers"]["losses"], case

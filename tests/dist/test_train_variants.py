@@ -1,4 +1,6 @@
-"""QLoRA (bitsandbytes 4-bit on CPU), DoRA, parity with one process, FULL checkpoints."""
+"""QLoRA (bitsandbytes 4-bit on CPU), DoRA, parity with one process, FULL checkpoints, FSDP activation checkpointing.
+The variants read here train in two group launches for the session (tests/dist/conftest.py `variants`, `one_rank`);
+HSDP, the resumes and the --verbose console go through the CLI."""
 
 from __future__ import annotations
 
@@ -7,15 +9,15 @@ import pytest
 from tests.dist.conftest import REFERENCE
 
 
-def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, reference_run, tmp_path) -> None:
+def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, reference_run, one_rank, tmp_path) -> None:
     """FSDP2 on 2 ranks (the reference run), HSDP (a 2 x 2 dp_replicate x dp_shard mesh) on 4, and 1 process: one
-    global batch of 8, the same losses. The HSDP run's summary records the mesh read off its trained parameters."""
+    global batch of 8, the same losses. The HSDP run's summary records the mesh read off its trained parameters.
+    The HSDP run is also the --verbose run: what the libraries print shows live (HF's log dicts, tqdm), and still
+    goes to the log; fsdp-tune's own lines show once, not twice."""
     two = reference_run  # 6 steps, batch 4 per rank; its checkpoints draw nothing from the RNGs
-    one = train(
-        "--max_steps", "6", "--num_processes", "1", "--per_device_train_batch_size", "8", output_dir=tmp_path / "one"
-    )
+    one = one_rank["one process"]
     hsdp = train(
-        *("--max_steps", "6", "--num_processes", "4", "--per_device_train_batch_size", "2"),
+        *("--max_steps", "6", "--num_processes", "4", "--per_device_train_batch_size", "2", "--verbose"),
         *("--use_parallelism_config", "--parallelism_config_dp_replicate_size", "2"),
         *("--parallelism_config_dp_shard_size", "2"),
         output_dir=tmp_path / "hsdp",
@@ -27,36 +29,30 @@ def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, referenc
         assert z == pytest.approx(y, rel=2e-4, abs=2e-4), (c, b)
     assert hsdp.summary["mesh"] == {"dp_replicate": 2, "dp_shard_cp": 2}
     assert two.summary["mesh"] == {"dp_shard_cp": 2}  # a CPU run gets an explicit mesh (decide/rank.py mesh)
+    assert one.summary["per_rank"] and len(one.summary["per_rank"]) == 1
     assert "device mesh: dp_replicate 2 x dp_shard 2" in hsdp.proc.stdout  # the plan
     assert "device mesh (read from the trained weights): dp_replicate 2 x dp_shard_cp 2" in hsdp.proc.stdout
+    assert "{'loss'" in hsdp.proc.stdout and "it/s]" in hsdp.proc.stderr, hsdp.logs()  # --verbose
+    assert hsdp.proc.stdout.count("loading model ") == 1
+    assert "{'loss'" in (hsdp.output_dir / "logs" / "rank-0.log").read_text()
 
 
-def test_qlora_4bit_fsdp2(train) -> None:
-    run = train(
-        "--use_4bit_quantization",
-        "True",
-        "--bnb_4bit_quant_storage_dtype",
-        "float32",
-        "--bnb_4bit_compute_dtype",
-        "float32",
-        "--use_nested_quant",
-        "True",
-        "--max_steps",
-        "4",
-    )
+def test_qlora_4bit_fsdp2(variants) -> None:
+    run = variants["qlora"]  # nested quantization too
     s = run.summary
     assert s["adapter_check"]["ok"] and s["loss_last"] < s["loss_first"], s["losses"]
-    assert "QLoRA: 4-bit nf4, storage float32" in run.proc.stdout
+    assert s["adapter_check"]["lora_tensors"] == 56 and run.spec.model.quantization["bnb_4bit_use_double_quant"]
+    assert "QLoRA: 4-bit nf4, storage float32" in run.plan
 
 
-def test_dora(train) -> None:
-    run = train("--use_dora", "True", "--max_steps", "4")
+def test_dora(variants) -> None:
+    run = variants["dora"]
     from safetensors import safe_open
 
     with safe_open(str(run.output_dir / "adapter_model.safetensors"), "pt") as f:
         magnitudes = [k for k in f.keys() if "lora_magnitude_vector" in k]
     assert len(magnitudes) == 28  # 7 linear layers x 4 decoder layers, each whole
-    assert "DoRA: r=8" in run.proc.stdout
+    assert run.summary["adapter_check"]["ok"] and "DoRA: r=8" in run.plan
 
 
 def _adapter(path):
@@ -66,9 +62,10 @@ def _adapter(path):
 
 
 @pytest.mark.parametrize("state_dict_type", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
-def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, tmp_path, state_dict_type) -> None:
-    """Save every 2 steps; resume a copy of step 4 with `latest`: the final adapter equals the straight run's
-    (for SHARDED_STATE_DICT, the base config's own, the reference run).
+def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, variants, tmp_path, state_dict_type) -> None:
+    """Save every 2 steps; resume a copy of step 4 with `latest` through the CLI: the final adapter equals the
+    straight run's (for SHARDED_STATE_DICT, the base config's own, the reference run; for FULL_STATE_DICT, the
+    variants' group).
 
     FULL_STATE_DICT is the path where Trainer.save_model of a PEFT model under FSDP2 on CPU fails, and where
     accelerate's FULL load stalls: both go through fsdp-tune's own gather/load.
@@ -78,13 +75,11 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, tmp_p
     import torch
 
     flags = ("--fsdp_state_dict_type", state_dict_type, *REFERENCE)
-    if state_dict_type == "SHARDED_STATE_DICT":
-        straight = reference_run
-    else:
-        straight = train(*flags, output_dir=tmp_path / "straight")
+    full = state_dict_type == "FULL_STATE_DICT"
+    straight = variants["full checkpoints"] if full else reference_run
+    assert straight.summary["steps"] == 6 and (not full or straight.spec.full_state_dict)
     assert all((straight.output_dir / f"checkpoint-{n}" / "fsdp_tune_complete").exists() for n in (2, 4, 6))
     # a FULL checkpoint's model is the adapter file alone: accelerate's second save of it is skipped (SaveSpec)
-    full = state_dict_type == "FULL_STATE_DICT"
     assert (straight.output_dir / "checkpoint-4" / "pytorch_model_fsdp.bin").exists() is False
     assert (straight.output_dir / "checkpoint-4" / "adapter_model.safetensors").exists() is full
     from fsdp_tune.rundir.pickles import check_checkpoint
@@ -112,43 +107,21 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, tmp_p
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [
-        ("--fsdp_state_dict_type", "FULL_STATE_DICT"),
-        (
-            "--num_processes",
-            "1",
-            "--use_4bit_quantization",
-            "True",
-            "--bnb_4bit_quant_storage_dtype",
-            "float32",
-            "--bnb_4bit_compute_dtype",
-            "float32",
-        ),
-    ],
+    ("group", "name"),
+    [("variants", "fsdp-ac full checkpoints"), ("one_rank", "qlora fsdp-ac")],
     ids=["2 ranks FULL checkpoints", "1 rank QLoRA"],
 )
-def test_saves_with_fsdp_activation_checkpointing(train, extra) -> None:
+def test_saves_with_fsdp_activation_checkpointing(request, group: str, name: str) -> None:
     """FSDP's activation checkpointing wraps the layers: names change, and PEFT's own save wrote an empty file."""
-    run = train(
-        "--fsdp_activation_checkpointing",
-        "true",
-        "--gradient_checkpointing",
-        "false",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "2",
-        "--max_steps",
-        "4",
-        *extra,
-    )
+    run = request.getfixturevalue(group)[name]
     assert run.summary["adapter_check"]["lora_tensors"] == 56
-    assert "checkpointing: FSDP activation checkpointing" in run.proc.stdout
+    assert "checkpointing: FSDP activation checkpointing" in run.plan
     checkpoint = run.output_dir / "checkpoint-2"
     assert (checkpoint / "fsdp_tune_complete").exists()
-    if "FULL_STATE_DICT" in extra:
+    if run.spec.full_state_dict:
         from safetensors import safe_open
 
         with safe_open(str(checkpoint / "adapter_model.safetensors"), "pt") as f:
             assert len(list(f.keys())) == 56
+    else:
+        assert run.spec.model.quantization and run.spec.world.world_size == 1
