@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
+
+# merge's result line: "... logits match base+adapter (max relative difference 3.1e-07, tolerance 1e-04)"
+MATCHED = re.compile(
+    r"logits match (?:4-bit )?base\+adapter \(max relative difference ([0-9.e+-]+), tolerance ([0-9.e+-]+)\)"
+)
 
 
 def _merge(adapter, out, *extra):
@@ -16,6 +22,26 @@ def _merge(adapter, out, *extra):
         text=True,
         timeout=300,
     )
+
+
+def _within_its_tolerance(said: str) -> float:
+    """The difference merge measured, at most the tolerance it states (and that tolerance a real one)."""
+    found = MATCHED.search(said)
+    assert found, said
+    diff, tolerance = float(found.group(1)), float(found.group(2))
+    assert diff <= tolerance <= 1e-2, said
+    return tolerance
+
+
+def _logits(folder_or_model, ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = folder_or_model
+    if not hasattr(model, "forward"):
+        model = AutoModelForCausalLM.from_pretrained(folder_or_model)
+    with torch.no_grad():
+        return model.eval()(ids).logits
 
 
 def test_manifest_reproduces_run_and_merge_and_plot(train, reference_run, tmp_path) -> None:
@@ -38,43 +64,46 @@ def test_manifest_reproduces_run_and_merge_and_plot(train, reference_run, tmp_pa
     merged = tmp_path / "merged"
     r = _merge(first.output_dir, merged, "--dtype", "fp32")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "logits match base+adapter" in r.stdout
+    tolerance = _within_its_tolerance(r.stdout)
     assert (merged / "model.safetensors").exists() and (merged / "tokenizer.json").exists()
+    # merge's own check, repeated here: the merged model's logits are base+adapter's, within its tolerance
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_dir = json.loads((first.output_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    ids = torch.tensor([list(range(5, 45))])
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), str(first.output_dir))
+    want = _logits(adapted, ids)
+    got = _logits(merged, ids)
+    assert ((got - want).abs().max() / want.abs().max()).item() <= tolerance
     r = _merge(first.output_dir, merged, "--dtype", "fp32")
     assert r.returncode == 2 and "--force" in r.stderr  # never overwrites silently
 
 
-def test_qlora_adapter_merges_as_trained_or_into_the_base_and_chats(train, tmp_path) -> None:
+def test_qlora_adapter_merges_as_trained_or_into_the_base_and_chats(variants, tmp_path) -> None:
     """A QLoRA run merges, by default, into the 4-bit weights it trained against, dequantized: the merged model
     computes what training computed (checked against the 4-bit base + adapter); --into base merges into the
-    16-bit weights instead, which differ from those by the 4-bit rounding. chat loads the base in 4-bit again."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    run = train(
-        "--use_4bit_quantization",
-        "True",
-        "--bnb_4bit_quant_storage_dtype",
-        "float32",
-        "--bnb_4bit_compute_dtype",
-        "float32",
-        "--max_steps",
-        "2",
-    )
+    16-bit weights instead, which differ from those by the 4-bit rounding. chat loads the base in 4-bit again.
+    (The run: nested 4-bit quantization, the variants' group.)"""
+    run = variants["qlora"]
+    assert run.summary["adapter_check"]["ok"]
     r = _merge(run.output_dir, tmp_path / "as-trained")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "merged into the base's 4-bit weights as the run quantized them, dequantized to float32" in r.stdout
     assert "logits match 4-bit base+adapter" in r.stdout, r.stdout
+    _within_its_tolerance(r.stdout)
     r = _merge(run.output_dir, tmp_path / "into-base", "--into", "base")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "merged into the 16-bit base loaded unquantized in float32" in r.stdout, r.stdout
+    _within_its_tolerance(r.stdout)
     for folder in ("as-trained", "into-base"):
         config = json.loads((tmp_path / folder / "config.json").read_text())
         assert "quantization_config" not in config and config["dtype"] == "float32", folder
+    import torch
+
     ids = torch.tensor([list(range(5, 45))])
-    with torch.no_grad():
-        a = AutoModelForCausalLM.from_pretrained(tmp_path / "as-trained")(ids).logits
-        b = AutoModelForCausalLM.from_pretrained(tmp_path / "into-base")(ids).logits
+    a, b = _logits(tmp_path / "as-trained", ids), _logits(tmp_path / "into-base", ids)
     assert ((a - b).abs().max() / b.abs().max()).item() > 1e-3  # NF4's rounding: two different models
 
     lora = _merge(run.output_dir, tmp_path / "x", "--into", "nonsense")
@@ -89,7 +118,7 @@ def test_qlora_adapter_merges_as_trained_or_into_the_base_and_chats(train, tmp_p
     assert chat.returncode == 0 and "(4-bit nf4, as trained) + adapter" in chat.stderr, chat.stderr[-3000:]
 
 
-def test_added_tokens_travel_with_the_adapter(train, tmp_path) -> None:
+def test_added_tokens_travel_with_the_adapter(variants, tmp_path) -> None:
     """The zephyr template adds <s> and </s>, which the demo tokenizer lacks (512 -> 514, padded to 520 rows).
 
     Their embedding rows exist only in this run: the adapter must carry both embedding layers, load onto a
@@ -99,9 +128,9 @@ def test_added_tokens_travel_with_the_adapter(train, tmp_path) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run = train("--chat_template_format", "zephyr", "--max_steps", "2")
+    run = variants["zephyr"]
     assert run.summary["vocab_grew"] == {"from": 512, "tokenizer": 514, "rows": 520}
-    assert "vocabulary: 512 -> 514 tokens" in run.proc.stdout
+    assert "vocabulary: 512 -> 514 tokens" in run.console
     saved = load_file(str(run.output_dir / "adapter_model.safetensors"))
     embed, head = saved["base_model.model.model.embed_tokens.weight"], saved["base_model.model.lm_head.weight"]
     assert embed.shape == head.shape == (520, 128)
@@ -116,5 +145,9 @@ def test_added_tokens_travel_with_the_adapter(train, tmp_path) -> None:
 
     r = _merge(run.output_dir, tmp_path / "merged", "--dtype", "fp32")
     assert r.returncode == 0, r.stderr[-3000:]
+    tolerance = _within_its_tolerance(r.stdout)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     assert torch.equal(merged.get_input_embeddings().weight, embed)
+    ids = torch.tensor([list(range(5, 45)) + [513, 512]])  # the new tokens too
+    want, got = _logits(model, ids), _logits(merged, ids)
+    assert ((got - want).abs().max() / want.abs().max()).item() <= tolerance
