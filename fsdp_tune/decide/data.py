@@ -29,7 +29,22 @@ def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
         packing_strategy=cfg.training.get("packing_strategy") or "bfd",
         eos_token=cfg.training.get("eos_token"),
         num_proc=cfg.training.get("dataset_num_proc"),
+        pad_to_multiple_of=pad_multiple(cfg.training.get("pad_to_multiple_of")),
     )
+
+
+def pad_multiple(value: object) -> int | None:
+    """SFTConfig's pad_to_multiple_of as its __post_init__ resolves it: "auto" (its default) pads only on Neuron,
+    never where fsdp-tune runs; "none"/"null" do not pad; a number, as a string from a command line too. Anything
+    else raises ValueError, as SFTConfig would on the ranks (FT104 refuses it first)."""
+    if value is None or value == "auto" or (isinstance(value, str) and value.lower() in ("none", "null")):
+        return None
+    if isinstance(value, bool):
+        raise ValueError(value)
+    number = int(value)  # type: ignore[call-overload]
+    if number < 1 or (isinstance(value, float) and value != number):
+        raise ValueError(value)
+    return number
 
 
 def peft_text_field(cfg: RunConfig) -> str | None:

@@ -65,6 +65,8 @@ def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
         weight_sync="adapter" if vllm else None,
         reference=_reference(cfg),
         max_prompt_tokens=cfg.data.max_seq_len - completion if completion else None,
+        num_generations=cfg.training.get("num_generations"),
+        max_completion_length=cfg.training.get("max_completion_length"),
     )
 
 

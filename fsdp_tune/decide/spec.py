@@ -21,7 +21,7 @@ from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 3
+SPEC_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,7 @@ class DataSpec:
     packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped (TRL's packing)
     eos_token: str | None = None  # SFTConfig's eos_token; None: the tokenizer's
     num_proc: int | None = None  # --dataset_num_proc: processes rank 0 maps the rows with
+    pad_to_multiple_of: int | None = None  # SFTConfig's: batches padded to a multiple (the vision collator's too)
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,10 @@ class GrpoSpec:
     # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
     reference: Literal["off", "adapter_disabled", "ref_adapter"] = "off"
     max_prompt_tokens: int | None = None  # max_seq_len - max_completion_length: longer prompts are left out
+    # GRPOConfig's, as it reads them (its defaults when unset): completions per prompt, tokens per completion (the
+    # length rewards scale by it)
+    num_generations: int | None = 8
+    max_completion_length: int | None = 512
 
 
 @dataclass(frozen=True)

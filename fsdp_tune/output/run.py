@@ -186,7 +186,7 @@ def grpo_lines(spec: RankSpec) -> list[str]:
     rewards = ", ".join(f"{r.written} ({r.kind.replace('_', ' ')})" for r in g.rewards)
     weights = t.get("reward_weights")
     lines = [f"  rewards: {rewards}" + (f", weights {' '.join(f'{w:g}' for w in weights)}" if weights else "")]
-    n, length = t.get("num_generations", 8), t.get("max_completion_length", 512)
+    n, length = g.num_generations, g.max_completion_length
     if g.generation == "vllm":
         how = f"vLLM ({t.get('vllm_mode', 'colocate')}), the adapter alone synced after each step (by reading: not run)"
     else:

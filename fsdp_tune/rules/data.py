@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.data import pad_multiple
 from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, evaluation, train_on_prompt
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
@@ -117,6 +118,17 @@ def refused_data_options(cfg: RunConfig) -> Iterator[Finding]:
             "training.dataset_kwargs",
             "skip_prepare_dataset would drop the answer masks (TRL builds the labels from them)",
             "drop skip_prepare_dataset from --dataset_kwargs",
+        )
+    pad = cfg.training.get("pad_to_multiple_of")
+    try:
+        pad_multiple(pad)
+    except (TypeError, ValueError):
+        yield error(
+            cfg,
+            "FT104",
+            "training.pad_to_multiple_of",
+            f"{pad!r} is not a padding multiple: SFTConfig takes a whole number of tokens, auto or none",
+            "--pad_to_multiple_of 8 (or leave it unset: auto, no padding off Neuron)",
         )
     size = cfg.data.test_split_size
     if size is not None and not 0 < size < 1:

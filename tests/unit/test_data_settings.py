@@ -67,6 +67,18 @@ def test_trl_loss_switches_are_read_as_train_on_prompt() -> None:
     assert spec.data.sources[0].train_on_prompt  # ours wins, and FT103 says so
 
 
+@pytest.mark.parametrize(
+    "flags,padded",
+    [((), None), (("--pad_to_multiple_of", "auto"), None), (("--pad_to_multiple_of", "8"), 8)]
+    + [(("--pad_to_multiple_of", "None"), None)],
+)
+def test_pad_to_multiple_of_reaches_the_spec_as_sftconfig_resolves_it(flags, padded) -> None:
+    """TRL's default is "auto" (a multiple of 128 on Neuron only), a command line gives a string: the ranks'
+    collators read the number SFTConfig would pad to (the vision collator pads with it)."""
+    spec, _ = _spec(*flags)
+    assert spec.data.pad_to_multiple_of == padded
+
+
 def _rules(*flags: str, config: str | None = None) -> list[tuple[str, str]]:
     return [(f.rule, f.severity.value) for f in check(config, [*BASE, *flags]).findings if f.rule.startswith("FT10")]
 
@@ -77,6 +89,10 @@ def _rules(*flags: str, config: str | None = None) -> list[tuple[str, str]]:
         (("--dataset_streaming",), [("FT104", "error")]),
         (("--dataset_kwargs", '{"skip_prepare_dataset": true}'), [("FT104", "error")]),
         (("--test_split_size", "1.5"), [("FT104", "error")]),
+        (("--pad_to_multiple_of", "eight"), [("FT104", "error")]),
+        (("--pad_to_multiple_of", "0"), [("FT104", "error")]),
+        (("--pad_to_multiple_of", "8"), []),
+        (("--pad_to_multiple_of", "none"), []),
         (("--dataset_columns", "questoin=q"), [("FT105", "error")]),
         (("--dataset_roles", "bot=robot"), [("FT105", "error")]),
         (("--splits", "train,test", "--dataset_test_split", "validation"), [("FT102", "warning")]),

@@ -80,6 +80,8 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "weight_sync": (RANK, "worker/training/grpo.py"),
         "reference": (RANK, "worker/training/grpo.py"),
         "max_prompt_tokens": (RANK, "worker/data/prompts.py"),
+        "num_generations": (PLAN, PLAN_TEXT),  # the ranks' GRPOConfig reads trainer_args'
+        "max_completion_length": (RANK, "worker/training/rewards.py"),  # the length rewards' scale
     },
     RewardSpec: {
         "name": (RANK, "worker/training/rewards.py"),
@@ -159,6 +161,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "packing_strategy": (RANK, "sources/encode.py"),
         "eos_token": (RANK, "sources/encode.py"),
         "num_proc": (RANK, "worker/data/prepare.py"),
+        "pad_to_multiple_of": (RANK, "worker/data/vision_collate.py"),  # text batches: SFTConfig's, trainer_args'
     },
     Source: {
         "path": (RANK, "worker/data/splits.py"),

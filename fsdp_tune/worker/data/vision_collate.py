@@ -133,6 +133,6 @@ def collator_for(spec, data, processor, tokenizer) -> VisionCollator | None:
     return VisionCollator(
         processor,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-        pad_to_multiple_of=spec.trainer_args.get("pad_to_multiple_of"),
+        pad_to_multiple_of=spec.data.pad_to_multiple_of,
         guard=vision.guard if vision is not None else "dummy_image",
     )

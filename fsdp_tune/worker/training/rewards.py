@@ -24,7 +24,7 @@ def reward_kwargs(spec: RankSpec, tokenizer, step=lambda: None) -> dict[str, Any
     for the guard's messages."""
     if spec.grpo is None:
         return {}
-    length = int(spec.trainer_args.get("max_completion_length") or 512)
+    length = spec.grpo.max_completion_length or 512  # None: generation's own limit; the length rewards need one
     funcs, classes = [], []
     for reward in spec.grpo.rewards:
         if reward.kind in ("reward_run", "reward_model"):
