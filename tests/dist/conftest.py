@@ -36,9 +36,13 @@ class Run:
             f"--- exit {self.proc.returncode}\n--- stdout\n{self.proc.stdout[-4000:]}\n--- stderr\n"
             f"{self.proc.stderr[-6000:]}"
         ]
-        for log in sorted((self.output_dir / "logs").glob("rank-*.log")):
-            parts.append(f"--- {log.name}\n{log.read_text()[-4000:]}")
-        return "\n".join(parts)
+        return "\n".join([*parts, *rank_logs(self.output_dir)])
+
+
+def rank_logs(output_dir: Path, label: str = "") -> list[str]:
+    """The end of every rank's log in a run's folder, for a failing assertion's message."""
+    logs = sorted((output_dir / "logs").glob("rank-*.log"))
+    return [f"--- {label}{log.name}\n{log.read_text()[-4000:]}" for log in logs]
 
 
 def run_train(
@@ -134,9 +138,7 @@ class Member:
 
     def logs(self) -> str:
         parts = [self.group.logs()] if self.group else []
-        for log in sorted((self.output_dir / "logs").glob("rank-*.log")):
-            parts.append(f"--- {self.name}: {log.name}\n{log.read_text()[-4000:]}")
-        return "\n".join(parts)
+        return "\n".join([*parts, *rank_logs(self.output_dir, f"{self.name}: ")])
 
 
 @dataclass

@@ -81,11 +81,7 @@ def _reward_model(folder: Path) -> Path:
     return folder
 
 
-def _resolved(tmp_path: Path, name: str, *flags: str) -> Member:
-    return plan_member(name, tmp_path / name, flags)
-
-
-def _resumed(tmp_path: Path, straight) -> str:
+def _resumed(tmp_path: Path, straight: Member) -> str:
     """The straight run's spec, resumed from its checkpoint-8 into a folder of its own (planned before the launch,
     so before the checkpoint exists: the ranks' resume is what this checks, the launcher's is method-blind)."""
     from fsdp_tune.launch import torchrun
@@ -111,19 +107,21 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
         monkeypatch.setenv(key, value)  # plan_run materialises the builtin model where the ranks read it
     monkeypatch.chdir(tmp_path)  # the rewards are named relative to here, as a user names them
     data = str(_files(tmp_path))
-    lora = _resolved(
-        tmp_path, "lora", *GRPO, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars",
+    lora = plan_member("lora", tmp_path / "lora", (
+        *GRPO, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars",
         "--beta", "0.01", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "4",
-    )  # fmt: skip
+    ))  # fmt: skip
     judge = str(_reward_model(tmp_path / "judge"))
-    qlora = _resolved(
-        tmp_path, "qlora", *GRPO, "--dataset_name", data, "--reward_funcs", "grpo_rewards.scores.fewer_chars",
+    qlora = plan_member("qlora", tmp_path / "qlora", (
+        *GRPO, "--dataset_name", data, "--reward_funcs", "grpo_rewards.scores.fewer_chars",
         "length_reward", judge, "--reward_weights", "1", "0.5", "0.1", "--max_steps", "4",
         "--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "float32",
-    )  # fmt: skip
+    ))  # fmt: skip
     # sampled at temperature 1 its completions differ in length, so the advantages, and the gradients, are not zero
-    unmanaged = _resolved(
-        tmp_path, "unmanaged", *GROUPS, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars"
+    unmanaged = plan_member(
+        "unmanaged",
+        tmp_path / "unmanaged",
+        (*GROUPS, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars"),
     )
     assert lora.spec.grpo.reference == "adapter_disabled" and qlora.spec.grpo.reference == "off"
     assert [r.kind for r in qlora.spec.grpo.rewards] == ["python", "builtin", "reward_model"]
