@@ -26,6 +26,21 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 
+# GRPOConfig's settings as the run gives them, else GRPOConfig's own defaults (TrainingSettings.get reads them from
+# the installed TRL: training_fields.json), as decide/method.py grpo_spec reads them for the ranks: not restated here
+
+
+def _int(cfg: RunConfig, name: str, unset: int) -> int:
+    """A whole-number setting; `unset` only where GRPOConfig's default is None (it derives the value then)."""
+    value = cfg.training.get(name)
+    return int(value) if value is not None else unset
+
+
+def completion_length(cfg: RunConfig) -> int:
+    """Tokens per completion: max_completion_length, or the whole max_seq_len where it is None (unbounded)."""
+    return _int(cfg, "max_completion_length", cfg.data.max_seq_len)
+
+
 GENERATION = "generation (KV cache, no grad)"
 LOG_PROBS = "log-prob passes (reference / old policy, no grad)"
 
@@ -33,20 +48,18 @@ LOG_PROBS = "log-prob passes (reference / old policy, no grad)"
 def rows_generated(cfg: RunConfig) -> int:
     """Completions one rank generates at once (GRPOConfig: generation_batch_size / world, or per-device batch x
     steps_per_generation)."""
-    t = cfg.training
-    per_device = int(t.get("per_device_train_batch_size") or 8)
-    if t.get("generation_batch_size"):
-        return max(int(t.get("generation_batch_size")) // max(cfg.launch.num_processes, 1), 1)
-    return per_device * int(t.get("steps_per_generation") or t.get("gradient_accumulation_steps") or 1)
+    per_device = _int(cfg, "per_device_train_batch_size", 1)
+    if cfg.training.get("generation_batch_size"):
+        return max(_int(cfg, "generation_batch_size", 1) // max(cfg.launch.num_processes, 1), 1)
+    return per_device * _int(cfg, "steps_per_generation", _int(cfg, "gradient_accumulation_steps", 1))
 
 
 def log_prob_passes(cfg: RunConfig) -> int:
     """Forwards without gradients before training: the reference's (beta > 0) and the old policy's."""
-    t = cfg.training
-    accumulation = int(t.get("gradient_accumulation_steps") or 1)
-    generate_every = int(t.get("steps_per_generation") or accumulation) * int(t.get("num_iterations") or 1)
+    accumulation = _int(cfg, "gradient_accumulation_steps", 1)
+    generate_every = max(_int(cfg, "steps_per_generation", accumulation) * _int(cfg, "num_iterations", 1), 1)
     old = accumulation % generate_every != 0
-    return int(float(t.get("beta") or 0) > 0) + int(old)
+    return int(float(cfg.training.get("beta") or 0) > 0) + int(old)
 
 
 def sequence(cfg: RunConfig) -> int:
@@ -63,7 +76,7 @@ def phases(cfg: RunConfig, shape: ModelShape, st: Stack, u: dict, saved: float, 
     (planner/gathered.py units), `saved`: what a layer saves for backward per token, `head`: lm_head gathered
     whole (the fused head), `loss_fwd(tokens)`: the fused head's forward bytes."""
     rows = rows_generated(cfg)
-    completion = int(cfg.training.get("max_completion_length") or 512)
+    completion = completion_length(cfg)
     prompt = max(sequence(cfg) - completion, 1)
     out = {
         GENERATION: {
@@ -74,7 +87,7 @@ def phases(cfg: RunConfig, shape: ModelShape, st: Stack, u: dict, saved: float, 
         }
     }
     if log_prob_passes(cfg):
-        tokens = int(cfg.training.get("per_device_train_batch_size") or 8) * sequence(cfg)
+        tokens = _int(cfg, "per_device_train_batch_size", 1) * sequence(cfg)
         out[LOG_PROBS] = {
             "one layer's tensors (no grad)": tokens * saved,
             "gathered FSDP units": 3 * u["layer"],
@@ -85,22 +98,20 @@ def phases(cfg: RunConfig, shape: ModelShape, st: Stack, u: dict, saved: float, 
 
 
 def note(cfg: RunConfig) -> str:
-    t = cfg.training
-    n = int(t.get("num_generations") or 8)
+    n = _int(cfg, "num_generations", 1)
     passes = log_prob_passes(cfg)
     extra = f", {passes} log-prob pass(es) without gradients" if passes else ""
     return (
         f"grpo: {rows_generated(cfg)} completions generated per rank at once ({n} per prompt, up to "
-        f"{t.get('max_completion_length') or 512} tokens), then trained on like SFT rows{extra}; generating on the "
+        f"{completion_length(cfg)} tokens), then trained on like SFT rows{extra}; generating on the "
         "sharded model all-gathers every FSDP unit again for each generated token (in the step time)"
     )
 
 
 def generations_per_step(cfg: RunConfig) -> float:
     """Generations per optimizer step: one per steps_per_generation x num_iterations micro-steps."""
-    t = cfg.training
-    accumulation = int(t.get("gradient_accumulation_steps") or 1)
-    every = int(t.get("steps_per_generation") or accumulation) * int(t.get("num_iterations") or 1)
+    accumulation = _int(cfg, "gradient_accumulation_steps", 1)
+    every = max(_int(cfg, "steps_per_generation", accumulation) * _int(cfg, "num_iterations", 1), 1)
     return accumulation / every
 
 
@@ -108,11 +119,10 @@ def generation_cost(cfg: RunConfig, shape: ModelShape, forward_gathered: float) 
     """(FLOPs, all-gathered bytes) per GPU and optimizer step that GRPO adds to the training pass: each generation
     runs the prefill and one forward per generated token on the sharded model, every forward all-gathering every
     unit again (`forward_gathered`: one forward's worth); the log-prob passes are one forward each per micro-step."""
-    t = cfg.training
-    completion = int(t.get("max_completion_length") or 512)
+    completion = completion_length(cfg)
     gens = generations_per_step(cfg)
-    accumulation = int(t.get("gradient_accumulation_steps") or 1)
-    micro = int(t.get("per_device_train_batch_size") or 8)
+    accumulation = _int(cfg, "gradient_accumulation_steps", 1)
+    micro = _int(cfg, "per_device_train_batch_size", 1)
     n = shape.active_params
     flops = gens * rows_generated(cfg) * sequence(cfg) * 2 * n
     flops += log_prob_passes(cfg) * accumulation * micro * sequence(cfg) * 2 * n
