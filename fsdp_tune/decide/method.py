@@ -70,6 +70,20 @@ def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
     )
 
 
+def generation_batch(cfg: RunConfig) -> tuple[int, int, str]:
+    """(the completions each generation makes, the global batch, how the first is made), as
+    GRPOConfig.__post_init__ computes them from the settings TrainingSettings.get gives (its defaults unset)."""
+    t = cfg.training
+    world = max(cfg.launch.num_processes, 1)
+    per_device = int(t.get("per_device_train_batch_size"))
+    if t.get("generation_batch_size") is not None:
+        return int(t.get("generation_batch_size")), per_device * world, "generation_batch_size"
+    unset = t.get("steps_per_generation") is None
+    steps = int(t.get("gradient_accumulation_steps") if unset else t.get("steps_per_generation"))
+    words = f"per_device_train_batch_size {per_device} x {world} ranks x {steps} steps a generation"
+    return per_device * world * steps, per_device * world, words
+
+
 def steps(cfg: RunConfig) -> Steps:
     """The batch, the end and the checkpoint schedule as the method's config will read them: the run's settings,
     else that config's defaults (TrainingSettings.get: training_fields.json, read from the installed TRL)."""

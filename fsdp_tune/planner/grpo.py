@@ -23,6 +23,7 @@ Nothing of the generation outlives it: the KV cache is freed before the log-prob
 from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.method import generation_batch
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 
@@ -48,17 +49,18 @@ LOG_PROBS = "log-prob passes (reference / old policy, no grad)"
 def rows_generated(cfg: RunConfig) -> int:
     """Completions one rank generates at once (GRPOConfig: generation_batch_size / world, or per-device batch x
     steps_per_generation)."""
-    per_device = _int(cfg, "per_device_train_batch_size", 1)
-    if cfg.training.get("generation_batch_size"):
-        return max(_int(cfg, "generation_batch_size", 1) // max(cfg.launch.num_processes, 1), 1)
-    return per_device * _int(cfg, "steps_per_generation", _int(cfg, "gradient_accumulation_steps", 1))
+    return max(generation_batch(cfg)[0] // max(cfg.launch.num_processes, 1), 1)
+
+
+def _micro_steps_per_generation(cfg: RunConfig) -> int:
+    """Micro-steps one generation serves: steps_per_generation (else gradient_accumulation_steps) x num_iterations."""
+    accumulation = _int(cfg, "gradient_accumulation_steps", 1)
+    return max(_int(cfg, "steps_per_generation", accumulation) * _int(cfg, "num_iterations", 1), 1)
 
 
 def log_prob_passes(cfg: RunConfig) -> int:
     """Forwards without gradients before training: the reference's (beta > 0) and the old policy's."""
-    accumulation = _int(cfg, "gradient_accumulation_steps", 1)
-    generate_every = max(_int(cfg, "steps_per_generation", accumulation) * _int(cfg, "num_iterations", 1), 1)
-    old = accumulation % generate_every != 0
+    old = _int(cfg, "gradient_accumulation_steps", 1) % _micro_steps_per_generation(cfg) != 0
     return int(float(cfg.training.get("beta") or 0) > 0) + int(old)
 
 
@@ -110,9 +112,7 @@ def note(cfg: RunConfig) -> str:
 
 def generations_per_step(cfg: RunConfig) -> float:
     """Generations per optimizer step: one per steps_per_generation x num_iterations micro-steps."""
-    accumulation = _int(cfg, "gradient_accumulation_steps", 1)
-    every = max(_int(cfg, "steps_per_generation", accumulation) * _int(cfg, "num_iterations", 1), 1)
-    return accumulation / every
+    return _int(cfg, "gradient_accumulation_steps", 1) / _micro_steps_per_generation(cfg)
 
 
 def generation_cost(cfg: RunConfig, shape: ModelShape, forward_gathered: float) -> tuple[float, float]:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.method import generation_batch
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 
@@ -57,19 +58,6 @@ def reward_weights(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT132", "training.reward_weights", message, "--reward_weights " + " ".join(["1.0"] * n))
 
 
-def generation_batch(cfg: RunConfig) -> tuple[int, int, str]:
-    """(the completions each generation makes, the global batch, how the first is made), as
-    GRPOConfig.__post_init__ computes them."""
-    t = cfg.training
-    world = max(cfg.launch.num_processes, 1)
-    per_device = int(t.get("per_device_train_batch_size") or 8)
-    if t.get("generation_batch_size") is not None:
-        return int(t.get("generation_batch_size")), per_device * world, "generation_batch_size"
-    steps = int(t.get("steps_per_generation") or t.get("gradient_accumulation_steps") or 1)
-    words = f"per_device_train_batch_size {per_device} x {world} ranks x {steps} steps a generation"
-    return per_device * world * steps, per_device * world, words
-
-
 @rule("FT133", "grpo", "the generation batch holds whole groups of num_generations completions")
 def generation_groups(cfg: RunConfig) -> Iterator[Finding]:
     """GRPO normalizes each reward within the group of completions of one prompt, so every batch it generates holds
@@ -77,7 +65,7 @@ def generation_groups(cfg: RunConfig) -> Iterator[Finding]:
     if not is_grpo(cfg):
         return
     t = cfg.training
-    n = int(t.get("num_generations") or 8)
+    n = int(t.get("num_generations"))
     if n < 2:
         message = f"num_generations {n}: GRPO compares at least 2 completions of each prompt"
         yield error(cfg, "FT133", "training.num_generations", message, "--num_generations 4")
@@ -87,6 +75,8 @@ def generation_groups(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT133", "training.generation_batch_size", message, "drop one of them")
         return
     batch, per_step, words = generation_batch(cfg)
+    if min(batch, per_step) < 1:
+        return  # FT072 refuses the count that makes it
     if t.get("generation_batch_size") is not None and batch % per_step:
         message = f"generation_batch_size {batch} is not a multiple of the global batch {per_step}"
         hint = f"--generation_batch_size {per_step * max(batch // per_step, 1)}"
@@ -97,8 +87,8 @@ def generation_groups(cfg: RunConfig) -> Iterator[Finding]:
         hint = f"--num_generations {fits[0]}" if fits else f"--per_device_train_batch_size {n}"
         yield error(cfg, "FT133", "training.num_generations", message, hint)
     if t.get("eval_strategy") not in (None, "no"):
-        g = int(t.get("num_generations_eval") or n)
-        held = int(t.get("per_device_eval_batch_size") or 8) * max(cfg.launch.num_processes, 1)
+        g = int(t.get("num_generations_eval") or n)  # as GRPOTrainer reads it: unset or 0 is num_generations
+        held = int(t.get("per_device_eval_batch_size")) * max(cfg.launch.num_processes, 1)
         if held % g:
             message = f"the global eval batch {held} is not a whole number of groups of {g} completions"
             hint = f"--num_generations_eval {_divisor(held, g)}"

@@ -39,7 +39,15 @@ def precision_override(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-_POSITIVE_INT = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+_POSITIVE_INT = (
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "generation_batch_size",  # GRPO's; unset (None) for the other methods
+    "steps_per_generation",
+    "num_iterations",
+)
+_POSITIVE_HINT = {"generation_batch_size": "drop it: GRPO then generates the batch x ranks x steps_per_generation"}
 
 
 @rule("FT072", "training", "numeric ranges")
@@ -48,7 +56,8 @@ def numeric_ranges(cfg: RunConfig) -> Iterator[Finding]:
     for name in _POSITIVE_INT:
         value = t.get(name)
         if value is not None and value < 1:
-            yield error(cfg, "FT072", f"training.{name}", f"{name} must be at least 1, got {value}", f"--{name} 1")
+            hint = _POSITIVE_HINT.get(name, f"--{name} 1")
+            yield error(cfg, "FT072", f"training.{name}", f"{name} must be at least 1, got {value}", hint)
     if cfg.data.max_seq_len < 1:
         yield error(
             cfg,
