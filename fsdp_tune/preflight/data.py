@@ -15,7 +15,7 @@ from fsdp_tune.config.methods import row_of
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight import images as image_check
 from fsdp_tune.preflight import prompts as prompt_check
-from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, sliced
+from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, Kind, settle_kind, sliced
 from fsdp_tune.preflight.rows import row_findings as _row_findings
 from fsdp_tune.preflight.tokens import TokenCheck, token_findings
 from fsdp_tune.preflight.tokens import listed as _listed
@@ -24,6 +24,7 @@ from fsdp_tune.sources.data import dataset_cached, locate
 from fsdp_tune.sources.formats import AUTO, REQUIRED, Format, FormatError, detect_format, renders_to_text
 from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.model import offline
+from fsdp_tune.sources.preference_rows import canonical as preference_canonical
 from fsdp_tune.sources.rowcheck import PREFLIGHT_REFUSES, Problem, check_row
 from fsdp_tune.sources.sample import SCAN_SECONDS, Sample, read_sample
 
@@ -107,11 +108,10 @@ def settle_source(
         return source, findings + problems
     first = samples[source.split][0]
     rows = [r for x in samples[source.split] for _, r in x.rows]
-    if row_of(method).generates:  # prompts (preflight/prompts.py)
-        settled, found = prompt_check.settle(source, splits, samples, located)
+    kind = prompt_check.KIND if row_of(method).generates else _preference(method) if row_of(method).preference else None
+    if kind is not None:  # TRL's rows as they stand: prompts (preflight/prompts.py), preference pairs
+        settled, found = settle_kind(kind, source, splits, samples, located)
         return settled, findings + found
-    if row_of(method).preference:
-        return _settle_preference(source, splits, samples, findings, located, method)
     try:
         fmt = detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source, text_field)
     except FormatError as e:
@@ -155,34 +155,14 @@ def _unscanned(split: str, sample: Sample) -> Finding:
     return Finding("PF072", Severity.NOTE, split, f"{sample.path}:{sample.unscanned}", message, "")
 
 
-def _settle_preference(
-    source: Source, splits: list[str], samples: dict, findings: list[Finding], located, method: str
-) -> tuple[Source, list[Finding]]:
+def _preference(method: str) -> Kind:
     """settle_source's format and row checks for a preference method (sources/preference_check.py)."""
-    first = samples[source.split][0]
-    rows = [r for x in samples[source.split] for _, r in x.rows]
-    try:
-        head = [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)]
-        fmt = preference_check.detect(first.columns, head, source, method)
-    except FormatError as e:
-        return source, findings + [_error("PF014", split_name(source.split), first.path, str(e), e.hint)]
-    where = samples[source.split][0].rows[0][0] if samples[source.split][0].rows else first.path
-    findings += preference_check.method_findings(split_name(source.split), where, fmt, method)
-    for s in splits:
-        split_rows = sliced(s, [r for x in samples[s] for r in x.rows])
-        by_code, first_problem = preference_check.check_rows(split_name(s), split_rows, fmt)
-        findings += _row_findings(split_name(s), by_code, first_problem, len(split_rows))
-    train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
-    counted = preference_check.usable(train_rows, fmt, method) if len(train_rows) < COUNTED_ROWS else None
-    settled = replace(
-        source,
-        eval_split=splits[1] if len(splits) > 1 else None,
-        loader=located.loader,
-        files={split_name(s): located.files[split_name(s)] for s in splits},
-        detected=fmt.as_dict(),
-        rows_checked=counted,
+    return Kind(
+        detect=lambda columns, rows, source: preference_check.detect(columns, rows, source, method),
+        said=lambda split, where, fmt: preference_check.method_findings(split, where, fmt, method),
+        canonical=preference_canonical,
+        count=lambda rows, fmt: preference_check.usable(rows, fmt, method),
     )
-    return settled, findings
 
 
 def _usable(rows: list[tuple[str, Any]], fmt: Format, roles: dict[str, str]) -> int | None:

@@ -4,15 +4,11 @@ counted in the summary), data that holds answers but no prompts refused naming w
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, row_findings, sliced
+from fsdp_tune.preflight.rows import Kind, Rows
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.prompts import canonical, detect_prompts
-from fsdp_tune.sources.rowcheck import problems_by_code
 
 
 def detect(columns: list[str], rows: list[dict], source: Source) -> Format:
@@ -32,37 +28,16 @@ def detect(columns: list[str], rows: list[dict], source: Source) -> Format:
         ) from None
 
 
-def check_rows(rows: list[tuple[str, Any]], fmt: Format) -> tuple[dict, dict]:
-    """(problem code -> the rows with it, problem code -> its first problem), for preflight/rows.py row_findings."""
-    return problems_by_code(rows, fmt, canonical)
+def notes(split: str, where: str, fmt: Format) -> list[Finding]:
+    """What the prompt format says of itself (PF086, notes)."""
+    return [Finding("PF086", Severity.NOTE, split, where, note, "") for note in fmt.notes]
 
 
-def settle(source: Source, splits: list[str], samples: dict, located) -> tuple[Source, list[Finding]]:
-    """settle_source's format and row checks under --method grpo."""
-    first = samples[source.split][0]
-    rows = [r for x in samples[source.split] for _, r in x.rows]
-    try:
-        fmt = detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source)
-    except FormatError as e:
-        return source, [Finding("PF014", Severity.ERROR, split_name(source.split), first.path, str(e), e.hint)]
-    findings: list[Finding] = [
-        Finding("PF086", Severity.NOTE, split_name(source.split), first.path, note, "") for note in fmt.notes
-    ]
-    for s in splits:
-        split_rows = sliced(s, [r for x in samples[s] for r in x.rows])
-        by_code, first_problem = check_rows(split_rows, fmt)
-        findings += row_findings(split_name(s), by_code, first_problem, len(split_rows))
-    train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
-    usable = sum(1 for _, r in train_rows if isinstance(r, dict) and canonical(r, fmt)[1] is None)
-    settled = replace(
-        source,
-        eval_split=splits[1] if len(splits) > 1 else None,
-        loader=located.loader,
-        files={split_name(s): located.files[split_name(s)] for s in splits},
-        detected=fmt.as_dict(),
-        rows_checked=usable if len(train_rows) < COUNTED_ROWS else None,
-    )
-    return settled, findings
+def usable(rows: Rows, fmt: Format) -> int:
+    return sum(1 for _, r in rows if isinstance(r, dict) and canonical(r, fmt)[1] is None)
+
+
+KIND = Kind(detect=detect, said=notes, canonical=canonical, count=usable)  # settle_source's checks under grpo
 
 
 def first_row(source: Source) -> dict | None:

@@ -1,11 +1,18 @@
 """The row findings every data pre-flight shares (preflight/data.py for SFT and preference data,
-preflight/prompts.py for GRPO's prompts): rows skipped or reported, counted by reason, with file and line."""
+preflight/prompts.py for GRPO's prompts): rows skipped or reported, counted by reason, with file and line; and the
+whole check of a data kind whose rows TRL takes as they stand (a Kind: preference pairs, GRPO's prompts)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight.tokens import listed as _listed
-from fsdp_tune.sources.mixture import slice_rows
+from fsdp_tune.sources.formats import Format, FormatError
+from fsdp_tune.sources.mixture import Source, slice_rows, split_name
+from fsdp_tune.sources.rowcheck import problems_by_code
 from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS
 
 DETECT_ROWS = 100  # rows detection looks at
@@ -36,3 +43,44 @@ def row_findings(split: str, by_code: dict[str, list[str]], first: dict, total: 
             )
         findings.append(Finding("PF017" if skip else "PF018", severity, split, wheres[0], message, hint))
     return findings
+
+
+Rows = list[tuple[str, Any]]  # (file:line, the row as read)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A data kind checked the same way whatever it is: its format found from the first rows (FormatError: PF014),
+    what the format itself says (split, the first row's file:line, the format), each row read by `canonical(row,
+    fmt) -> (row, problem or None)`, and the train split's rows counted as the method will train on them."""
+
+    detect: Callable[[list[str], list[dict], Source], Format]
+    said: Callable[[str, str, Format], list[Finding]]
+    canonical: Callable[[dict, Format], tuple[Any, Any]]
+    count: Callable[[Rows, Format], int]
+
+
+def settle_kind(kind: Kind, source: Source, splits: list[str], samples: dict, located) -> tuple[Source, list[Finding]]:
+    """settle_source's format and row checks for `kind`: the source settled (its format, files and rows counted)
+    and what was found."""
+    first = samples[source.split][0]
+    rows = [r for x in samples[source.split] for _, r in x.rows]
+    try:
+        fmt = kind.detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source)
+    except FormatError as e:
+        return source, [Finding("PF014", Severity.ERROR, split_name(source.split), first.path, str(e), e.hint)]
+    findings = kind.said(split_name(source.split), first.rows[0][0] if first.rows else first.path, fmt)
+    for s in splits:
+        split_rows = sliced(s, [r for x in samples[s] for r in x.rows])
+        by_code, first_problem = problems_by_code(split_rows, fmt, kind.canonical)
+        findings += row_findings(split_name(s), by_code, first_problem, len(split_rows))
+    train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
+    settled = replace(
+        source,
+        eval_split=splits[1] if len(splits) > 1 else None,
+        loader=located.loader,
+        files={split_name(s): located.files[split_name(s)] for s in splits},
+        detected=fmt.as_dict(),
+        rows_checked=kind.count(train_rows, fmt) if len(train_rows) < COUNTED_ROWS else None,
+    )
+    return settled, findings

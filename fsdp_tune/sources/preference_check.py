@@ -19,7 +19,6 @@ from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.preference import PAIRED, UNPAIRED, detect_preference
 from fsdp_tune.sources.preference_rows import canonical
-from fsdp_tune.sources.rowcheck import problems_by_code
 
 
 def detect(columns: list[str], rows: list[dict], source, method: str) -> Format:
@@ -65,12 +64,6 @@ def method_findings(split: str, where: str, fmt: Format, method: str) -> list[Fi
             )
         ]
     return []
-
-
-def check_rows(split: str, rows: list[tuple[str, Any]], fmt: Format) -> tuple[dict, dict]:
-    """(problem code -> the rows with it, problem code -> its first problem): datacheck's _row_findings reports
-    them as SFT's skipped rows are (PF017, an error when every row would be skipped)."""
-    return problems_by_code(rows, fmt, canonical)
 
 
 def usable(rows: list[tuple[str, Any]], fmt: Format, method: str) -> int:

@@ -25,7 +25,7 @@ from fsdp_tune.sources.preference_rows import canonical, unpair
 from fsdp_tune.sources.rows import LISTED, where
 from fsdp_tune.worker.data.mixing import columns_report, mix, publish, save_columns, work_folder
 from fsdp_tune.worker.data.prepare import Prepared, cache_key, check_template, load_prepared
-from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
+from fsdp_tune.worker.data.splits import detected, load_split
 
 UNPAIRED = "unpaired"  # MethodSpec.data of a method that trains on unpaired rows (KTO): pairs become two rows
 
@@ -34,14 +34,6 @@ def prepare_preference(spec: RankSpec, tokenizer, processor=None) -> Prepared:
     """(train, eval or None, the data report): TRL's preference columns, converted once by rank 0 of each machine."""
     key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:{spec.method.data}".encode()).hexdigest()[:16]
     return load_prepared(spec, tokenizer, key, build)
-
-
-def format_of(source: Source, dataset) -> Format:
-    """The launcher's detection, or rank 0's for a Hub dataset."""
-    if source.detected is not None:
-        return Format.from_dict(source.detected)
-    rows = dataset.select(range(min(DETECT_ROWS, len(dataset)))).to_list()
-    return detect_preference(dataset.column_names, rows, forced=source.format, column_map=source.column_map)
 
 
 def convert(raw, fmt: Format, data: str, named: str) -> tuple[list[dict], dict[str, Any]]:
@@ -75,7 +67,7 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     trains, evals, reports = [], [], []
     for source in spec.data.sources:
         raw = load_split(source, source.split)
-        fmt = format_of(source, raw)
+        fmt = detected(source, raw, detect_preference)
         if fmt.conversational:
             check_template(tokenizer, Format("messages", {}), source)
         train, part = _split(raw, source, source.split, fmt, spec.method.data)

@@ -23,7 +23,7 @@ from fsdp_tune.sources.prompts import canonical, detect_prompts
 from fsdp_tune.sources.rows import LISTED, where
 from fsdp_tune.worker.data.mixing import columns_report, mix, publish, save_columns, work_folder
 from fsdp_tune.worker.data.prepare import Prepared, cache_key, check_template, load_prepared
-from fsdp_tune.worker.data.splits import DETECT_ROWS, load_split
+from fsdp_tune.worker.data.splits import detected, load_split
 
 TOO_LONG = "the prompt leaves no room for a completion within max_seq_len"
 
@@ -34,14 +34,6 @@ def prepare_prompts(spec: RankSpec, tokenizer, processor=None) -> Prepared:
     limit = spec.grpo.max_prompt_tokens if spec.grpo else None
     key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:grpo:{limit}".encode()).hexdigest()[:16]
     return load_prepared(spec, tokenizer, key, build)
-
-
-def format_of(source: Source, dataset) -> Format:
-    """The launcher's detection, or rank 0's for a Hub dataset."""
-    if source.detected is not None:
-        return Format.from_dict(source.detected)
-    rows = dataset.select(range(min(DETECT_ROWS, len(dataset)))).to_list()
-    return detect_prompts(dataset.column_names, rows, forced=source.format, column_map=source.column_map)
 
 
 def prompt_tokens(tokenizer, prompt) -> int:
@@ -87,7 +79,7 @@ def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     trains, evals, reports = [], [], []
     for source in spec.data.sources:
         raw = load_split(source, source.split)
-        fmt = format_of(source, raw)
+        fmt = detected(source, raw, detect_prompts)
         if fmt.conversational:
             check_template(tokenizer, Format("messages", {}), source)
         train, part = _split(raw, source, source.split, fmt, tokenizer, limit)

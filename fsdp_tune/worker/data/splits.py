@@ -4,6 +4,8 @@ local cache) with its config, data_dir and data_files; split slices (`train[:5%]
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from datasets import DatasetDict, ReadInstruction, concatenate_datasets, load_dataset, load_from_disk
 
 from fsdp_tune.sources.formats import Format, detect_format, renders_to_text
@@ -68,3 +70,12 @@ def format_of(source: Source, dataset, text_field: str, peft_text_field: str | N
     )
     fmt, as_text = renders_to_text(fmt, dataset.column_names, peft_text_field)
     return fmt, source.train_on_prompt or as_text
+
+
+def detected(source: Source, dataset, detect: Callable[..., Format]) -> Format:
+    """The launcher's detection, or rank 0's for a Hub dataset: `detect(columns, rows, forced=, column_map=)` on its
+    first DETECT_ROWS rows (sources/preference.py detect_preference, sources/prompts.py detect_prompts)."""
+    if source.detected is not None:
+        return Format.from_dict(source.detected)
+    rows = dataset.select(range(min(DETECT_ROWS, len(dataset)))).to_list()
+    return detect(dataset.column_names, rows, forced=source.format, column_map=source.column_map)
