@@ -123,17 +123,19 @@ def reset() -> None:
     gc.collect()
 
 
-def main(plan_path: str) -> None:
+def run_plan(plan_path: str, driver: str, train_one, adjust=lambda spec, entry: spec) -> None:
+    """Every run of the plan in turn: its rank spec (as `adjust` makes it), `train_one`, rank 0's result in
+    OUTPUT_DIR/{driver}_result.json; a failing run writes its traceback there and ends the job."""
     from fsdp_tune.worker.recipe import read_handoff
 
     plan = json.loads(Path(plan_path).read_text())
     rank = None
     for entry in plan["runs"]:
-        spec = read_handoff(entry["resolved"]).spec
+        spec = adjust(read_handoff(entry["resolved"]).spec, entry)
         if rank is None:
             rank = setup(spec, plan["log_dir"])
-        out = Path(spec.output_dir) / "arch_result.json"
-        print(f"arch_driver: {entry['name']}", flush=True)
+        out = Path(spec.output_dir) / f"{driver}_result.json"
+        print(f"{driver}_driver: {entry['name']}", flush=True)
         try:
             result = train_one(spec, entry)
         except BaseException:
@@ -147,4 +149,4 @@ def main(plan_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_plan(sys.argv[1], "arch", train_one)

@@ -182,6 +182,35 @@ def plan_member(name: str, out: Path, flags: tuple[str, ...], config: Path = BAS
     return Member(name, planned, Path(resolved), said)
 
 
+@dataclass
+class DriverLaunch:
+    """One torchrun launch of a test driver over its plan's runs (tests/dist/arch_driver.py run_plan)."""
+
+    proc: subprocess.CompletedProcess
+    results: dict[str, dict | None]  # run name -> rank 0's OUTPUT_DIR/{driver}_result.json (None: not written)
+    logs: str  # the end of every rank's log
+
+
+def launch_driver(
+    driver: str, root: Path, runs: list[dict], outs: Mapping[str, Path], model_cache: Path, timeout: int
+) -> DriverLaunch:
+    """`torchrun --standalone --nproc_per_node 2 tests/dist/{driver}_driver.py PLAN.json` over `runs` (each with its
+    name and resolved rank spec), offline; `outs`: run name -> its output folder. A hang fails the test at `timeout`
+    instead of blocking it."""
+    plan = root / "plan.json"
+    plan.write_text(json.dumps({"runs": runs, "log_dir": str(root / "driver")}))
+    env = dict(offline_env(model_cache), PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    script = str(REPO / "tests" / "dist" / f"{driver}_driver.py")
+    proc = subprocess.run([*cmd, script, str(plan)], capture_output=True, text=True, timeout=timeout, env=env)
+    results = {}
+    for name, out in outs.items():
+        path = out / f"{driver}_result.json"
+        results[name] = json.loads(path.read_text()) if path.exists() else None
+    logs = "".join(p.read_text()[-3000:] for p in sorted((root / "driver" / "logs").glob("rank-*.log")))
+    return DriverLaunch(proc, results, logs)
+
+
 def launch_group(
     root: Path,
     model_cache: Path,

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.dist.conftest import BASE
+from tests.dist.conftest import BASE, launch_driver
 from tests.dist.families import build_all
 
 QLORA = ["--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "float32"]  # fp32 storage follows the dtype
@@ -112,25 +109,10 @@ def trained(model_cache, tmp_path_factory) -> dict:
         out = root / case.name
         runs.append({"name": case.name, "resolved": str(_decide(case, models[case.family], out)), **case.__dict__})
         where[case.name] = (models[case.family], out)
-    plan = root / "plan.json"
-    plan.write_text(json.dumps({"runs": runs, "log_dir": str(root / "driver")}))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(model_cache / "datasets"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(REPO / "tests" / "dist" / "arch_driver.py"), str(plan)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-    )
-    results = {}
-    for name, (_, out) in where.items():
-        path = out / "arch_result.json"
-        results[name] = json.loads(path.read_text()) if path.exists() else None
+    launch = launch_driver("arch", root, runs, {name: out for name, (_, out) in where.items()}, model_cache, TIMEOUT)
+    results = launch.results
     failed = {n: r["error"][-3000:] for n, r in results.items() if r and "error" in r}
-    logs = "".join(p.read_text()[-3000:] for p in sorted((root / "driver" / "logs").glob("rank-*.log")))
-    assert proc.returncode == 0 and not failed, f"{failed or ''}\n{proc.stderr[-4000:]}\n{logs}"
+    assert launch.proc.returncode == 0 and not failed, f"{failed or ''}\n{launch.proc.stderr[-4000:]}\n{launch.logs}"
     return {name: (results[name], *where[name]) for name in where}
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES
+from tests.dist.conftest import launch_driver
 from tests.image_data import write_mixed
 from tests.vision_models import build_vlms
 
@@ -78,23 +77,8 @@ def launched(model_cache, tmp_path_factory) -> dict:
         resolved = _decide(case, models[case.family], data, out)
         runs.append({"name": case.name, "resolved": str(resolved), "unguarded": case.unguarded})
         where[case.name] = (models[case.family], out)
-    plan = root / "plan.json"
-    plan.write_text(json.dumps({"runs": runs, "log_dir": str(root / "driver")}))
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(model_cache / "datasets"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(REPO / "tests" / "dist" / "vision_driver.py"), str(plan)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,  # a hang fails the test here instead of blocking it
-        env=env,
-    )
-    results = {}
-    for name, (_, out) in where.items():
-        path = out / "vision_result.json"
-        results[name] = json.loads(path.read_text()) if path.exists() else None
-    logs = "".join(p.read_text()[-3000:] for p in sorted((root / "driver" / "logs").glob("rank-*.log")))
+    launch = launch_driver("vision", root, runs, {name: out for name, (_, out) in where.items()}, model_cache, TIMEOUT)
+    results, proc, logs = launch.results, launch.proc, launch.logs
     guarded = {c.name for c in GUARDED}
     failed = {n: r["error"][-3000:] for n, r in results.items() if r and "error" in r and n in guarded}
     done = all(results[c.name] and "error" not in results[c.name] for c in GUARDED)

@@ -14,12 +14,11 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.dist.arch_driver import reset, setup  # noqa: E402
+from tests.dist.arch_driver import run_plan  # noqa: E402
 
 QUESTION = "What color is this?"
 
@@ -85,31 +84,13 @@ def image_logits(trainer, processor) -> list:
     return logits[0].float().tolist()
 
 
-def main(plan_path: str) -> None:
-    from fsdp_tune.worker.recipe import read_handoff
-
-    plan = json.loads(Path(plan_path).read_text())
-    rank = None
-    for entry in plan["runs"]:
-        spec = read_handoff(entry["resolved"]).spec
-        if entry.get("unguarded"):  # the guard off: each rank runs the vision tower only for its own images
-            vision = dataclasses.replace(spec.model.vision, guard="none")
-            spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, vision=vision))
-        if rank is None:
-            rank = setup(spec, plan["log_dir"])
-        out = Path(spec.output_dir) / "vision_result.json"
-        print(f"vision_driver: {entry['name']}", flush=True)
-        try:
-            result = train_one(spec, entry)
-        except BaseException:
-            if rank == 0:
-                out.write_text(json.dumps({"name": entry["name"], "error": traceback.format_exc()}))
-            print(traceback.format_exc(), file=sys.stderr, flush=True)
-            os._exit(1)
-        if rank == 0:
-            out.write_text(json.dumps(result))
-        reset()
+def unguarded(spec, entry: dict):
+    """The guard off, when the entry asks: each rank runs the vision tower only for its own images."""
+    if not entry.get("unguarded"):
+        return spec
+    vision = dataclasses.replace(spec.model.vision, guard="none")
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, vision=vision))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_plan(sys.argv[1], "vision", train_one, unguarded)
