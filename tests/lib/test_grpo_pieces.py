@@ -154,6 +154,20 @@ def test_rank_0_leaves_out_prompts_that_leave_no_room_for_a_completion(tmp_path,
     assert any("row 2" in r for r in skipped[f"{prepared.TOO_LONG} (more than 40 tokens)"]["rows"])
 
 
+def test_a_split_with_no_prompt_left_is_refused_with_the_reasons_and_the_fix(tmp_path, tok, monkeypatch) -> None:
+    from fsdp_tune.worker.data import prompts as prepared
+
+    data = jsonl(tmp_path / "p.jsonl", [{"prompt": "word " * 200}, {"prompt": ""}])
+    spec = planned(tmp_path, "--dataset_name", str(data), "--reward_funcs", "length_reward", "--max_seq_len", "48")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ValueError) as refused:
+        prepared.prepare_prompts(spec.spec, tok)
+    said = str(refused.value)
+    assert said.startswith(f"{data} [train]: no row of the train split can be used (1 row(s): {prepared.TOO_LONG}")
+    assert "1 row(s): an empty prompt" in said
+    assert said.endswith("(raise --max_seq_len, or lower --max_completion_length)")
+
+
 def _tiny_peft(tok):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -58,6 +58,20 @@ def test_kto_rows_from_pairs_and_unpaired_rows_prepared_once_and_shuffled(tmp_pa
     assert preference.prepare_preference(spec, tok).train["prompt"] == one.train["prompt"]  # the same order
 
 
+def test_a_split_with_no_pair_left_is_refused_with_the_reasons(tmp_path, tok, monkeypatch) -> None:
+    from fsdp_tune.worker.data.preference import prepare_preference
+
+    data = jsonl(tmp_path / "same.jsonl", [{"prompt": "Q:", "chosen": " a", "rejected": " a"}] * 2)
+    spec = planned(tmp_path, "--method", "dpo", "--dataset_name", str(data))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ValueError) as refused:
+        prepare_preference(spec, tok)
+    assert str(refused.value) == (
+        f"{data} [train]: no row of the train split can be trained on "
+        "(2 row(s): chosen and rejected are the same: nothing to prefer)"
+    )
+
+
 def test_dpo_pairs_keep_trl_columns_and_a_margin(tmp_path, tok, monkeypatch) -> None:
     from fsdp_tune.worker.data.preference import prepare_preference
 
