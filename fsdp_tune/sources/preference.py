@@ -19,10 +19,10 @@ RewardTrainer (its loss subtracts it). The canonical rows: {prompt, chosen, reje
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from fsdp_tune.sources.formats import PREFERENCE_FIELDS, PREFERENCE_KINDS, Format, FormatError, decode_json
+from fsdp_tune.sources.rowcheck import KindProblem
 
 PREFERENCE, IMPLICIT, UNPAIRED, RANKED = PREFERENCE_KINDS
 PAIRED = (PREFERENCE, IMPLICIT, RANKED)
@@ -48,17 +48,10 @@ SKIPPED = {
 }
 
 
-@dataclass(frozen=True)
-class Problem:
-    """A row that cannot be trained on (the same shape as rowcheck.Problem: datacheck reports both)."""
+class Problem(KindProblem):
+    """A row that cannot be trained on (sources/rowcheck.py KindProblem: datacheck reports it as SFT's)."""
 
-    code: str
-    detail: str = ""
-    skips: bool = True
-
-    @property
-    def reason(self) -> str:
-        return SKIPPED.get(self.code, self.code)
+    REASONS = SKIPPED
 
 
 def _value(rows: list[Mapping], column: str) -> Any:

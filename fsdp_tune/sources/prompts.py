@@ -13,10 +13,10 @@ columns), a conversation without one is refused with the way to use it (prefligh
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from fsdp_tune.sources.formats import PROMPT_KINDS, Format, FormatError, decode_json
+from fsdp_tune.sources.rowcheck import KindProblem
 
 (PROMPT_ONLY,) = PROMPT_KINDS
 # columns TRL does not pass to the reward functions under their own name (grpo_trainer.py _calculate_rewards: the
@@ -31,17 +31,10 @@ SKIPPED = {
 }
 
 
-@dataclass(frozen=True)
-class Problem:
-    """A row that cannot be trained on (the shape of sources/preference.py's Problem: datacheck reports both)."""
+class Problem(KindProblem):
+    """A row that cannot be trained on (sources/rowcheck.py KindProblem: datacheck reports it as SFT's)."""
 
-    code: str
-    detail: str = ""
-    skips: bool = True
-
-    @property
-    def reason(self) -> str:
-        return SKIPPED.get(self.code, self.code)
+    REASONS = SKIPPED
 
 
 def _turns(value: Any) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from fsdp_tune.sources import vision
 from fsdp_tune.sources.convert import STANDARD_ROLES, text, to_trl
@@ -50,6 +50,21 @@ class Problem:
     @property
     def reason(self) -> str:
         return SKIPPED.get(self.code) or KEPT.get(self.code) or self.code
+
+
+@dataclass(frozen=True)
+class KindProblem:
+    """A row of a data kind TRL takes as it stands (preference pairs, prompts) that cannot be used: its code, what
+    about it, whether it is skipped; its reason from the kind's REASONS (code -> words). Each kind subclasses it."""
+
+    code: str
+    detail: str = ""
+    skips: bool = True
+    REASONS: ClassVar[Mapping[str, str]] = {}
+
+    @property
+    def reason(self) -> str:
+        return self.REASONS.get(self.code, self.code)
 
 
 def check_row(row: Mapping, fmt: Format, roles: Mapping[str, str] | None = None) -> list[Problem]:
