@@ -70,6 +70,14 @@ def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
     )
 
 
+def steps_per_generation(cfg: RunConfig) -> int:
+    """Micro-steps one generation's completions are split over: steps_per_generation, else (GRPOConfig's default)
+    gradient_accumulation_steps."""
+    t = cfg.training
+    unset = t.get("steps_per_generation") is None
+    return int(t.get("gradient_accumulation_steps") if unset else t.get("steps_per_generation"))
+
+
 def generation_batch(cfg: RunConfig) -> tuple[int, int, str]:
     """(the completions each generation makes, the global batch, how the first is made), as
     GRPOConfig.__post_init__ computes them from the settings TrainingSettings.get gives (its defaults unset)."""
@@ -78,8 +86,7 @@ def generation_batch(cfg: RunConfig) -> tuple[int, int, str]:
     per_device = int(t.get("per_device_train_batch_size"))
     if t.get("generation_batch_size") is not None:
         return int(t.get("generation_batch_size")), per_device * world, "generation_batch_size"
-    unset = t.get("steps_per_generation") is None
-    steps = int(t.get("gradient_accumulation_steps") if unset else t.get("steps_per_generation"))
+    steps = steps_per_generation(cfg)
     words = f"per_device_train_batch_size {per_device} x {world} ranks x {steps} steps a generation"
     return per_device * world * steps, per_device * world, words
 

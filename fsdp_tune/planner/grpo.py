@@ -23,7 +23,7 @@ Nothing of the generation outlives it: the KV cache is freed before the log-prob
 from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.method import generation_batch
+from fsdp_tune.decide.method import generation_batch, steps_per_generation
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 
@@ -53,9 +53,8 @@ def rows_generated(cfg: RunConfig) -> int:
 
 
 def _micro_steps_per_generation(cfg: RunConfig) -> int:
-    """Micro-steps one generation serves: steps_per_generation (else gradient_accumulation_steps) x num_iterations."""
-    accumulation = _int(cfg, "gradient_accumulation_steps", 1)
-    return max(_int(cfg, "steps_per_generation", accumulation) * _int(cfg, "num_iterations", 1), 1)
+    """Micro-steps one generation serves: steps_per_generation (decide/method.py) x num_iterations."""
+    return max(steps_per_generation(cfg) * _int(cfg, "num_iterations", 1), 1)
 
 
 def log_prob_passes(cfg: RunConfig) -> int:

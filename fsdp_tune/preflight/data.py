@@ -161,7 +161,7 @@ def _preference(method: str) -> Kind:
         detect=lambda columns, rows, source: preference_check.detect(columns, rows, source, method),
         said=lambda split, where, fmt: preference_check.method_findings(split, where, fmt, method),
         canonical=preference_canonical,
-        count=lambda rows, fmt: preference_check.usable(rows, fmt, method),
+        per_row=lambda fmt: preference_check.rows_per_usable(fmt, method),
     )
 
 

@@ -5,7 +5,7 @@ counted in the summary), data that holds answers but no prompts refused naming w
 from __future__ import annotations
 
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.preflight.rows import Kind, Rows
+from fsdp_tune.preflight.rows import Kind
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.mixture import Source, split_name
 from fsdp_tune.sources.prompts import canonical, detect_prompts
@@ -33,11 +33,7 @@ def notes(split: str, where: str, fmt: Format) -> list[Finding]:
     return [Finding("PF086", Severity.NOTE, split, where, note, "") for note in fmt.notes]
 
 
-def usable(rows: Rows, fmt: Format) -> int:
-    return sum(1 for _, r in rows if isinstance(r, dict) and canonical(r, fmt)[1] is None)
-
-
-KIND = Kind(detect=detect, said=notes, canonical=canonical, count=usable)  # settle_source's checks under grpo
+KIND = Kind(detect=detect, said=notes, canonical=canonical)  # settle_source's checks under grpo
 
 
 def first_row(source: Source) -> dict | None:

@@ -52,12 +52,12 @@ Rows = list[tuple[str, Any]]  # (file:line, the row as read)
 class Kind:
     """A data kind checked the same way whatever it is: its format found from the first rows (FormatError: PF014),
     what the format itself says (split, the first row's file:line, the format), each row read by `canonical(row,
-    fmt) -> (row, problem or None)`, and the train split's rows counted as the method will train on them."""
+    fmt) -> (row, problem or None)`, and how many rows the method trains on per usable row of the format."""
 
     detect: Callable[[list[str], list[dict], Source], Format]
     said: Callable[[str, str, Format], list[Finding]]
     canonical: Callable[[dict, Format], tuple[Any, Any]]
-    count: Callable[[Rows, Format], int]
+    per_row: Callable[[Format], int] = lambda fmt: 1
 
 
 def settle_kind(kind: Kind, source: Source, splits: list[str], samples: dict, located) -> tuple[Source, list[Finding]]:
@@ -81,6 +81,11 @@ def settle_kind(kind: Kind, source: Source, splits: list[str], samples: dict, lo
         loader=located.loader,
         files={split_name(s): located.files[split_name(s)] for s in splits},
         detected=fmt.as_dict(),
-        rows_checked=kind.count(train_rows, fmt) if len(train_rows) < COUNTED_ROWS else None,
+        rows_checked=_usable(kind, train_rows, fmt) if len(train_rows) < COUNTED_ROWS else None,
     )
     return settled, findings
+
+
+def _usable(kind: Kind, rows: Rows, fmt: Format) -> int:
+    """How many rows the method will train on: each usable row, as many times as the kind makes it."""
+    return kind.per_row(fmt) * sum(1 for _, r in rows if isinstance(r, dict) and kind.canonical(r, fmt)[1] is None)

@@ -12,13 +12,10 @@ SFT data (messages, prompt/completion, ...) under a preference method is refused
 
 from __future__ import annotations
 
-from typing import Any
-
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.sources.formats import Format, FormatError, detect_format
 from fsdp_tune.sources.preference import PAIRED, UNPAIRED, detect_preference
-from fsdp_tune.sources.preference_rows import canonical
 
 
 def detect(columns: list[str], rows: list[dict], source, method: str) -> Format:
@@ -66,10 +63,9 @@ def method_findings(split: str, where: str, fmt: Format, method: str) -> list[Fi
     return []
 
 
-def usable(rows: list[tuple[str, Any]], fmt: Format, method: str) -> int:
-    """How many rows will be trained on: pairs for DPO and reward, rows as KTO gets them (a pair is two)."""
-    good = sum(1 for _, r in rows if isinstance(r, dict) and canonical(r, fmt)[1] is None)
-    return 2 * good if row_of(method).data == "unpaired" and fmt.kind in PAIRED else good
+def rows_per_usable(fmt: Format, method: str) -> int:
+    """Rows trained on per usable row: a pair for DPO and reward, two rows for KTO from a pair (one from a row)."""
+    return 2 if row_of(method).data == "unpaired" and fmt.kind in PAIRED else 1
 
 
 def mixed_kinds(detected: list[dict]) -> str | None:
