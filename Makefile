@@ -17,9 +17,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/fsdp-tune train --config configs/demo_cpu.yaml
 
-# every layer (CI runs this); each layer alone below (tests/conftest.py says what each runs)
+# every layer (CI runs this), in TEST_WORKERS processes at once (tests/workers.py: the units of work); each layer
+# alone below (tests/conftest.py says what each runs)
+TEST_WORKERS ?= 2
 test: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-unit: setup  # no torch, no processes: seconds
 	$(PY) -m pytest -q tests/unit

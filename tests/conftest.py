@@ -1,7 +1,7 @@
 """Shared test helpers. Tests run offline: nothing may reach a model or dataset hub.
 
 The tests come in layers, a folder and a marker each (`make test-unit`, `test-lib`, `test-dist`, `test-gpu`;
-`make test` runs them all):
+`make test` runs them all, in two pytest processes at once: tests/workers.py):
   tests/unit   unit:  no torch, no processes (tests/unit/conftest.py asserts it): the launcher side
   tests/lib    lib:   one process with the libraries (torch, transformers, PEFT, TRL, datasets)
   tests/dist   dist:  real multi-process runs through torchrun on CPU (gloo), with bounded timeouts
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.seeds import seed_flags  # noqa: F401 - re-exported for the tests
+from tests.workers import note_units, pytest_configure_node, pytest_xdist_make_scheduler  # noqa: F401 - xdist's hooks
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -41,6 +42,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         layer = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").parts[0]
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
+    note_units(config, items)  # `make test`'s two processes: which tests share a launch (tests/workers.py)
 
 
 @pytest.fixture

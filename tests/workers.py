@@ -1,0 +1,72 @@
+"""`make test` runs the suite in two pytest processes at once (pytest-xdist, `-n 2 --dist loadfile`): the dist
+layer's launches leave a core idle for much of their time (the launcher's plan and torchrun's start on one core,
+waits on a timeout or a signal), and the one-process layers fill it.
+
+The units of work: a unit is a test file, so a module's fixtures run once, as in one process. The dist tests that
+read one of the session's shared launches (tests/dist/conftest.py: the reference run, the group launches) are one
+unit between them wherever they live, so each shared launch still runs once. Which tests those are, only a worker
+knows (it collects: the fixtures each test reads); the controller, which schedules and collects nothing, reads it
+from the file the workers write while they collect (tests/conftest.py calls `note_units`). xdist's own grouping
+(`--dist loadgroup`) renames the tests' node ids, which pytest 9.2 no longer lets a plugin do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SHARED = "dist-shared-launches"
+_INPUT = "fsdp_tune_units"  # the key of the file's path in what the controller hands each worker
+
+
+def unit(item) -> str | None:
+    """SHARED for a test that reads a session-wide fixture of the dist layer (directly or through another
+    fixture: the closure is the item's); None for the rest (its file is its unit)."""
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        if any(d.scope == "session" and d.baseid.startswith("tests/dist") for d in defs):
+            return SHARED
+    return None
+
+
+def note_units(config, items) -> None:
+    """In an xdist worker: write which tests share a unit (every worker writes the same; the last one stays)."""
+    path = getattr(config, "workerinput", {}).get(_INPUT)
+    if path:
+        shared = {item.nodeid: name for item in items if (name := unit(item))}
+        tmp = f"{path}.{os.getpid()}"
+        Path(tmp).write_text(json.dumps(shared))
+        os.replace(tmp, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """The controller: one file for the whole run, named to every worker."""
+    config = node.config
+    if not hasattr(config, "_fsdp_tune_units"):
+        fd, config._fsdp_tune_units = tempfile.mkstemp(prefix="fsdp-tune-units-", suffix=".json")
+        os.close(fd)
+    node.workerinput[_INPUT] = config._fsdp_tune_units
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the shared launches' tests in one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Units(LoadFileScheduling):
+        _shared: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._shared is None:  # first asked once every worker has collected (and written the file)
+                path = Path(config._fsdp_tune_units)
+                self._shared = json.loads(path.read_text() or "{}")
+                path.unlink(missing_ok=True)
+            return self._shared.get(nodeid) or super()._split_scope(nodeid)
+
+    return Units(config, log)
