@@ -2,11 +2,11 @@
 layer's launches leave a core idle for much of their time (the launcher's plan and torchrun's start on one core,
 waits on a timeout or a signal), and the one-process layers fill it.
 
-The units of work: a unit is a test file, so a module's fixtures run once, as in one process. The dist tests that
-read one of the session's shared launches (tests/dist/conftest.py: the reference run, the group launches) are one
-unit between them wherever they live, so each shared launch still runs once. Which tests those are, only a worker
-knows (it collects: the fixtures each test reads); the controller, which schedules and collects nothing, reads it
-from the file the workers write while they collect (tests/conftest.py calls `note_units`). xdist's own grouping
+The units of work: a unit is a test file, so a module's fixtures run once, as in one process. The files with a test
+that reads one of the session's shared launches (tests/dist/conftest.py: the reference run, the group launches) are
+one unit between them, so each shared launch still runs once. Which files those are, only a worker knows (it
+collects: the fixtures each test reads); the controller, which schedules and collects nothing, reads it from the
+file the workers write while they collect (tests/conftest.py calls `note_units`). xdist's own grouping
 (`--dist loadgroup`) renames the tests' node ids, which pytest 9.2 no longer lets a plugin do.
 """
 
@@ -23,20 +23,20 @@ SHARED = "dist-shared-launches"
 _INPUT = "fsdp_tune_units"  # the key of the file's path in what the controller hands each worker
 
 
-def unit(item) -> str | None:
-    """SHARED for a test that reads a session-wide fixture of the dist layer (directly or through another
-    fixture: the closure is the item's); None for the rest (its file is its unit)."""
-    for defs in item._fixtureinfo.name2fixturedefs.values():
-        if any(d.scope == "session" and d.baseid.startswith("tests/dist") for d in defs):
-            return SHARED
-    return None
+def reads_a_shared_launch(item) -> bool:
+    """Whether a test reads a session-wide fixture of the dist layer (directly or through another fixture: the
+    closure is the item's). Its file joins SHARED; any other file is a unit of its own."""
+    defs = item._fixtureinfo.name2fixturedefs.values()
+    return any(d.scope == "session" and d.baseid.startswith("tests/dist") for group in defs for d in group)
 
 
 def note_units(config, items) -> None:
     """In an xdist worker: write which tests share a unit (every worker writes the same; the last one stays)."""
     path = getattr(config, "workerinput", {}).get(_INPUT)
     if path:
-        shared = {item.nodeid: name for item in items if (name := unit(item))}
+        # the whole file: a test may ask for a launch by name (request.getfixturevalue), out of the closure
+        files = {item.nodeid.partition("::")[0] for item in items if reads_a_shared_launch(item)}
+        shared = {item.nodeid: SHARED for item in items if item.nodeid.partition("::")[0] in files}
         tmp = f"{path}.{os.getpid()}"
         Path(tmp).write_text(json.dumps(shared))
         os.replace(tmp, path)
