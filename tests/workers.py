@@ -6,8 +6,9 @@ The units of work: a unit is a test file, so a module's fixtures run once, as in
 that reads one of the session's shared launches (tests/dist/conftest.py: the reference run, the group launches) are
 one unit between them, so each shared launch still runs once. Which files those are, only a worker knows (it
 collects: the fixtures each test reads); the controller, which schedules and collects nothing, reads it from the
-file the workers write while they collect (tests/conftest.py calls `note_units`). xdist's own grouping
-(`--dist loadgroup`) renames the tests' node ids, which pytest 9.2 no longer lets a plugin do.
+file the workers write while they collect (tests/conftest.py calls `note_units`). xdist's own grouping does not
+work here: xdist 3.8's `--dist loadgroup` tags a group by rewriting `item._nodeid`, which pytest 9.2 no longer
+reads (node ids live in `item._id`), so every test became a unit of its own (seen: each shared launch ran twice).
 """
 
 from __future__ import annotations
