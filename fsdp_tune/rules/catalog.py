@@ -46,7 +46,6 @@ def _load_families() -> None:
         data,
         fsdp,
         grpo,
-        grpo_loss,
         launch,
         lora,
         method,
