@@ -18,9 +18,8 @@ from fsdp_tune import summary as run_summary
 from fsdp_tune.decide.spec import RankSpec, from_dict
 from fsdp_tune.rundir.checkpoints import restart_checkpoint
 from fsdp_tune.worker import faults, phases, process
-from fsdp_tune.worker.data.lengths import packed
+from fsdp_tune.worker.data.lengths import packed, report_truncation
 from fsdp_tune.worker.data.prepare import Prepared
-from fsdp_tune.worker.data.truncation import report_truncation
 from fsdp_tune.worker.data.vision_collate import collator_for, dummy_batches
 from fsdp_tune.worker.loading.adapter import lora_config
 from fsdp_tune.worker.loading.build import Loaded, load
@@ -188,7 +187,7 @@ class Recipe:
         return Built(trainer, metrics, nan_guard, stopper, self_check)
 
     def report_truncation(self, trainer, rows_in: int | None = None) -> dict | None:
-        """What TRL cut at max_seq_len and left out (worker/data/truncation.py); `rows_in`: the training rows
+        """What TRL cut at max_seq_len and left out (worker/data/lengths.py); `rows_in`: the training rows
         before the trainer tokenized them."""
         return report_truncation(self.spec, self.method.sequences, trainer.train_dataset, rows_in)
 

@@ -96,7 +96,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "data": (RANK, "worker/data/preference.py"),  # KTO's unpaired rows
         "head": (RANK, "worker/loading/pretrained.py"),  # a score head: AutoModelForSequenceClassification
         "reference_adapter": (RANK, "worker/loading/sharded.py"),
-        "truncation": (RANK, "worker/data/truncation.py"),
+        "truncation": (RANK, "worker/data/lengths.py"),
     },
     Steps: {
         "per_device_train_batch_size": (PREFLIGHT, "preflight/batch.py"),  # a resume's batch (PF063), PF064

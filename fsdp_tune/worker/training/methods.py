@@ -45,8 +45,8 @@ class Method:
     trainer_class: type  # the TRL trainer; fsdp-tune's saving is mixed in (training/trainer.py fsdp_trainer)
     # (spec, tokenizer, processor or None) -> the train and eval datasets, and a report
     prepare: Callable[[RankSpec, Any, Any], Prepared]
-    # the tokenized columns each sequence of a row is made of, as the trainer builds them (None: SFT's rows,
-    # counted by worker/data/lengths.py); worker/data/preference_lengths.py reads them
+    # the tokenized columns each sequence of a row is made of, as the trainer builds them (None: SFT's rows);
+    # worker/data/lengths.py counts what the trainer cuts of them
     sequences: tuple[tuple[str, ...], ...] | None = None
     # (spec, tokenizer, step) -> the trainer's further constructor arguments; step() is the global step
     trainer_kwargs: Callable[[RankSpec, Any, Callable[[], int | None]], dict[str, Any]] = lambda spec, tok, step: {}
