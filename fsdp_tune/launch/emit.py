@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fsdp_tune.errors import PreflightError, Severity, UsageError
-from fsdp_tune.schedulers import emitters
+from fsdp_tune.schedulers import emitters, jobtext
 from fsdp_tune.schedulers import job as jobs
 
 Echo = Callable[[str], None]
@@ -43,9 +43,9 @@ def emit(
     cfg = check(config, args).config  # the job's size, before any scheduler says it
     nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, runs_on_cpu(cfg)  # as written
     local_out = str(cfg.training.get("output_dir") or "output")
+    origins = _refuse_controls(cfg, config, args, local_out, shared, image)  # before planning writes anything
     name = emitters.job_name(local_out)
-    refused = emitters.refusals(row, kind, cfg, args, image)
-    if refused:
+    if refused := emitters.refusals(row, kind, cfg, args, image):
         raise PreflightError(refused)
     where = shared or (str(Path.cwd()) if row.mount is None else f"{name}-shared")
     out = emitters.shared_output_dir(row, kind, local_out, where)
@@ -57,8 +57,7 @@ def emit(
     env = row.node0(name, nodes, per, not on_cpu)
     planned = plan_run(config, [*sized, "--output_dir", local_out], echo, machine=machine, env=env)
     plan = _plan(planned, key, on_cpu, echo)
-    mount = row.mount or where
-    grace = jobs.grace_s(plan, int(plan.get("trainable_params") or 0))
+    mount, grace = row.mount or where, jobs.grace_s(plan, int(plan.get("trainable_params") or 0))
     gpu_name = None if on_cpu else plan.get("device")
     return jobs.Job(
         scheduler=kind,
@@ -79,7 +78,21 @@ def emit(
         image=image,
         workdir=str(Path.cwd()),
         facts=jobs.facts(plan, nodes, per, gpu_name, grace),
+        origins=origins,
     )
+
+
+def _refuse_controls(cfg, config, args, output_dir: str, shared, image) -> dict[str, tuple[str, str]]:
+    """PF096 (jobtext) for any value bound for the job file that holds a control character, before the plan
+    touches the output folder; where the job's own fields came from, as the user wrote them (field -> (key,
+    source): jobtext names them when it refuses one)."""
+    out = cfg.origin("training.output_dir")
+    origins = {"output_dir": (out.key, out.source)} if out else {}
+    values = [("--config", "command line", config), ("--shared", "command line", shared)]
+    values += [("--image", "command line", image), ("the folder emitted from", "cwd", str(Path.cwd()))]
+    values += [(*origins.get("output_dir", ("--output_dir", "command line")), output_dir)]
+    jobtext.refuse_controls([*values, *jobtext.flag_values(args)])
+    return origins
 
 
 def _plan(planned, key: str, on_cpu: bool, echo: Echo) -> dict:

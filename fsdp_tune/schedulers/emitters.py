@@ -129,7 +129,7 @@ def node_config(row: Emitter, kind: str, config: str | None) -> str | None:
 
 def job_name(output_dir: str) -> str:
     base = os.path.basename(os.path.normpath(output_dir)).lower()
-    cleaned = "".join(c if c.isalnum() else "-" for c in base).strip("-")
+    cleaned = "".join(c if c.isascii() and c.isalnum() else "-" for c in base).strip("-")  # a DNS-1123 label
     return (cleaned or "fsdp-tune")[:40].strip("-")
 
 

@@ -41,6 +41,8 @@ class Job:
     image: str | None = None  # Kubeflow's container image
     workdir: str = "."  # where relative paths (the config, local data) resolve: SLURM's --chdir, the emitting folder
     facts: tuple[str, ...] = ()  # what the plan said, for the file's header
+    data_paths: tuple[str, ...] = ()  # local data files and folders the nodes read (as the file names them)
+    origins: dict[str, tuple[str, str]] = field(default_factory=dict)  # field -> (key, source) the user gave it
 
     @property
     def argv(self) -> list[str]:

@@ -10,11 +10,16 @@ Every directive is one sbatch(1) documents (tests check them against its vendore
 
 from __future__ import annotations
 
+import re
 import shlex
 
+from fsdp_tune.schedulers import jobtext
 from fsdp_tune.schedulers.job import Job
 
 STOPPED = 143  # fsdp-tune's exit after a stop signal, the checkpoint written (errors.ExitCode.TERMINATED)
+# a directive's value sbatch reads as written: sbatch splits #SBATCH lines at spaces and reads `"`, `\\` and `#`
+# itself (not as a shell would); a folder spelled otherwise is left to the script's `cd`
+PLAIN = re.compile(r"[A-Za-z0-9._/+@:,=-]+\Z")
 
 
 def directives(job: Job) -> list[tuple[str, str]]:
@@ -29,7 +34,7 @@ def directives(job: Job) -> list[tuple[str, str]]:
     if job.gpu:
         out.insert(3, ("gpus-per-node", str(job.procs_per_node)))
     out += [
-        ("chdir", job.workdir),  # where the config and local data files resolve, as where you emitted it
+        *([("chdir", job.workdir)] if PLAIN.match(job.workdir) else []),  # where relative paths resolve
         ("output", f"{job.name}-%j.out"),
         ("open-mode", "append"),  # a requeued attempt appends to the same log
         ("signal", f"USR1@{job.grace_s}"),
@@ -39,14 +44,16 @@ def directives(job: Job) -> list[tuple[str, str]]:
 
 
 def render(job: Job) -> str:
-    lines = ["#!/usr/bin/env bash", *_header(job)]
-    lines += [f"#SBATCH --{name}" + (f"={value}" if value else "") for name, value in directives(job)]
-    line = " ".join(['"$FSDP_TUNE"', *(shlex.quote(a) for a in job.argv)])
-    lines += [
+    jobtext.check_job(job)
+    lines = ["#!/usr/bin/env bash\n", *(jobtext.comment(line) for line in _header(job))]
+    lines += [f"#SBATCH --{name}" + (f"={value}" if value else "") + "\n" for name, value in directives(job)]
+    line = " ".join(['"$FSDP_TUNE"', jobtext.shell_line(job.argv)])
+    body = [
         "set -uo pipefail",
         "# the Hugging Face cache on the shared folder: one download for every node and every attempt",
-        *(f'export {k}="${{{k}:-{v}}}"' for k, v in job.env.items()),
-        'FSDP_TUNE="${FSDP_TUNE:-fsdp-tune}"',
+        *(jobtext.shell_default(k, v) for k, v in job.env.items()),
+        jobtext.shell_default("FSDP_TUNE", "fsdp-tune"),
+        f"cd -- {shlex.quote(job.workdir)} || exit 1",
         "# every node runs the same line; SLURM's variables tell each one its place (SLURM_NODEID, ...)",
         f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {line}",
         "status=$?",
@@ -54,14 +61,14 @@ def render(job: Job) -> str:
         f'if [ "$status" -eq {STOPPED} ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
         'exit "$status"',
     ]
-    return "\n".join(lines) + "\n"
+    return "".join(lines) + "\n".join(body) + "\n"
 
 
 def _header(job: Job) -> list[str]:
     return [
-        "# Written by `fsdp-tune train ... --emit slurm`; nothing was submitted. Submit: sbatch THIS_FILE",
-        *(f"# {fact}" for fact in job.facts),
-        f"# shared folder (output, checkpoints, Hugging Face cache): {job.shared}; output: {job.output_dir}",
-        f"# runs in {job.workdir} (on the filesystem the nodes share): the config and local data resolve there",
-        "# HF_TOKEN, when the model or the push needs one, comes from the environment sbatch is run from",
+        "Written by `fsdp-tune train ... --emit slurm`; nothing was submitted. Submit: sbatch THIS_FILE",
+        *job.facts,
+        f"shared folder (output, checkpoints, Hugging Face cache): {job.shared}; output: {job.output_dir}",
+        f"runs in {job.workdir} (on the filesystem the nodes share): the config and local data resolve there",
+        "HF_TOKEN, when the model or the push needs one, comes from the environment sbatch is run from",
     ]

@@ -71,7 +71,7 @@ def test_slurm_script() -> None:
     words = shlex.split(srun)
     assert words[words.index("$FSDP_TUNE") + 1 :] == _job("slurm").argv
     assert 'if [ "$status" -eq 143 ]; then scontrol requeue "$SLURM_JOB_ID"; fi' in text
-    assert 'export HF_HOME="${HF_HOME:-/scratch/team/hf-cache}"' in text
+    assert '[ -n "${HF_HOME:-}" ] || HF_HOME=/scratch/team/hf-cache; export HF_HOME' in text
 
 
 def test_skypilot_task() -> None:
