@@ -9,6 +9,7 @@ nothing is submitted. The rendering is schedulers/slurm.py, skypilot.py, kubeflo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,9 +48,11 @@ def emit(
     name = emitters.job_name(local_out)
     if refused := emitters.refusals(row, kind, cfg, args, image):
         raise PreflightError(refused)
-    where = shared or (str(Path.cwd()) if row.mount is None else f"{name}-shared")
+    shared = os.path.abspath(shared) if shared and row.mount is None else shared  # SLURM's: a folder
+    where = shared or (os.getcwd() if row.mount is None else f"{name}-shared")
     out = emitters.shared_output_dir(row, kind, local_out, where)
-    node_config = emitters.node_config(row, kind, config)
+    workdir, node_config = emitters.slurm_folders(shared, config) if row.mount is None else (os.getcwd(), config)
+    node_config = emitters.node_config(row, kind, node_config)
     sized = [*jobs.without(args, ("num_processes", "num_machines", "resume_from_checkpoint", "output_dir"))]
     sized += ["--num_processes", str(nodes * per), "--num_machines", str(nodes)]
     key = gpu or DEFAULT_GPU
@@ -57,29 +60,68 @@ def emit(
     env = row.node0(name, nodes, per, not on_cpu)
     planned = plan_run(config, [*sized, "--output_dir", local_out], echo, machine=machine, env=env)
     plan = _plan(planned, key, on_cpu, echo)
-    mount, grace = row.mount or where, jobs.grace_s(plan, int(plan.get("trainable_params") or 0))
-    gpu_name = None if on_cpu else plan.get("device")
+    placed = dict(name=name, shared=where, output_dir=out, workdir=workdir, config=node_config, image=image)
+    placed |= dict(args=(*sized, "--output_dir", out, "--resume_from_checkpoint", "latest"), origins=origins)
+    job = _job(row, kind, planned, plan, gpu=None if on_cpu else key, shared_given=shared is not None, **placed)
+    for line in emitters.local_files(row, kind, job, config):
+        echo(line)
+    return job
+
+
+def _job(row, kind: str, planned, plan: dict, gpu: str | None, **placed) -> jobs.Job:
+    """The Job: sized by the plan, placed as emit() decided (where the output, config, shared folder and data
+    are), the data paths checked (PF096) before they reach it."""
+    cfg = planned.config
+    nodes, per = cfg.launch.num_machines, cfg.launch.nproc_per_node
+    mount, grace = row.mount or placed["shared"], jobs.grace_s(plan, int(plan.get("trainable_params") or 0))
+    gpu_name = plan.get("device") if gpu else None
+    data = _data_paths(planned)
+    jobtext.refuse_controls([(*_data_origin(cfg, path), path) for path in data])
     return jobs.Job(
         scheduler=kind,
-        name=name,
         nodes=nodes,
         procs_per_node=per,
-        gpu=None if on_cpu else key,
+        gpu=gpu,
         gpu_name=gpu_name,
         memory_gib=jobs.memory_gib(plan),
         cpus=per * (1 + int(cfg.training.get("dataloader_num_workers") or 0)),
         grace_s=grace,
-        config=node_config,
-        args=(*sized, "--output_dir", out, "--resume_from_checkpoint", "latest"),
-        output_dir=out,
-        shared=where,
         mount=mount,
         env={"HF_HOME": f"{mount.rstrip('/')}/hf-cache"},
-        image=image,
-        workdir=str(Path.cwd()),
         facts=jobs.facts(plan, nodes, per, gpu_name, grace),
-        origins=origins,
+        data_paths=data,
+        pins=_pins(),
+        **placed,
     )
+
+
+def _data_paths(planned) -> tuple[str, ...]:
+    """The local data files and folders the run reads, as the user named them (a folder, not its shards; the
+    files of `path: json` with data_files); builtin data ships with fsdp-tune on every node."""
+    from fsdp_tune.sources.data import BUILTIN, LOADERS
+
+    out: list[str] = []
+    for source in planned.spec.data.sources:
+        if source.loader is None or source.path in BUILTIN:
+            continue
+        out += [f for files in source.files.values() for f in files] if source.path in LOADERS else [source.path]
+    return tuple(dict.fromkeys(out))
+
+
+def _data_origin(cfg, path: str) -> tuple[str, str]:
+    """(key, source) a data path came from, as the user wrote it."""
+    name = "data.dataset_name" if path == cfg.data.dataset_name else "data.datasets"
+    origin = cfg.origin(name) or cfg.origin("data.data_files")
+    return (origin.key, origin.source) if origin else ("data path", "the config")
+
+
+def _pins() -> dict[str, str]:
+    """fsdp-tune and torch as installed here (the launch was validated with them), without importing torch; a
+    local build label (+cpu, +cu128) dropped: the nodes' pip picks their own build of that version."""
+    from fsdp_tune.rundir.manifest import versions
+
+    found = versions()
+    return {name: found[name].split("+")[0] for name in ("fsdp-tune", "torch") if found.get(name)}
 
 
 def _refuse_controls(cfg, config, args, output_dir: str, shared, image) -> dict[str, tuple[str, str]]:

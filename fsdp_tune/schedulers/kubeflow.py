@@ -54,6 +54,12 @@ def train_job(job: Job) -> dict:
     }
 
 
+def _local(job: Job) -> list[str]:
+    """The config and the local data paths the image must hold: those not on the shared volume."""
+    paths = [*([job.config] if job.config else []), *job.data_paths]
+    return [p for p in paths if not (p == job.mount or p.startswith(job.mount.rstrip("/") + "/"))]
+
+
 def render(job: Job) -> str:
     jobtext.check_job(job)
     header = [
@@ -62,4 +68,8 @@ def render(job: Job) -> str:
         f"shared PersistentVolumeClaim {job.shared} (ReadWriteMany) at {job.mount}; output: {job.output_dir}",
         "the image's working folder holds the config and local data files; HF_TOKEN from the secret hf-token",
     ]
+    if _local(job):
+        header.append("files the image must hold (a relative path: in its working folder): " + ", ".join(_local(job)))
+    if job.pins:
+        header.append(f"validated with {', '.join(f'{k} {v}' for k, v in job.pins.items())}: the image's should match")
     return jobtext.yaml_file(header, train_job(job))

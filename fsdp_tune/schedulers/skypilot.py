@@ -45,9 +45,17 @@ def task(job: Job) -> dict:
                 }
             ]
         },
-        "setup": "python -m pip install fsdp-tune  # or your own install of it (workdir: this folder)",
+        "setup": setup(job),
         "run": jobtext.shell_line(["fsdp-tune", *job.argv]),
     }
+
+
+def setup(job: Job) -> str:
+    """pip install of fsdp-tune and torch at the versions this launch was validated with (unpinned where this
+    machine has none); torch's build for the node's CUDA is pip's choice."""
+    words = [f"{name}=={job.pins[name]}" if name in job.pins else name for name in ("fsdp-tune", "torch")]
+    said = "the versions this launch was validated with" if job.pins else "not pinned: no version found here"
+    return f"{jobtext.shell_line(['python', '-m', 'pip', 'install', *words])}  # {said}; or your own install"
 
 
 def render(job: Job) -> str:
