@@ -75,24 +75,21 @@ def check_job(job) -> None:
     """Every value a Job puts in its file, checked by `refuse_controls`; `job.origins` names where the user's
     values came from (field -> (key, source)), the rest are keyed by the flag or field they are."""
 
-    def origin(name: str, key: str) -> tuple[str, str]:
-        return job.origins.get(name, (key, "command line"))
+    def origin(name: str, key: str, source: str = "command line") -> tuple[str, str]:
+        return job.origins.get(name, (key, source))
 
-    fields = {
-        "output_dir": job.output_dir,
-        "shared": job.shared,
-        "mount": job.mount,
-        "config": job.config,
-        "image": job.image,
-        "workdir": job.workdir,
-        "name": job.name,
-    }
-    keys = {"output_dir": "--output_dir", "shared": "--shared", "mount": "--shared", "config": "--config"}
-    keys |= {"image": "--image", "workdir": "the folder emitted from", "name": "the job's name (from output_dir)"}
-    values = [(*origin(name, keys[name]), value) for name, value in fields.items()]
-    values += [(*origin("env", f"environment {k}"), v) for k, v in job.env.items()]
-    values += flag_values(job.args)
-    values += [(*origin(f"data {path}", "data path"), path) for path in job.data_paths]
+    values = [
+        (*origin("output_dir", "--output_dir"), job.output_dir),
+        (*origin("shared", "--shared"), job.shared),
+        (*origin("shared", "--shared"), job.mount),
+        (*origin("config", "--config"), job.config),
+        (*origin("image", "--image"), job.image),
+        (*origin("workdir", "the folder emitted from", "cwd"), job.workdir),
+        (*origin("name", "the job's name", "from output_dir"), job.name),
+    ]
+    values += [(*origin("env", f"environment {k}", "from --shared"), v) for k, v in job.env.items()]
+    values += [(*job.origins.get(key.lstrip("-"), (key, src)), word) for key, src, word in flag_values(job.args)]
+    values += [(*origin(f"data {path}", "data path", "the config"), path) for path in job.data_paths]
     values += [("the plan", "fsdp-tune", fact) for fact in job.facts]
     refuse_controls(values)
     bad_names = [k for k in job.env if not NAME.match(k)]

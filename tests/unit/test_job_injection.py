@@ -248,3 +248,12 @@ def test_emit_refuses_a_working_folder_with_a_control_character(tmp_path, monkey
     r = _emit("slurm")
     assert r.exit_code == 2 and "PF096" in r.output and "the folder emitted from" in r.output, r.output
     assert not (work / "job.out").exists()
+
+
+def test_a_render_names_the_recipe_line_of_output_dir(tmp_path) -> None:
+    job = dataclasses.replace(
+        _job("slurm", tmp_path, "output_dir", "a\nb"), origins={"output_dir": ("output_dir", "r.yaml:3")}
+    )
+    with pytest.raises(PreflightError) as err:
+        EMITTERS["slurm"].render(job)
+    assert {(f.key, f.source) for f in err.value.findings} == {("output_dir", "r.yaml:3")}
