@@ -9,11 +9,12 @@ nothing is submitted. The rendering is schedulers/slurm.py, skypilot.py, kubeflo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 from fsdp_tune.errors import PreflightError, Severity, UsageError
-from fsdp_tune.schedulers import emitters
+from fsdp_tune.schedulers import emitters, jobtext
 from fsdp_tune.schedulers import job as jobs
 
 Echo = Callable[[str], None]
@@ -43,13 +44,15 @@ def emit(
     cfg = check(config, args).config  # the job's size, before any scheduler says it
     nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, runs_on_cpu(cfg)  # as written
     local_out = str(cfg.training.get("output_dir") or "output")
+    origins = _refuse_controls(cfg, config, args, local_out, shared, image)  # before planning writes anything
     name = emitters.job_name(local_out)
-    refused = emitters.refusals(row, kind, cfg, args, image)
-    if refused:
+    if refused := emitters.refusals(row, kind, cfg, args, image):
         raise PreflightError(refused)
-    where = shared or (str(Path.cwd()) if row.mount is None else f"{name}-shared")
+    shared = os.path.abspath(shared) if shared and row.mount is None else shared  # SLURM's: a folder
+    where = shared or (os.getcwd() if row.mount is None else f"{name}-shared")
     out = emitters.shared_output_dir(row, kind, local_out, where)
-    node_config = emitters.node_config(row, kind, config)
+    workdir, node_config = emitters.slurm_folders(shared, config) if row.mount is None else (os.getcwd(), config)
+    node_config = emitters.node_config(row, kind, node_config)
     sized = [*jobs.without(args, ("num_processes", "num_machines", "resume_from_checkpoint", "output_dir"))]
     sized += ["--num_processes", str(nodes * per), "--num_machines", str(nodes)]
     key = gpu or DEFAULT_GPU
@@ -57,29 +60,81 @@ def emit(
     env = row.node0(name, nodes, per, not on_cpu)
     planned = plan_run(config, [*sized, "--output_dir", local_out], echo, machine=machine, env=env)
     plan = _plan(planned, key, on_cpu, echo)
-    mount = row.mount or where
-    grace = jobs.grace_s(plan, int(plan.get("trainable_params") or 0))
-    gpu_name = None if on_cpu else plan.get("device")
+    placed = dict(name=name, shared=where, output_dir=out, workdir=workdir, config=node_config, image=image)
+    placed |= dict(args=(*sized, "--output_dir", out, "--resume_from_checkpoint", "latest"), origins=origins)
+    job = _job(row, kind, planned, plan, gpu=None if on_cpu else key, shared_given=shared is not None, **placed)
+    for line in emitters.local_files(row, kind, job, config):
+        echo(line)
+    return job
+
+
+def _job(row, kind: str, planned, plan: dict, gpu: str | None, **placed) -> jobs.Job:
+    """The Job: sized by the plan, placed as emit() decided (where the output, config, shared folder and data
+    are), the data paths checked (PF096) before they reach it."""
+    cfg = planned.config
+    nodes, per = cfg.launch.num_machines, cfg.launch.nproc_per_node
+    mount, grace = row.mount or placed["shared"], jobs.grace_s(plan, int(plan.get("trainable_params") or 0))
+    gpu_name = plan.get("device") if gpu else None
+    data = _data_paths(planned)
+    jobtext.refuse_controls([(*_data_origin(cfg, path), path) for path in data])
     return jobs.Job(
         scheduler=kind,
-        name=name,
         nodes=nodes,
         procs_per_node=per,
-        gpu=None if on_cpu else key,
+        gpu=gpu,
         gpu_name=gpu_name,
         memory_gib=jobs.memory_gib(plan),
         cpus=per * (1 + int(cfg.training.get("dataloader_num_workers") or 0)),
         grace_s=grace,
-        config=node_config,
-        args=(*sized, "--output_dir", out, "--resume_from_checkpoint", "latest"),
-        output_dir=out,
-        shared=where,
         mount=mount,
         env={"HF_HOME": f"{mount.rstrip('/')}/hf-cache"},
-        image=image,
-        workdir=str(Path.cwd()),
         facts=jobs.facts(plan, nodes, per, gpu_name, grace),
+        data_paths=data,
+        pins=_pins(),
+        **placed,
     )
+
+
+def _data_paths(planned) -> tuple[str, ...]:
+    """The local data files and folders the run reads, as the user named them (a folder, not its shards; the
+    files of `path: json` with data_files); builtin data ships with fsdp-tune on every node."""
+    from fsdp_tune.sources.data import BUILTIN, LOADERS
+
+    out: list[str] = []
+    for source in planned.spec.data.sources:
+        if source.loader is None or source.path in BUILTIN:
+            continue
+        out += [f for files in source.files.values() for f in files] if source.path in LOADERS else [source.path]
+    return tuple(dict.fromkeys(out))
+
+
+def _data_origin(cfg, path: str) -> tuple[str, str]:
+    """(key, source) a data path came from, as the user wrote it."""
+    name = "data.dataset_name" if path == cfg.data.dataset_name else "data.datasets"
+    origin = cfg.origin(name) or cfg.origin("data.data_files")
+    return (origin.key, origin.source) if origin else ("data path", "the config")
+
+
+def _pins() -> dict[str, str]:
+    """fsdp-tune and torch as installed here (the launch was validated with them), without importing torch; a
+    local build label (+cpu, +cu128) dropped: the nodes' pip picks their own build of that version."""
+    from fsdp_tune.rundir.manifest import versions
+
+    found = versions()
+    return {name: found[name].split("+")[0] for name in ("fsdp-tune", "torch") if found.get(name)}
+
+
+def _refuse_controls(cfg, config, args, output_dir: str, shared, image) -> dict[str, tuple[str, str]]:
+    """PF096 (jobtext) for any value bound for the job file that holds a control character, before the plan
+    touches the output folder; where the job's own fields came from, as the user wrote them (field -> (key,
+    source): jobtext names them when it refuses one)."""
+    out = cfg.origin("training.output_dir")
+    origins = {"output_dir": (out.key, out.source)} if out else {}
+    values = [("--config", "command line", config), ("--shared", "command line", shared)]
+    values += [("--image", "command line", image), ("the folder emitted from", "cwd", str(Path.cwd()))]
+    values += [(*origins.get("output_dir", ("--output_dir", "command line")), output_dir)]
+    jobtext.refuse_controls([*values, *jobtext.flag_values(args)])
+    return origins
 
 
 def _plan(planned, key: str, on_cpu: bool, echo: Echo) -> dict:

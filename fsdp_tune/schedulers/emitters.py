@@ -127,9 +127,74 @@ def node_config(row: Emitter, kind: str, config: str | None) -> str | None:
         raise PreflightError([outside]) from None
 
 
+def slurm_folders(shared: str | None, config: str | None) -> tuple[str, str | None]:
+    """(--chdir, the config as the job names it). The folder emitted from when no --shared is given or it is
+    under --shared (relative paths resolve on the nodes as they did here); else the shared folder, with the
+    config named by its absolute path (data paths: `local_files` warns)."""
+    cwd = os.getcwd()
+    if shared is None or _under(cwd, shared):
+        return cwd, config
+    return shared, (os.path.abspath(config) if config and not os.path.isabs(config) else config)
+
+
+def local_files(row: Emitter, kind: str, job: jobs.Job, config: str | None) -> list[str]:
+    """Warnings for the local files (the config as given, the data paths) the nodes would not find where the job
+    says they are; SLURM without --shared: that the folder emitted from is not known to be shared."""
+    cwd, out = os.getcwd(), []
+    if kind == "slurm" and not job.shared_given:
+        out.append(
+            f"warning: no --shared: the job runs in {cwd} and writes under it; every node must see this folder at "
+            "this path (fsdp-tune cannot tell that they do); --shared FOLDER names a folder they share"
+        )
+    for label, path in [*([("--config", config)] if config else []), *(("data", p) for p in job.data_paths)]:
+        said = _unreachable(row, kind, job, label, path, cwd)
+        out += [f"warning: {label} {path}: {said}"] if said else []
+    return out
+
+
+def _unreachable(row: Emitter, kind: str, job: jobs.Job, label: str, path: str, cwd: str) -> str | None:
+    full = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    if kind == "slurm":
+        if not job.shared_given:
+            return None
+        if label == "data" and not os.path.isabs(path) and os.path.normpath(job.workdir) != os.path.normpath(cwd):
+            return (
+                f"relative, and the job runs in {job.workdir} (--chdir, the shared folder), where it names "
+                f"{os.path.join(job.workdir, path)}, not {full} checked here: give it as an absolute path under "
+                f"{job.shared}, or emit from the folder under {job.shared} that holds it"
+            )
+        if not _under(full, job.shared):
+            return (
+                f"the nodes read {full}, which is not under --shared {job.shared}: copy it there, or make sure "
+                "every node sees it at this path"
+            )
+        return None
+    if _under(full, row.mount or "/"):
+        return None
+    if kind == "skypilot":
+        if _under(full, cwd) and not os.path.isabs(path):
+            return None  # in workdir, synced to every node
+        return (
+            f"neither in the synced workdir ({cwd}) nor under {row.mount}: the nodes will not have it; copy it "
+            "into this folder, or into the bucket and name it under /shared"
+        )
+    return (
+        f"the nodes read it from the image's working folder: --image {job.image} must hold it at {path} "
+        f"(or put it on the PersistentVolumeClaim and name it under {row.mount})"
+    )
+
+
+def _under(path: str, folder: str) -> bool:
+    try:
+        Path(os.path.abspath(path)).resolve().relative_to(Path(os.path.abspath(folder)).resolve())
+    except ValueError:
+        return False
+    return True
+
+
 def job_name(output_dir: str) -> str:
     base = os.path.basename(os.path.normpath(output_dir)).lower()
-    cleaned = "".join(c if c.isalnum() else "-" for c in base).strip("-")
+    cleaned = "".join(c if c.isascii() and c.isalnum() else "-" for c in base).strip("-")  # a DNS-1123 label
     return (cleaned or "fsdp-tune")[:40].strip("-")
 
 

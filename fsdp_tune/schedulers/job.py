@@ -41,6 +41,10 @@ class Job:
     image: str | None = None  # Kubeflow's container image
     workdir: str = "."  # where relative paths (the config, local data) resolve: SLURM's --chdir, the emitting folder
     facts: tuple[str, ...] = ()  # what the plan said, for the file's header
+    data_paths: tuple[str, ...] = ()  # local data files and folders the nodes read (as the file names them)
+    shared_given: bool = True  # False: SLURM's shared folder is the one emitted from, not known to be shared
+    pins: dict[str, str] = field(default_factory=dict)  # package -> the version this launch was validated with
+    origins: dict[str, tuple[str, str]] = field(default_factory=dict)  # field -> (key, source) the user gave it
 
     @property
     def argv(self) -> list[str]:

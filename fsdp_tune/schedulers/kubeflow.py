@@ -11,8 +11,7 @@ line continues with `--resume_from_checkpoint latest`. Checked against the Train
 
 from __future__ import annotations
 
-import yaml
-
+from fsdp_tune.schedulers import jobtext
 from fsdp_tune.schedulers.job import Job
 
 RUNTIME = "torch-distributed"  # Kubeflow Trainer's ClusterTrainingRuntime for torch
@@ -55,11 +54,22 @@ def train_job(job: Job) -> dict:
     }
 
 
+def _local(job: Job) -> list[str]:
+    """The config and the local data paths the image must hold: those not on the shared volume."""
+    paths = [*([job.config] if job.config else []), *job.data_paths]
+    return [p for p in paths if not (p == job.mount or p.startswith(job.mount.rstrip("/") + "/"))]
+
+
 def render(job: Job) -> str:
+    jobtext.check_job(job)
     header = [
-        "# Written by `fsdp-tune train ... --emit kubeflow`; nothing was applied. Apply: kubectl apply -f THIS_FILE",
-        *(f"# {fact}" for fact in job.facts),
-        f"# shared PersistentVolumeClaim {job.shared} (ReadWriteMany) at {job.mount}; output: {job.output_dir}",
-        "# the image's working folder holds the config and local data files; HF_TOKEN from the secret hf-token",
+        "Written by `fsdp-tune train ... --emit kubeflow`; nothing was applied. Apply: kubectl apply -f THIS_FILE",
+        *job.facts,
+        f"shared PersistentVolumeClaim {job.shared} (ReadWriteMany) at {job.mount}; output: {job.output_dir}",
+        "the image's working folder holds the config and local data files; HF_TOKEN from the secret hf-token",
     ]
-    return "\n".join(header) + "\n" + yaml.safe_dump(train_job(job), sort_keys=False, width=1000)
+    if _local(job):
+        header.append("files the image must hold (a relative path: in its working folder): " + ", ".join(_local(job)))
+    if job.pins:
+        header.append(f"validated with {', '.join(f'{k} {v}' for k, v in job.pins.items())}: the image's should match")
+    return jobtext.yaml_file(header, train_job(job))

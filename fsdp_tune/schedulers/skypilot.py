@@ -12,11 +12,8 @@ SkyPilot's schema and code only: no SkyPilot cluster ran it.
 
 from __future__ import annotations
 
-import shlex
-
-import yaml
-
 from fsdp_tune.runfiles import STOP_FILE
+from fsdp_tune.schedulers import jobtext
 from fsdp_tune.schedulers.job import Job
 
 # the planner's GPUs as SkyPilot names them (its accelerator catalog)
@@ -30,6 +27,7 @@ def task(job: Job) -> dict:
         resources["accelerators"] = f"{ACCELERATORS[job.gpu]}:{job.procs_per_node}"
     resources["job_recovery"] = {"max_restarts_on_errors": 0, "recover_on_exit_codes": [STOPPED]}
     stop = f"{job.output_dir.rstrip('/')}/{STOP_FILE}"
+    hook = f"{jobtext.shell_line(['mkdir', '-p', job.output_dir])} && echo 15 > {jobtext.shell_line([stop])}"
     return {
         "name": job.name,
         "num_nodes": job.nodes,
@@ -41,22 +39,31 @@ def task(job: Job) -> dict:
         "config": {
             "hooks": [
                 {
-                    "run": f"mkdir -p {shlex.quote(job.output_dir)} && echo 15 > {shlex.quote(stop)}",
+                    "run": hook,
                     "events": ["preemption"],
                     "timeout": job.grace_s,
                 }
             ]
         },
-        "setup": "python -m pip install fsdp-tune  # or your own install of it (workdir: this folder)",
-        "run": " ".join(["fsdp-tune", *(shlex.quote(a) for a in job.argv)]),
+        "setup": setup(job),
+        "run": jobtext.shell_line(["fsdp-tune", *job.argv]),
     }
 
 
+def setup(job: Job) -> str:
+    """pip install of fsdp-tune and torch at the versions this launch was validated with (unpinned where this
+    machine has none); torch's build for the node's CUDA is pip's choice."""
+    words = [f"{name}=={job.pins[name]}" if name in job.pins else name for name in ("fsdp-tune", "torch")]
+    said = "the versions this launch was validated with" if job.pins else "not pinned: no version found here"
+    return f"{jobtext.shell_line(['python', '-m', 'pip', 'install', *words])}  # {said}; or your own install"
+
+
 def render(job: Job) -> str:
+    jobtext.check_job(job)
     header = [
-        "# Written by `fsdp-tune train ... --emit skypilot`; nothing was launched. Launch: sky jobs launch THIS_FILE",
-        *(f"# {fact}" for fact in job.facts),
-        f"# shared bucket {job.shared} at {job.mount} (output, checkpoints, HF cache); output: {job.output_dir}",
-        "# workdir . is synced to every node: the config and local data files are read from it",
+        "Written by `fsdp-tune train ... --emit skypilot`; nothing was launched. Launch: sky jobs launch THIS_FILE",
+        *job.facts,
+        f"shared bucket {job.shared} at {job.mount} (output, checkpoints, HF cache); output: {job.output_dir}",
+        "workdir . is synced to every node: the config and local data files are read from it",
     ]
-    return "\n".join(header) + "\n" + yaml.safe_dump(task(job), sort_keys=False, width=1000)
+    return jobtext.yaml_file(header, task(job))

@@ -5,6 +5,7 @@ scheduler's variables says where its topology came from."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 
@@ -90,3 +91,34 @@ def test_the_dry_run_under_a_scheduler_says_where_the_topology_came_from(seed_fo
     )
     assert "machine 0 at 10.0.0.4 (the first line of SKYPILOT_NODE_IPS=" in r.output
     assert "--master_addr=10.0.0.4" in r.output
+
+
+def test_slurm_job_runs_on_the_shared_folder_and_names_what_the_nodes_would_miss(tmp_path, monkeypatch) -> None:
+    """#48: emitted from a node-local folder with --shared elsewhere, the job runs in the shared folder (--chdir),
+    names the config by its absolute path, says the relative data path would resolve there, and its header does
+    not call the emitting folder shared."""
+    from tests.conftest import FIXTURES
+
+    work, shared = tmp_path / "work", tmp_path / "shared"
+    (work / "data").mkdir(parents=True)
+    shared.mkdir()
+    shutil.copy(FIXTURES / "tiny_lora.yaml", work / "c.yaml")
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]} for i in range(8)
+    ]
+    (work / "data" / "x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(work)
+    flags = ["--dataset_name", "data/x.jsonl", "--num_processes", "2", "--num_machines", "2"]
+    r = runner.invoke(
+        app, ["train", "--config", "c.yaml", *flags, "--emit", "slurm", "-o", "job.sbatch", "--shared", str(shared)]
+    )
+    assert r.exit_code == 0, r.output
+    text = (work / "job.sbatch").read_text()
+    assert PROBLEMS["slurm"](text) == [], text
+    assert f"#SBATCH --chdir={shared}\n" in text and f"cd -- {shared} || exit 1" in text
+    srun = shlex.split(next(line for line in text.splitlines() if line.startswith("srun ")))
+    assert srun[srun.index("--config") + 1] == str(work / "c.yaml")
+    assert f"warning: data data/x.jsonl: relative, and the job runs in {shared} (--chdir" in r.output
+    assert f"warning: --config c.yaml: the nodes read {work}/c.yaml, which is not under --shared {shared}" in r.output
+    assert f"# shared folder (output, checkpoints, Hugging Face cache): {shared};" in text
+    assert str(work) + " (on the filesystem the nodes share)" not in text

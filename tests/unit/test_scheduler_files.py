@@ -4,6 +4,8 @@ and what `--emit` refuses before planning (PF095)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import shlex
 
@@ -12,6 +14,7 @@ import yaml
 
 from fsdp_tune.errors import PreflightError, UsageError
 from fsdp_tune.launch.emit import emit
+from fsdp_tune.schedulers import emitters
 from fsdp_tune.schedulers import job as jobs
 from fsdp_tune.schedulers.emitters import EMITTERS
 from tests.conftest import FIXTURES, REPO, seed_flags
@@ -71,7 +74,7 @@ def test_slurm_script() -> None:
     words = shlex.split(srun)
     assert words[words.index("$FSDP_TUNE") + 1 :] == _job("slurm").argv
     assert 'if [ "$status" -eq 143 ]; then scontrol requeue "$SLURM_JOB_ID"; fi' in text
-    assert 'export HF_HOME="${HF_HOME:-/scratch/team/hf-cache}"' in text
+    assert '[ -n "${HF_HOME:-}" ] || HF_HOME=/scratch/team/hf-cache; export HF_HOME' in text
 
 
 def test_skypilot_task() -> None:
@@ -162,3 +165,70 @@ def test_the_shipped_sbatch_script_passes_the_same_checks() -> None:
     text = (REPO / "scripts" / "slurm_fsdp.sbatch").read_text()
     assert PROBLEMS["slurm"](text) == []
     assert "--machine_rank" not in text and "--resume_from_checkpoint latest" in text  # SLURM's variables say it
+
+
+def test_slurm_names_what_only_the_cluster_knows() -> None:
+    """#48: --time, --partition and --account as FILL_ME values sbatch refuses until filled, and the line where the
+    nodes' environment is activated; the header says both."""
+    text = EMITTERS["slurm"].render(_job("slurm"))
+    directives = dict(re.findall(r"^#SBATCH --([a-z-]+)=?(.*)$", text, re.M))
+    assert directives["time"] == "FILL_ME_HH:MM:SS" and directives["partition"] == "FILL_ME_PARTITION"
+    assert directives["account"] == "FILL_ME_ACCOUNT"
+    assert "# before that: fill the FILL_ME values" in text
+    assert "# FILL_ME (if the nodes need it): make fsdp-tune runnable here: `module load ...`" in text
+    assert "not known to be shared" not in text and "# shared folder (output, checkpoints" in text
+    unknown = EMITTERS["slurm"].render(dataclasses.replace(_job("slurm"), shared_given=False))
+    assert "# shared folder" not in unknown and "not known to be shared (no --shared)" in unknown
+
+
+@pytest.mark.parametrize(
+    "shared,workdir,config",
+    [(None, "CWD", "c.yaml"), ("CWD/..", "CWD", "c.yaml"), ("/elsewhere", "/elsewhere", "CWD/c.yaml")],
+)
+def test_slurm_runs_where_relative_paths_resolve_on_the_shared_folder(shared, workdir, config, tmp_path, monkeypatch):
+    """--chdir: the folder emitted from when it is under --shared (or no --shared is given); else --shared, the
+    config then named by its absolute path."""
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    fill = lambda s: s and s.replace("CWD", str(cwd))  # noqa: E731
+    got = emitters.slurm_folders(fill(shared), "c.yaml")
+    assert (os.path.normpath(got[0]), got[1]) == (os.path.normpath(fill(workdir)), fill(config))
+
+
+def test_local_files_the_nodes_would_not_find_are_named(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    slurm = dataclasses.replace(_job("slurm"), workdir="/scratch/team", data_paths=("data/x.jsonl", "/home/me/y.csv"))
+    said = emitters.local_files(EMITTERS["slurm"], "slurm", slurm, "c.yaml")
+    assert said[0].startswith(f"warning: --config c.yaml: the nodes read {tmp_path}/c.yaml, which is not under")
+    assert said[1].startswith("warning: data data/x.jsonl: relative, and the job runs in /scratch/team (--chdir")
+    assert "/home/me/y.csv, which is not under --shared /scratch/team" in said[2] and len(said) == 3
+    alone = dataclasses.replace(slurm, shared_given=False, data_paths=())
+    assert emitters.local_files(EMITTERS["slurm"], "slurm", alone, "c.yaml")[0].startswith("warning: no --shared:")
+    sky = dataclasses.replace(_job("skypilot"), data_paths=("data/x.jsonl", "/shared/d.jsonl", "/home/me/y.csv"))
+    (only,) = emitters.local_files(EMITTERS["skypilot"], "skypilot", sky, "c.yaml")  # workdir is synced
+    assert only.startswith("warning: data /home/me/y.csv: neither in the synced workdir")
+    kube = dataclasses.replace(_job("kubeflow"), config="c.yaml", data_paths=("data/x.jsonl", "/shared/d.jsonl"))
+    said = emitters.local_files(EMITTERS["kubeflow"], "kubeflow", kube, "c.yaml")
+    assert [s.split(":")[0] for s in said] == ["warning", "warning"] and "--image ghcr.io" in said[1]
+    text = EMITTERS["kubeflow"].render(kube)
+    assert "# files the image must hold (a relative path: in its working folder): c.yaml, data/x.jsonl\n" in text
+
+
+def test_skypilot_setup_pins_the_versions_validated_here() -> None:
+    from importlib import metadata
+
+    from fsdp_tune.launch.emit import _pins
+
+    pins = _pins()
+    assert pins == {"fsdp-tune": metadata.version("fsdp-tune"), "torch": metadata.version("torch").split("+")[0]}
+    job = dataclasses.replace(_job("skypilot"), pins=pins)
+    setup = yaml.safe_load(EMITTERS["skypilot"].render(job))["setup"]
+    assert shlex.split(setup, comments=True) == [
+        "python",
+        "-m",
+        "pip",
+        "install",
+        f"fsdp-tune=={pins['fsdp-tune']}",
+        f"torch=={pins['torch']}",
+    ]
