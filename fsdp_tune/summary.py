@@ -104,8 +104,13 @@ def read(output_dir: str | Path, attempt: str | None = None) -> RunSummary | Int
 MAX_SUMMARY_BYTES = 64 << 20  # a summary holds one loss per logged step: a few MiB for the longest runs
 
 
-def _not_a_summary(path: Path, why: str) -> UsageError:
-    return UsageError(
+class NotASummary(UsageError, ValueError):
+    """A summary file that cannot be read as one: exit 2 naming it (`report`); a ValueError to the launcher, which
+    reads a failed attempt's folder and reports the failure instead."""
+
+
+def _not_a_summary(path: Path, why: str) -> NotASummary:
+    return NotASummary(
         f"{path}: {why}",
         "it is not the summary fsdp-tune writes; move it aside (the run's metrics.jsonl still reads)",
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.errors import UsageError
+from fsdp_tune.output.console import printable
 from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME, Unreadable, new_file_mode, read_bounded, write_atomic
 
 MAX_METRICS_BYTES = 512 << 20  # ~1.5 million logged steps at ~300 bytes a line
@@ -26,6 +27,8 @@ def load_metrics(run_dir: str | Path) -> list[dict]:
     try:
         data = read_bounded(path, MAX_METRICS_BYTES)
     except FileNotFoundError:
+        if path.is_symlink():
+            raise UsageError(f"{path} is a link to nothing: not read", "pass the output dir of a run") from None
         return []
     except Unreadable as err:
         raise UsageError(str(err), "pass the output dir of a run fsdp-tune wrote") from None
@@ -147,7 +150,8 @@ def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None
 def labels(run_dirs: list[str | Path]) -> list[str]:
     """Each run's folder name; the whole path where two runs share a name (runs/a/out, runs/b/out)."""
     names = [Path(r).name for r in run_dirs]
-    return [n if names.count(n) == 1 else str(r) for n, r in zip(names, run_dirs, strict=True)]
+    shown = [n if names.count(n) == 1 else str(r) for n, r in zip(names, run_dirs, strict=True)]
+    return [printable(n, keep="") for n in shown]  # a folder name's controls, shown escaped in the figure too
 
 
 def plot(run_dirs: list[str | Path], out: str | Path) -> Path:

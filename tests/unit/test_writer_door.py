@@ -270,3 +270,37 @@ def test_ordinary_names_and_the_token_setting_itself_are_not_ft078() -> None:
     ):
         r = runner.invoke(app, ["validate-config", BASE, *flags])
         assert "FT078" not in r.output, (flags, r.output)
+
+
+def test_the_run_folders_own_rewrites_replace_a_planted_link(tmp_path) -> None:
+    """The stop file the launcher writes on a signal, the summary and markers (write_atomic): a link planted
+    during a run is replaced, its target left as it was."""
+    from fsdp_tune.launch.stopping import StopRelay
+    from fsdp_tune.runfiles import STOP_FILE, write_atomic
+
+    victim = _victim(tmp_path)
+    (tmp_path / STOP_FILE).symlink_to(victim)
+    StopRelay(tmp_path / STOP_FILE, pid=None).on_signal(signal.SIGTERM)
+    assert victim.read_text() == "precious\n" and (tmp_path / STOP_FILE).read_text() == str(int(signal.SIGTERM))
+    (tmp_path / "summary.json").symlink_to(victim)
+    write_atomic(tmp_path / "summary.json", b"{}")
+    assert victim.read_text() == "precious\n" and not (tmp_path / "summary.json").is_symlink()
+
+
+def test_a_broken_summary_still_lets_the_launcher_report_the_failure(tmp_path) -> None:
+    """summary.read's refusal is an exit 2 for `report`, and a ValueError to the launcher (launch/train.py reads a
+    failed attempt's folder and shows the failure report instead)."""
+    from fsdp_tune import summary
+
+    (tmp_path / "fsdp_tune_summary.json").write_text("{cut")
+    with pytest.raises(ValueError, match="not JSON") as refused:
+        summary.read(tmp_path)
+    assert isinstance(refused.value, UsageError) and refused.value.exit_code == 2
+
+
+def test_a_metrics_link_to_nothing_is_named(tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(tmp_path / "nowhere")
+    r = runner.invoke(app, ["report", str(run)])
+    assert r.exit_code == 2 and "a link to nothing" in r.output, r.output
