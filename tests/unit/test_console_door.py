@@ -113,8 +113,9 @@ def _hostile_data(tmp_path: Path) -> Path:
 
 
 def test_a_hostile_data_row_and_file_name_reach_the_console_escaped(tmp_path, monkeypatch, fake_ranks) -> None:
-    """train through main() (its launcher path, the ranks stood in for): the pre-flight's PF017 (a row's role) and
-    PF010 (a file name in the error) print the values escaped; stdout and stderr carry no byte a terminal obeys."""
+    """train through main() (its launcher path, the ranks stood in for): the pre-flight's PF017 (a row's role),
+    PF010 (a path in the error) and PF019 (a file's name and its columns) print the values escaped; stdout and
+    stderr carry no byte a terminal obeys."""
     data = _hostile_data(tmp_path)
     flags = ["--dataset_name", str(data), "--output_dir", str(tmp_path / "out")]
     code, out, err = _cli(monkeypatch, "train", BASE, *flags)
@@ -123,6 +124,14 @@ def test_a_hostile_data_row_and_file_name_reach_the_console_escaped(tmp_path, mo
     missing = tmp_path / ("gone" + HOSTILE)  # a data path that is not there: PF010 names it
     code, out, err = _cli(monkeypatch, "train", BASE, "--dataset_name", str(missing), *flags[2:])
     assert b"PF010" in err and b"gone\\x1b]0;PWNED" in err, err.decode()
+    _assert_clean(out + err)
+    split = tmp_path / "split" / "train"  # two files of one split: PF019 names the second and its columns
+    split.mkdir(parents=True)
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    (split / "a.jsonl").write_text(json.dumps(row) + "\n")
+    (split / ("b" + HOSTILE.replace("/", "") + ".jsonl")).write_text(json.dumps({**row, "x" + HOSTILE: 1}) + "\n")
+    code, out, err = _cli(monkeypatch, "train", BASE, "--dataset_name", str(split.parent), *flags[2:])
+    assert code == 2 and b"PF019" in err and b"(messages, x\\x1b]0;PWNED" in err, err.decode()
     _assert_clean(out + err)
 
 
