@@ -18,6 +18,7 @@ stream turns the marks into colour codes on a terminal (nothing elsewhere) after
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from typing import TextIO
@@ -39,8 +40,12 @@ def printable(text: str, keep: str = "\n\t") -> str:
     """`text` with every control, bidi and surrogate character shown escaped, but those in `keep`."""
     if text.isprintable():
         return text  # the common case (isprintable() is False for C0, C1, bidi, separators and surrogates)
-    table = {**_TABLE, **{ord(k): _KEEP[k] for k in keep}}
-    return text.translate(table)
+    return text.translate(_table(keep))
+
+
+@functools.cache
+def _table(keep: str) -> dict[int, str]:
+    return {**_TABLE, **{ord(k): _KEEP[k] for k in keep}}
 
 
 _TAG = "\ue000" + secrets.token_hex(8)  # a private-use character and 16 random hex digits: this process's own
