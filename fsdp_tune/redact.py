@@ -2,7 +2,7 @@
 
 A run writes its command line and config into several files people copy around (fsdp_tune_run.json, the rank
 spec's `config`, the lock's record) and prints settings on the console. Values of fields named like secrets
-(hub_token, *_api_key, *secret, *password, ...) and values that look like Hugging Face tokens (hf_..., api_org_...)
+(hub_token, *_api_key, *secret, *password, ...) and values that look like tokens (hf_..., api_org_..., sk-..., ghp_...)
 are replaced by REDACTED there. Vocabulary tokens (pad_token, eos_token) are not secrets and stay. The token
 a push needs reaches the ranks through their environment (HF_TOKEN), never through a file (launch/train.py).
 """
@@ -17,7 +17,12 @@ _SECRET_KEY = re.compile(
     r"(?i)^(token|.*(hub_token|hf_token|auth_token|access_token|api_token|api_key|apikey|secret|secret_key"
     r"|password|passwd|access_key|private_key))$"
 )
-_SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|api_org_[A-Za-z0-9]{20,})\b")
+# tokens by their published prefixes: Hugging Face, OpenAI and Anthropic, GitHub, GitLab, Slack, AWS access keys
+_SECRET_VALUE = re.compile(
+    r"\b(hf_[A-Za-z0-9]{20,}|api_org_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9]{20,}|sk-(proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|glpat-[A-Za-z0-9_-]{20,}|xox[abpr]-[A-Za-z0-9-]{10,}"
+    r"|AKIA[0-9A-Z]{16})\b"
+)
 
 
 def is_secret_key(name: str) -> bool:

@@ -4,7 +4,8 @@ The launcher and the ranks share these names; nothing else spells them. Writes t
 may read while they happen go through `write_atomic`, which stays safe when several launchers share
 one output folder (multi-node jobs on NFS or Lustre see the same OUTPUT_DIR from every node).
 
-No write follows a link out of the folder: `write_atomic` replaces a link rather than writing through it,
+No write follows a link out of the folder: `write_atomic` (the one way a file is rewritten, in a run folder or, through
+output/files.py, outside one) replaces a link rather than writing through it,
 files appended to (the lock, logs/rank-K.log, metrics.jsonl) are opened with O_NOFOLLOW below the output
 folder, and the pre-flight refuses a folder that holds links at all (`links_in`).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -83,15 +85,60 @@ def torchrun_log(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / LOG_DIR / "torchrun.log"
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` complete or not at all; the temporary file is this process's own."""
+def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int | None = None) -> Path:
+    """Write `data` to `path` complete or not at all: a temporary file of this process's own in the same folder,
+    flushed, then renamed over `path`. A link at `path` is replaced by the file, never written through (its target
+    is left as it was); `mode` (default: the temporary file's 0600) is set before the rename. The one way files are
+    rewritten, inside a run folder and outside it (output/files.py adds --force for files outside)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+            f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def new_file_mode() -> int:
+    """The mode `open()` would give a new file here: 0666 less this process's umask (read from /proc, where the
+    kernel says it, so no other thread sees the umask change that asking for it takes elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+class Unreadable(ValueError):
+    """A file of a run folder that is not read: not a regular file (a FIFO, a device, a link to one), or larger
+    than what fsdp-tune ever writes there. The message names the file; the reader makes it a finding."""
+
+
+def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of `path`, a file fsdp-tune wrote into a run folder and reads back (`report`, the launcher): opened
+    without blocking (a FIFO there would wait for a writer for ever), refused unless it is a regular file (a link
+    to /dev/zero never ends), and never more than `limit` bytes read. FileNotFoundError when it is not there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable(f"{path} is not a regular file (a FIFO, a device, or a link to one): not read")
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise Unreadable(f"{path} is larger than {limit >> 20} MiB, more than a run writes there: not read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.runfiles import SUMMARY_NAME, write_atomic
+from fsdp_tune.errors import UsageError
+from fsdp_tune.runfiles import SUMMARY_NAME, Unreadable, read_bounded, write_atomic
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,40 @@ def write(output_dir: str | Path, summary: RunSummary | Interrupted, run_id: str
 def read(output_dir: str | Path, attempt: str | None = None) -> RunSummary | Interrupted | None:
     """The folder's summary; with `attempt`, only the one that attempt's ranks wrote (None otherwise)."""
     path = Path(output_dir) / SUMMARY_NAME
-    if not path.exists():
+    try:
+        data = json.loads(read_bounded(path, MAX_SUMMARY_BYTES))
+    except FileNotFoundError:
         return None
-    data = json.loads(path.read_text())
+    except (Unreadable, ValueError) as err:  # a FIFO, a device, a huge file, not JSON: a finding, never exit 3
+        raise _not_a_summary(path, str(err) if isinstance(err, Unreadable) else f"not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise _not_a_summary(path, "not a JSON object")
     if attempt is not None and data.get("attempt") != attempt:
         return None
     data.pop("attempt", None)
     kind = data.pop("kind", "finished")
-    if kind == Interrupted.kind:
-        return Interrupted(**_known(Interrupted, data))
-    data["per_rank"] = [RankMemory(**_known(RankMemory, r)) for r in data.get("per_rank", [])]
-    return RunSummary(**_known(RunSummary, data))
+    try:
+        if kind == Interrupted.kind:
+            return Interrupted(**_known(Interrupted, data))
+        data["per_rank"] = [RankMemory(**_known(RankMemory, r)) for r in data.get("per_rank", [])]
+        return RunSummary(**_known(RunSummary, data))
+    except (TypeError, AttributeError) as err:  # fields missing, or per_rank not a list of objects
+        raise _not_a_summary(path, f"not a run summary ({err})") from None
+
+
+MAX_SUMMARY_BYTES = 64 << 20  # a summary holds one loss per logged step: a few MiB for the longest runs
+
+
+class NotASummary(UsageError, ValueError):
+    """A summary file that cannot be read as one: exit 2 naming it (`report`); a ValueError to the launcher, which
+    reads a failed attempt's folder and reports the failure instead."""
+
+
+def _not_a_summary(path: Path, why: str) -> NotASummary:
+    return NotASummary(
+        f"{path}: {why}",
+        "it is not the summary fsdp-tune writes; move it aside (the run's metrics.jsonl still reads)",
+    )
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -109,22 +110,30 @@ def _said(reply: str) -> str:
 
 def report_cmd(
     runs: list[str] = typer.Argument(..., help="One or more run output dirs."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Plot file (default: RUN/loss.png)."),
+    output: Optional[str] = typer.Option(
+        None, "-o", "--output", help="Plot file (default: RUN/loss.png; ./loss.png for several runs)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing -o file (RUN/loss.png is always redrawn)."),
     debug: bool = DebugOpt,
 ) -> None:
     """Print a run's summary again and redraw loss.png; several runs share one figure."""
 
     def run() -> None:
         from fsdp_tune.errors import UsageError
+        from fsdp_tune.output.files import write_out
         from fsdp_tune.output.tables import format_rows
         from fsdp_tune.runfiles import LOSS_PLOT_NAME, METRICS_NAME
-        from fsdp_tune.tools.report import plot, summary_rows
+        from fsdp_tune.tools.report import drawn, plot, summary_rows
 
-        missing = [r for r in runs if not (Path(r) / METRICS_NAME).exists()]
+        missing = [r for r in runs if not os.path.lexists(Path(r) / METRICS_NAME)]
         if missing:
             raise UsageError(f"no {METRICS_NAME} in {', '.join(missing)}", "pass the output dir of a run")
         typer.echo(format_rows(summary_rows(runs)))
-        out = plot(runs, output or (Path(runs[0]) / LOSS_PLOT_NAME if len(runs) == 1 else LOSS_PLOT_NAME))
+        if output is None and len(runs) == 1:  # the run's own loss.png: replaced whole, never through a link
+            out = plot(runs, Path(runs[0]) / LOSS_PLOT_NAME)
+        else:  # a file outside the run folders: the writer door (--force for an existing one)
+            target = output or LOSS_PLOT_NAME
+            out = write_out(target, drawn(runs, target), force)
         typer.echo(f"plot: {out}")
 
     guard(run, debug)

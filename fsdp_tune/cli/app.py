@@ -13,7 +13,8 @@ import typer
 
 from fsdp_tune import __version__
 from fsdp_tune.cli import after_cmds, check_cmds, run_cmds
-from fsdp_tune.cli.common import PASSTHROUGH, ReaderGone
+from fsdp_tune.cli.common import PASSTHROUGH
+from fsdp_tune.output.console import ConsoleStream
 from fsdp_tune.output.flags import help_epilog
 
 app = typer.Typer(
@@ -48,5 +49,6 @@ def main_callback(
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.stdout, sys.stderr = ReaderGone(sys.stdout), ReaderGone(sys.stderr)  # `fsdp-tune ... | head`
+    # the console door: every value printed is cleaned there (output/console.py), and `fsdp-tune ... | head` ends well
+    sys.stdout, sys.stderr = ConsoleStream(sys.stdout), ConsoleStream(sys.stderr)
     app()

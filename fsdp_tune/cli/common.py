@@ -1,5 +1,8 @@
 """What every command shares: the option types, the error boundary (the only place that turns errors into
-exit codes and text) and colour when stderr is a terminal. Kept light: no torch, no HF stack."""
+exit codes and text) and colour when stderr is a terminal. Kept light: no torch, no HF stack.
+
+Everything a command prints reaches the console through output/console.py's ConsoleStream (sys.stdout and
+sys.stderr, installed by cli/app.py's main): control characters in any printed value come out escaped."""
 
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ __all__ = [
     "ConfigOpt",
     "DebugOpt",
     "Optional",
-    "ReaderGone",
     "echo_out",
     "guard",
     "split_config",
@@ -30,7 +32,10 @@ __all__ = [
 
 
 def style(text: str, **kw) -> str:
-    return typer.style(text, **kw) if sys.stderr.isatty() else text
+    """fsdp-tune's own words in colour, where the console door (output/console.py) shows colour: a terminal."""
+    from fsdp_tune.output.console import ConsoleStream, colour
+
+    return colour(text, **kw) if isinstance(sys.stderr, ConsoleStream) and sys.stderr.isatty() else text
 
 
 def echo_out(text: str) -> None:
@@ -44,38 +49,6 @@ def echo_out(text: str) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-
-
-class ReaderGone:
-    """sys.stdout / sys.stderr for a command: when the reader leaves (`fsdp-tune rules | head`), the rest of the
-    output goes to /dev/null and the command runs on to its own exit code, with no BrokenPipeError (an exit
-    3 or a traceback about a closed pipe is no answer to a reader that had seen enough)."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            self._drop()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._drop()
-
-    def _drop(self) -> None:
-        import os
-
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self._stream.fileno())
-        os.close(devnull)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
 
 
 def split_config(config: Optional[str], args: list[str]) -> tuple[Optional[str], list[str]]:

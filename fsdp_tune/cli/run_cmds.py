@@ -33,6 +33,7 @@ def train(
         None, "--shared", help="With --emit: the nodes' shared folder (slurm), bucket (skypilot) or PVC (kubeflow)."
     ),
     image: Optional[str] = typer.Option(None, "--image", help="With --emit kubeflow: the container image."),
+    force: bool = typer.Option(False, "--force", help="With --emit -o: replace an existing file."),
     debug: bool = DebugOpt,
 ) -> None:
     """Validate, check this machine, then train through torchrun (same flags as validate-config).
@@ -47,8 +48,8 @@ def train(
     """
     config, args = split_config(config, list(ctx.args))
     node = (gpu, gpus)
-    if emit or emit_file or shared or image:
-        job = (emit, emit_file, shared, image)
+    if emit or emit_file or shared or image or force:
+        job = (emit, emit_file, shared, image, force)
         guard(lambda: _emit(config, args, job, node), debug)
         return
     guard(lambda: _train(config, args, dry_run=dry_run, as_json=as_json, verbose=verbose, node=node), debug)
@@ -58,11 +59,14 @@ def _emit(config: str | None, args: list[str], job: tuple, node: tuple) -> None:
     """`--emit KIND [-o FILE]`: the validated launch as a scheduler's job (launch/emit.py); nothing starts."""
     from fsdp_tune.errors import UsageError
     from fsdp_tune.launch.emit import emit
+    from fsdp_tune.output.files import write_out
     from fsdp_tune.schedulers.emitters import EMITTERS
 
-    kind, out, shared, image = job
+    kind, out, shared, image, force = job
     if not kind:
-        raise UsageError("-o, --shared and --image describe an emitted job", "add --emit slurm|skypilot|kubeflow")
+        raise UsageError(
+            "-o, --shared, --image and --force describe an emitted job", "add --emit slurm|skypilot|kubeflow"
+        )
     if node[1] is not None:
         raise UsageError("--gpus: an emitted job asks for the launch's processes a machine", "drop --gpus")
     decided = emit(kind, config, args, lambda m: typer.echo(m, err=True), gpu=node[0], shared=shared, image=image)
@@ -70,7 +74,7 @@ def _emit(config: str | None, args: list[str], job: tuple, node: tuple) -> None:
     if not out:
         typer.echo(text, nl=False)
         return
-    Path(out).write_text(text)
+    write_out(out, text, force)  # the writer door: --force for an existing file, never through a link, atomic
     typer.echo(
         f"wrote {out}: {EMITTERS[kind].title} job, {decided.nodes} machine(s) x {decided.procs_per_node} "
         f"{'GPUs' if decided.gpu else 'CPU processes'}; nothing was submitted",

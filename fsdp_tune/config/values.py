@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 from dataclasses import MISSING
 from typing import Any
 
@@ -19,6 +20,9 @@ from fsdp_tune.config.schema import attention_implementations, section_fields, t
 
 TRUE = {"true", "t", "yes", "y", "on", "1"}
 FALSE = {"false", "f", "no", "n", "off", "0"}
+# Paths read with `~` expanded as a shell would, once, here: every reader (the rank spec, the pre-flight, a resume's
+# `latest`, an emitted job) and the manifest then see the same folder
+HOME_PATHS = {"training.output_dir"}
 # Enums whose values are upper-case by convention (accelerate accepts any case; we normalise).
 UPPER_ENUMS = {"fsdp.auto_wrap_policy", "fsdp.state_dict_type", "fsdp.sharding_strategy", "fsdp.backward_prefetch"}
 
@@ -246,6 +250,8 @@ def coerce(path: str, value: Any, method: str = SFT) -> Any:
         if isinstance(value, (dict, list, bool)):
             raise BadValue(f"must be a string, got {value!r}")
         text = str(value).strip()
+        if path in HOME_PATHS:
+            return os.path.expanduser(text)  # a recipe's `output_dir: ~/runs/x`: never a folder named `~`
         choices = choices_of(path, method)
         return _choice(path, text, choices) if choices else text
     return value

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from fsdp_tune.runfiles import write_atomic
+
 # SIGHUP: the terminal went away; SIGUSR1: SLURM's --signal=USR1@SECONDS warning before the time limit
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 SAME_REQUEST_S = 3.0
@@ -54,7 +56,7 @@ class StopRelay:
                 f"a signal again ({SAME_REQUEST_S:g} s or more from now) stops at once"
             )
             with contextlib.suppress(OSError):
-                self.stop_file.write_text(str(signum))
+                write_atomic(self.stop_file, str(signum))  # replaced whole, never written through a planted link
         elif now - self.first_at >= SAME_REQUEST_S and not self.killed and self.pid is not None:
             self.killed = True
             _say(f"\nfsdp-tune: {signal.Signals(signum).name} again: stopping at once (no checkpoint)")

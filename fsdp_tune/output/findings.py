@@ -6,6 +6,7 @@ from typing import Any
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.output.console import printable
 from fsdp_tune.redact import REDACTED, is_secret_key, redact, redact_text
 
 # What a reader of `validate-config` needs first; the rest is in --json.
@@ -23,11 +24,14 @@ SUMMARY_KEYS = {
 
 
 def format_finding(f: Finding, style=lambda text, **_: text) -> str:
+    """One line, and its hint's: a newline inside a value (a file name, a row, a flag's value) is shown escaped,
+    so no value draws a line of its own; the console door (output/console.py) escapes the other controls."""
     colour = {"error": "red", "warning": "yellow", "note": "cyan"}[f.severity.value]
-    key = f"{f.key} ({f.source})" if f.source not in ("command line", "default") else f.key
-    lines = [f"  {style(f.rule, fg=colour, bold=True)} {key}: {f.message}"]
-    if f.hint:
-        lines.append(f"        hint: {f.hint}")
+    key, source, message, hint = (printable(x, keep="\t") for x in (f.key, f.source, f.message, f.hint))
+    key = f"{key} ({source})" if source not in ("command line", "default") else key
+    lines = [f"  {style(f.rule, fg=colour, bold=True)} {key}: {message}"]
+    if hint:
+        lines.append(f"        hint: {hint}")
     return "\n".join(lines)
 
 

@@ -213,6 +213,9 @@ def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[
     if not cfg.training.get("output_dir"):
         return [_err("PF030", "--output_dir", "no output dir given", "--output_dir runs/my-run")]
     out = Path(spec.output_dir)
+    refused = outdir.no_run_folder(out)  # before the probe and the walk for links: `/` would walk everything
+    if refused:
+        return [refused]
     unwritable = _unwritable(out)
     if unwritable:
         return [_err("PF032", "--output_dir", unwritable, "choose a folder you can write to")]

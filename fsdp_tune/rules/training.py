@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.redact import is_secret_key, redact_text
 from fsdp_tune.rules.registry import error, finding, rule, warning
 
 
@@ -214,3 +215,24 @@ def hub_token_in_files(cfg: RunConfig) -> Iterator[Finding]:
             "command line is visible to other users of this machine (ps) and stays in your shell history",
             "export HF_TOKEN instead (or `hf auth login`), and drop --hub_token",
         )
+
+
+@rule("FT078", "training", "a value that looks like a secret token outside a secret's own setting")
+def token_like_values(cfg: RunConfig) -> Iterator[Finding]:
+    """A run name, a Hub repo id or a path that looks like a token (hf_..., sk-..., ghp_...: redact.py's pattern,
+    the one the run's files are redacted by) would be written in clear into the rank spec (fsdp_tune_resolved.json),
+    which the ranks read as it stands, and reach trackers and the Hub: refused, rather than trained under a
+    redacted name. A secret's own setting (--hub_token) travels in the ranks' environment and is not this."""
+    for section, values in cfg.as_dict().items():
+        for name, value in values.items():
+            texts = value if isinstance(value, list) else [value]
+            if is_secret_key(name) or not any(isinstance(t, str) and redact_text(t) != t for t in texts):
+                continue
+            yield error(
+                cfg,
+                "FT078",
+                f"{section}.{name}",
+                f"the value looks like a secret token ({redact_text(str(value))}); it would be written in clear "
+                "into the run's rank spec (fsdp_tune_resolved.json) and reach the trackers",
+                f"choose a {name} that is not a token (a token for the Hub goes in HF_TOKEN)",
+            )

@@ -141,6 +141,19 @@ def _special_place(where: Path) -> str | None:
     return None
 
 
+def no_run_folder(out: Path) -> Finding | None:
+    """PF030 for the root of the file system, found from the path alone, before anything walks the folder
+    (links_in, inspect): walking `/` for links would read the whole file system before refusing it."""
+    where = out.resolve()
+    if where != Path(where.anchor):
+        return None
+    return _err(
+        "PF030",
+        f"--output_dir {out} is the root of the file system: a run writes into a folder of its own",
+        "choose a new folder for the run, e.g. --output_dir runs/my-run",
+    )
+
+
 def _never_moved(folder: Folder) -> Finding | None:
     """PF062 for the places --overwrite_output_dir never empties, PF033 for a folder with files no run writes."""
     special = _special_place(folder.path.resolve())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from fsdp_tune.config.readers import MANIFEST
 from fsdp_tune.config.schema import SECTIONS, RunConfig
 from fsdp_tune.config.writers import ACCELERATE, FORMATS, RECIPE, TRANSFORMERS, render, yaml_comments
 from fsdp_tune.errors import ConfigError, UsageError
+from fsdp_tune.output.files import write_out
 from fsdp_tune.validate import check
 
 
@@ -67,8 +69,6 @@ def convert(
                 "(pass them as flags)"
             )
     out = Path(output) if output else default_output(Path(src), fmt, fsdp2)
-    if out.exists() and not force:
-        raise UsageError(f"{out} exists; not overwritten", "pass --force to replace it, or -o OTHER_FILE")
     text = Path(src).read_text()
     header, comments = yaml_comments(text) if not src.endswith(".json") else ([], {})
     if fmt == TRANSFORMERS:
@@ -76,13 +76,13 @@ def convert(
     if fmt != _same_format(checked.format):
         comments = {}  # key paths differ between formats; the header block still applies
     content = render(new, fmt, header=[h for h in header if "Run:" not in h], comments=comments)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(content)
-    written = check(str(tmp), [])
+    with tempfile.TemporaryDirectory(prefix="fsdp-tune-convert-") as scratch:  # checked before it is written
+        trial = Path(scratch) / out.name
+        trial.write_text(content)
+        written = check(str(trial), [])
     if written.errors:
-        tmp.unlink()
         raise ConfigError(f"the converted {out}", written.findings)
-    tmp.replace(out)
+    write_out(out, content, force)  # the writer door: --force for an existing file, never through a link, atomic
     return out, notes, settings_diff(cfg, new)
 
 

@@ -1,4 +1,9 @@
-"""Read a run's metrics back, print the summary table, draw loss.png (several runs on one figure)."""
+"""Read a run's metrics back, print the summary table, draw loss.png (several runs on one figure).
+
+A run folder may come from someone else: its files are read bounded (runfiles.read_bounded: a FIFO or a link to
+/dev/zero is refused, never more than MAX_METRICS_BYTES), and a line that is not a metrics record is an exit 2
+naming file:line. RUN/loss.png is the run's own file, replaced whole (never written through a link); a plot
+anywhere else goes through the writer door (output/files.py: --force for an existing file)."""
 
 from __future__ import annotations
 
@@ -7,22 +12,55 @@ from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.methods import SFT, metric_keys, row_of
-from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
+from fsdp_tune.errors import UsageError
+from fsdp_tune.output.console import printable
+from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME, Unreadable, new_file_mode, read_bounded, write_atomic
+
+MAX_METRICS_BYTES = 512 << 20  # ~1.5 million logged steps at ~300 bytes a line
+MAX_SPEC_BYTES = 64 << 20
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
+    """The run's metrics records, each an object with an integer step; anything else is a UsageError (exit 2)
+    naming the file and line."""
     path = Path(run_dir) / METRICS_NAME
-    if not path.exists():
+    try:
+        data = read_bounded(path, MAX_METRICS_BYTES)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise UsageError(f"{path} is a link to nothing: not read", "pass the output dir of a run") from None
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except Unreadable as err:
+        raise UsageError(str(err), "pass the output dir of a run fsdp-tune wrote") from None
+    records = []
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if line.strip():
+            records.append(_record(line, f"{path}:{number}"))
+    return records
+
+
+def _record(line: str, where: str) -> dict:
+    hint = "a line of metrics.jsonl is one JSON object with an integer step, as fsdp-tune writes it; remove this one"
+    try:
+        record = json.loads(line)
+    except ValueError as err:
+        raise UsageError(f"{where}: not a JSON line ({err})", hint) from None
+    if not isinstance(record, dict):
+        raise UsageError(f"{where}: not a JSON object", hint)
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise UsageError(f"{where}: no integer step (step: {json.dumps(step)[:40]})", hint)
+    return record
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of one metric; a resumed run's repeated steps keep their last value."""
+    """(steps, values) of one metric; a resumed run's repeated steps keep their last value; a value that is no
+    number is left out."""
     by_step: dict[int, float] = {}
     for r in records:
-        if key in r and r[key] is not None:
-            by_step[int(r["step"])] = float(r[key])
+        value = r.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            by_step[int(r["step"])] = float(value)
     steps = sorted(by_step)
     return steps, [by_step[s] for s in steps]
 
@@ -31,8 +69,8 @@ def method_of(run_dir: str | Path) -> str:
     """The run's training method, from the rank spec it ran (read as JSON: a spec of another fsdp-tune version
     still says it), else its summary's, else SFT."""
     try:
-        spec = json.loads((Path(run_dir) / RESOLVED_NAME).read_text()).get("spec") or {}
-    except (OSError, ValueError, AttributeError):
+        spec = json.loads(read_bounded(Path(run_dir) / RESOLVED_NAME, MAX_SPEC_BYTES)).get("spec") or {}
+    except (OSError, ValueError, AttributeError):  # Unreadable (a FIFO, a device) is a ValueError: the summary says
         spec = {}
     method = spec.get("method") if isinstance(spec, dict) else None
     if isinstance(method, dict) and method.get("name"):  # spec version 3: the method's part
@@ -112,13 +150,28 @@ def _method_panels(axes, run_dirs: list[str | Path], methods: list[str]) -> None
 def labels(run_dirs: list[str | Path]) -> list[str]:
     """Each run's folder name; the whole path where two runs share a name (runs/a/out, runs/b/out)."""
     names = [Path(r).name for r in run_dirs]
-    return [n if names.count(n) == 1 else str(r) for n, r in zip(names, run_dirs, strict=True)]
+    shown = [n if names.count(n) == 1 else str(r) for n, r in zip(names, run_dirs, strict=True)]
+    return [printable(n, keep="") for n in shown]  # a folder name's controls, shown escaped in the figure too
 
 
 def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
-    out = Path(out)
-    figure(run_dirs).savefig(out, dpi=100)
-    return out
+    """The figure into a run folder's own loss.png (or another file the run owns): replaced whole, never written
+    through a link; `drawn` for a file outside a run folder (the writer door)."""
+    return write_atomic(out, drawn(run_dirs, out), new_file_mode())
+
+
+def drawn(run_dirs: list[str | Path], out: str | Path) -> bytes:
+    """The figure as `out`'s suffix names its format (png without one)."""
+    import io
+
+    fig = figure(run_dirs)
+    fmt = Path(out).suffix.lstrip(".").lower() or "png"
+    formats = fig.canvas.get_supported_filetypes()
+    if fmt not in formats:
+        raise UsageError(f"-o {out}: matplotlib draws no .{fmt} files", f"one of: {', '.join(sorted(formats))}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=100)
+    return buf.getvalue()
 
 
 def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
@@ -131,6 +184,7 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
         _, loss = series(records, "loss")
         _, eval_loss = series(records, "eval_loss")
         peaks = [r.peak_gpu_reserved_mib or r.peak_rss_mib for r in finished.per_rank] if finished else []
+        peaks = [p for p in peaks if isinstance(p, (int, float)) and not isinstance(p, bool)]
         rows.append(
             {
                 "run": str(run_dir),

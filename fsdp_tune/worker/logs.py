@@ -1,6 +1,7 @@
 """Each rank's streams. Everything a rank and its libraries print goes, whole, to OUTPUT_DIR/logs/rank-K.log;
 the console gets what fsdp-tune writes for people through `console()` (rank 0: phases, the progress line,
-evaluation results, its own warnings and errors), and with --verbose everything rank 0 prints besides.
+evaluation results, its own warnings and errors), and with --verbose everything rank 0 prints besides. Both pass
+the console door's `printable` (output/console.py): control characters in a value come out escaped.
 
 The rank's stdout and stderr descriptors (1 and 2) are pointed at its log, so native code (gloo, NCCL, C++
 warnings) lands there too; the console's own descriptors are kept aside for `console()` and, with
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from fsdp_tune.output.console import printable
 from fsdp_tune.runfiles import open_nofollow, rank_log
 from fsdp_tune.worker import rank as ranks
 
@@ -27,7 +29,7 @@ class _Tee:
     def write(self, text: str) -> int:
         if self.stream is not None:
             try:
-                self.stream.write(text)
+                self.stream.write(printable(text, keep="\n\t\r"))  # --verbose: progress bars redraw with \r
             except (BrokenPipeError, ValueError):
                 self._console_gone()
         self.log.write(text)
@@ -72,6 +74,7 @@ class Console:
         self._status = ""
 
     def line(self, text: str, err: bool = False) -> None:
+        text = printable(text)  # the console door (output/console.py): a row, a name or a path is shown, not obeyed
         self._clear_status()
         self._write("err" if err else "out", text + "\n")
         if self.log is not None:
@@ -83,6 +86,7 @@ class Console:
         """The live line (a terminal only): redrawn over the previous one."""
         if not self.live:
             return
+        text = printable(text, keep="")  # one line, redrawn with our own \r
         pad = " " * max(0, len(self._status) - len(text))
         self._status = text
         self._write("out", f"\r{text}{pad}")
