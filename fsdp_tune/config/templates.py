@@ -91,6 +91,18 @@ class TemplateRefused(Exception):
     """A chat template that broke a bound (time, size) or the sandbox's rules: a finding about the template."""
 
 
+def template_fault(error: BaseException) -> TemplateRefused | None:
+    """`error` as a fault of the template itself (a bound broken, jinja2's SecurityError), else None: what the
+    rows' renderers (sources/masking.py, encode.py) pass on instead of skipping one row for it."""
+    if isinstance(error, TemplateRefused):
+        return error
+    from jinja2.exceptions import SecurityError
+
+    if isinstance(error, SecurityError):
+        return TemplateRefused(f"the chat template breaks the sandbox's rules ({error})")
+    return None
+
+
 def _sized(value) -> int:
     return len(value) if isinstance(value, (str, list, tuple)) else 0
 
@@ -163,12 +175,13 @@ def bound_templates() -> None:
 
 
 @contextlib.contextmanager
-def rendering(seconds: float = RENDER_SECONDS) -> Iterator[None]:
+def rendering(seconds: float | None = None) -> Iterator[None]:
     """A chat template's render, bounded: the bounded sandbox, and a SIGALRM timer where there is one (the main
     thread of a platform with SIGALRM; elsewhere the render is bounded in size only). Raises TemplateRefused for a
     render that ran out of time, broke a size bound or the sandbox's rules (jinja2's SecurityError)."""
     from jinja2.exceptions import SecurityError
 
+    seconds = seconds or RENDER_SECONDS
     bound_templates()
     timed = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 

@@ -39,7 +39,9 @@ def local_folder(name: str) -> Path | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(name, "config.json")
+        from fsdp_tune.sources.model import hub_cache
+
+        found = try_to_load_from_cache(name, "config.json", cache_dir=str(hub_cache().expanduser()))
     except Exception:  # noqa: BLE001 - not a valid repo id: not in the cache
         return None
     return Path(found).parent if isinstance(found, str) else None
