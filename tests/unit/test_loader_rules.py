@@ -136,3 +136,14 @@ def test_the_files_that_ask_for_code_are_found(tmp_path) -> None:
     assert code_configs(tmp_path) == []
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["t.Tok", None]}}))
     assert code_configs(tmp_path) == ["tokenizer_config.json"]
+
+
+def test_a_reward_runs_adapter_is_bounded_before_the_ranks_read_it(tmp_path) -> None:
+    from fsdp_tune.rewards.resolve import Unresolved, resolve
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "task_type": "SEQ_CLS"}))
+    spec = {"spec": {"method": {"name": "reward", "head": "score"}}}
+    (tmp_path / "fsdp_tune_resolved.json").write_text(json.dumps(spec))
+    safetensors(tmp_path / "adapter_model.safetensors", b"{}", 2**40)
+    with pytest.raises(Unresolved, match="adapter_model.safetensors: its header claims"):
+        resolve(str(tmp_path))
