@@ -28,19 +28,21 @@ class Chat:
     template_from: str = ""  # the folder whose chat template renders the prompts, for messages
 
 
-def base_of(run_dir: Path, spec: RankSpec | None, base: str | None) -> str:
-    """The folder of --base, else of the model the run loaded (a builtin model rebuilt when this machine lacks its
-    folder), else of what the adapter records; found on this machine or refused at once (tools/base.py locate)."""
+def base_of(run_dir: Path, spec: RankSpec | None, base: str | None) -> tuple[str, str]:
+    """(the base as named, for people; its folder): --base, else the model the run loaded (a builtin model rebuilt
+    when this machine lacks its folder), else what the adapter records; found on this machine or refused at once
+    (tools/base.py locate)."""
     if base:
-        return locate(base, run_dir, given=True)
+        return base, locate(base, run_dir, given=True)
     if spec is not None:
         name = spec.model.name_or_path
         if not Path(name).exists() and spec.model.requested.startswith("builtin:"):
             from fsdp_tune.sources.builtin import materialize
 
-            return str(materialize(spec.model.requested.removeprefix("builtin:")))
-        return locate(name, run_dir)
-    return locate(recorded_base(run_dir), run_dir)
+            return spec.model.requested, str(materialize(spec.model.requested.removeprefix("builtin:")))
+        return spec.model.requested or name, locate(name, run_dir)
+    recorded = recorded_base(run_dir)
+    return recorded, locate(recorded, run_dir)
 
 
 def trusted(spec: RankSpec | None, trust_remote_code: bool) -> bool:
@@ -64,14 +66,16 @@ def load(run: str, base: str | None = None, device: str | None = None, trust_rem
             "to score with",
         )
     spec = read_from(run_dir)
-    base_path = base_of(run_dir, spec, base)
+    shown, base_path = base_of(run_dir, spec, base)
     trust = trusted(spec, trust_remote_code)
     from fsdp_tune.worker.loading.door import prepared
 
     with libraries_quiet():
         prepared(base_path, trust)  # before torch: a folder refused answers at once
         prepared(str(run_dir), trust, "the run's tokenizer")
-        return _load(run_dir, spec, base_path, device, trust)
+        chat = _load(run_dir, spec, base_path, device, trust)
+    chat.described = f"{shown}{'' if shown == base_path else f' [{base_path}]'} {chat.described}"
+    return chat
 
 
 def _load(run_dir: Path, spec: RankSpec | None, base_path: str, device: str | None, trust: bool) -> Chat:
@@ -105,7 +109,7 @@ def _load(run_dir: Path, spec: RankSpec | None, base_path: str, device: str | No
     model = open_adapter(model, run_dir).eval()
     template = "its chat template" if getattr(tokenizer, "chat_template", None) else "no chat template (plain text)"
     reads = ", reads images (--image FILE)" if processor is not None else ""
-    described = f"{base_path} ({how}) + adapter {run_dir}, {template}{reads}, on {device}"
+    described = f"({how}) + adapter {run_dir}, {template}{reads}, on {device}"
     return Chat(model, tokenizer, device, described, processor, str(run_dir))
 
 

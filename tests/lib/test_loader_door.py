@@ -321,7 +321,7 @@ def test_chat_and_merge_find_a_relative_base_from_another_folder(adapter, tiny, 
     _record(run, cwd="/nowhere", base_model=recorded)
     result, _ = invoke("chat", str(run), "--prompt", "hi", "--max_new_tokens", "2", cwd=elsewhere)
     assert result.exit_code == 0, said(result)
-    assert f"chat: {tiny.resolve()} (" in said(result)
+    assert f"chat: models/tiny-llama [{tiny.resolve()}] (" in said(result)  # the name as given, then where
     older = copied(adapter, tmp_path / "older")
     _record(older, cwd=str(work))  # a manifest from before the absolute record
     result, _ = invoke("merge", "--adapter", str(older), "-o", str(tmp_path / "merged"), cwd=elsewhere)
