@@ -8,7 +8,8 @@ with the chat template the run applies (config/templates.py). `train` does this 
 validate-config). Each row goes through what rank 0 does to it (sources/rows.py encode_row): converted,
 checked, cut to max_seq_len's reach, rendered, tokenized, cut at max_seq_len. Up to ROWS rows a split (spread
 evenly) within SECONDS for the whole run; the plan says how many were. Every row read is measured (cheap): rows
-cut before tokenizing, or too large to tokenize at all, are named (PF071).
+cut before tokenizing, or too large to tokenize at all, are named (PF071). Each render is bounded in time and size
+(config/templates.py `rendering`): a template that loops or outgrows the bound is a PF070 error about the template.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class TokenCheck:
                 found.other += 1
                 continue
             try:
-                with rendering(max(self.deadline - time.monotonic(), 1.0)):  # bounded in time and size
+                with rendering():  # each render bounded in time and size (config/templates.py), whatever is left
                     skip, _ = encode_row(row, fmt, roles, self.encoder, train_all)
             except TemplateRefused as e:  # a finding about the template, not the row: one is enough
                 found.fails.append((where, f"{e}"))

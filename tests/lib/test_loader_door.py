@@ -247,13 +247,14 @@ def test_chat_refuses_a_template_that_loops_or_breaks_the_sandbox(
 
 
 def test_train_preflight_refuses_a_template_that_never_ends(tmp_path, monkeypatch) -> None:
+    from fsdp_tune.config import templates
     from fsdp_tune.launch.train import plan_run
     from fsdp_tune.models.tiny import build_tokenizer
     from fsdp_tune.preflight import tokens as tokencheck
     from tests.conftest import FIXTURES
     from tests.datafiles import jsonl
 
-    monkeypatch.setattr(tokencheck, "SECONDS", 2.0)  # the pre-flight's time for all rows: each render's bound
+    monkeypatch.setattr(templates, "RENDER_SECONDS", 1.0)
     tok = build_tokenizer(512)
     tok.chat_template = LOOP
     monkeypatch.setattr(tokencheck, "load_tokenizer", lambda model: (tok, ""))
