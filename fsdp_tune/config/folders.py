@@ -33,7 +33,7 @@ MAX_JSON = 64 << 20  # a config or tokenizer_config.json (a tokenizer's added to
 # When the base's hidden_size is known the bound is that: a rank above a layer's width adds nothing.
 MAX_RANK = 4096
 MAX_ALPHA = 1e6
-MAX_REGEX = 512  # characters in a regex target_modules / exclude_modules
+MAX_REGEX = 4096  # characters in a regex target_modules / exclude_modules (decide/vision.py's alternations grow)
 MAX_NAMES = 10_000  # entries in a target_modules list
 MAX_FREE_REPEATS = 3  # unbounded quantifiers (*, +, {n,}) in one regex; none inside another quantifier
 DTYPES = frozenset(
@@ -201,8 +201,9 @@ def _names_problems(key: str, value: Any) -> list[str]:
 def regex_problem(pattern: str) -> str | None:
     """Why a target_modules regex is refused: too long, not a regex, or able to backtrack without bound. The rule
     (sound, if stricter than needed): no quantifier inside another quantifier (`(a+)+`, `(.*.*)*`), no alternation
-    inside an unbounded quantifier (`(a|a)*`), at most MAX_FREE_REPEATS unbounded quantifiers in all (`.*` k times
-    in a row costs n^k on an n-character name). Every regex PEFT's docs and fsdp-tune write passes
+    inside a repeating quantifier (`(a|a)*`), at most MAX_FREE_REPEATS unbounded quantifiers in a row, the worst
+    branch of an alternation counting (`.*` k times in a row costs n^k on an n-character name; branches are tried
+    one after another). Every regex PEFT's docs and fsdp-tune write passes
     (`.*\\.(q_proj|v_proj)`, `model\\.layers\\.\\d+\\.self_attn\\.(q|k|v)_proj`)."""
     if len(pattern) > MAX_REGEX:
         return f"{len(pattern)} characters: at most {MAX_REGEX}"
@@ -241,10 +242,14 @@ def _walk(items, inside: bool) -> int | None:
                 return None
             total += high > 100  # `{0,100000}` costs what `*` costs
             subs, now_inside = [body], inside or high > 1
-        elif op == c.BRANCH:
+        elif op == c.BRANCH:  # the branches are tried one after another: their costs add, the worst one counts
             if inside:
                 return None
-            subs, now_inside = list(arg[1]), inside
+            found = [_walk(sub, inside) for sub in arg[1]]
+            if any(f is None for f in found):
+                return None
+            total += max(found, default=0)
+            continue
         elif op == c.SUBPATTERN:
             subs, now_inside = [arg[-1]], inside
         elif op in (c.ASSERT, c.ASSERT_NOT):

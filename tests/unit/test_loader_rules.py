@@ -76,7 +76,7 @@ def test_a_whole_header_reads_and_a_fifo_is_no_file(tmp_path) -> None:
         ({"target_modules": "(.*.*)*Q"}, "can backtrack without bound"),
         ({"target_modules": "(a|aa)*$"}, "can backtrack without bound"),
         ({"target_modules": ".*" * 5}, "5 unbounded quantifiers"),
-        ({"target_modules": "q" * 600}, "600 characters"),
+        ({"target_modules": "q" * 5000}, "5000 characters"),
         ({"target_modules": "(["}, "not a regular expression"),
         ({"exclude_modules": "(x+)+y"}, "exclude_modules"),
         ({"rank_pattern": {"(a+)+": 4}}, "rank_pattern key"),
@@ -104,6 +104,8 @@ def test_the_rank_bound_is_the_base_width_when_known() -> None:
         r".*(q|v)_proj",
         r"(?:.*\.)?(gate|up|down)_proj",
         r"model.layers.*.mlp.*",
+        # decide/vision.py's exclude_modules: one branch per frozen part, two unbounded quantifiers each
+        r"(?:(?:.*\.)?model\.visual\.merger(?:\..*)?)|(?:(?:.*\.)?model\.visual\.blocks(?:\..*)?)|(?:(?:.*\.)?x)",
     ],
 )
 def test_the_regexes_peft_users_write_pass(pattern) -> None:
@@ -147,3 +149,12 @@ def test_a_reward_runs_adapter_is_bounded_before_the_ranks_read_it(tmp_path) -> 
     safetensors(tmp_path / "adapter_model.safetensors", b"{}", 2**40)
     with pytest.raises(Unresolved, match="adapter_model.safetensors: its header claims"):
         resolve(str(tmp_path))
+
+
+def test_the_exclude_modules_fsdp_tune_writes_pass() -> None:
+    """decide/vision.py's exclude_modules (every frozen part of a vision model, and the user's list) is read back
+    through the rule when its run's adapter is opened: it must pass however many parts there are."""
+    from fsdp_tune.decide.vision import _excluded
+
+    parts = [f"model.visual.blocks.{i}" for i in range(40)] + ["model.multi_modal_projector"]
+    assert regex_problem(_excluded(parts, ["lm_head", "embed_tokens"])) is None
