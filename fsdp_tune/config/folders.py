@@ -28,9 +28,10 @@ from fsdp_tune.errors import UsageError
 
 MAX_HEADER = 100_000_000  # safetensors' own cap on a header (safetensors/src/tensor.rs MAX_HEADER_SIZE)
 MAX_JSON = 64 << 20  # a config or tokenizer_config.json (a tokenizer's added tokens make it a few MiB at most)
-# The largest LoRA rank accepted. No published adapter goes past 1024; at 4096 a rank already matches the full
-# width of a 4096-wide model, where LoRA stops being low-rank (the adapter holds as many numbers as the weight).
-# When the base's hidden_size is known the bound is that: a rank above a layer's width adds nothing.
+# The largest LoRA rank accepted: PEFT allocates r x (in + out) numbers per adapted layer, so r 1,000,000,000 asks for
+# terabytes. 4096 is past any adapter in use (published ones stop at 1024) and at the width of a 4096-wide layer, where
+# a rank stops adding anything (an update's rank is at most the layer's width). Not the base's own width: fsdp-tune
+# trains a rank above it without a word (a tiny model, r 64), and what it trains must open again.
 MAX_RANK = 4096
 MAX_ALPHA = 1e6
 MAX_REGEX = 4096  # characters in a regex target_modules / exclude_modules (decide/vision.py's alternations grow)
@@ -141,13 +142,13 @@ def code_configs(folder: Path) -> list[str]:
 # --- an adapter, before PEFT ---------------------------------------------------------------------------------------
 
 
-def check_adapter(folder: Path, hidden_size: int | None = None) -> dict:
+def check_adapter(folder: Path) -> dict:
     """adapter_config.json within bounds and the weights' header readable: the config, else FolderRefused."""
     path = folder / "adapter_config.json"
     config = read_json(path)
     if not isinstance(config, dict):
         raise FolderRefused(f"{path}: a {type(config).__name__}, not PEFT's adapter config", "a PEFT adapter folder")
-    for problem in adapter_problems(config, hidden_size):
+    for problem in adapter_problems(config):
         raise FolderRefused(f"{path}: {problem}", "the adapter is broken or not what it claims: train it again")
     weights = folder / "adapter_model.safetensors"
     if weights.exists():
@@ -155,16 +156,15 @@ def check_adapter(folder: Path, hidden_size: int | None = None) -> dict:
     return config
 
 
-def adapter_problems(config: dict, hidden_size: int | None = None) -> list[str]:
+def adapter_problems(config: dict) -> list[str]:
     """What in a PEFT adapter config is out of bounds (see the module's docstring)."""
     found = []
-    bound = min(MAX_RANK, hidden_size) if hidden_size else MAX_RANK
-    why = f"at most {bound}" + (" (the base's hidden_size)" if hidden_size and hidden_size < MAX_RANK else "")
+    why = f"at most {MAX_RANK}"
     ranks = [("r", config.get("r", 8))] + [
         (f"rank_pattern[{k!r}]", v) for k, v in _table(config.get("rank_pattern")).items()
     ]
     for key, r in ranks:
-        if type(r) is not int or not 1 <= r <= bound:
+        if type(r) is not int or not 1 <= r <= MAX_RANK:
             found.append(f"{key} {str(r)[:30]}: a LoRA rank is a whole number from 1, {why}")
     alphas = [("lora_alpha", config.get("lora_alpha", 8))] + [
         (f"alpha_pattern[{k!r}]", v) for k, v in _table(config.get("alpha_pattern")).items()

@@ -155,8 +155,5 @@ def open_adapter(model, folder: str | Path, **kwargs):
     """PeftModel.from_pretrained, after the adapter's config and weights header are checked (config/folders.py)."""
     from peft import PeftModel
 
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = getattr(text, "hidden_size", None)
-    check_adapter(Path(folder), hidden if isinstance(hidden, int) else None)
+    check_adapter(Path(folder))
     return PeftModel.from_pretrained(model, str(folder), **kwargs)
