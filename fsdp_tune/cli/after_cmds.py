@@ -11,6 +11,8 @@ import typer
 
 from fsdp_tune.cli.common import DebugOpt, guard, style
 
+TRUST_HELP = "Run the model folder's own Python code (auto_map); default: only if the run trained with it."
+
 
 def merge_cmd(
     adapter: str = typer.Option(..., "--adapter", help="The adapter folder (a run's output dir)."),
@@ -23,6 +25,7 @@ def merge_cmd(
     max_shard_size: str = typer.Option("5GB", "--max_shard_size", "--max-shard-size"),
     device: str = typer.Option("cpu", "--device", help="cpu, or one GPU such as cuda:0"),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty output folder."),
+    trust_remote_code: bool = typer.Option(False, "--trust_remote_code", help=TRUST_HELP),
     debug: bool = DebugOpt,
 ) -> None:
     """Merge a LoRA/DoRA adapter into its base model, outside FSDP, and check the logits match."""
@@ -32,7 +35,7 @@ def merge_cmd(
         from fsdp_tune.tools.quiet import libraries_quiet
 
         with libraries_quiet():
-            r = merge(adapter, base, output, dtype, max_shard_size, device, force, into)
+            r = merge(adapter, base, output, dtype, max_shard_size, device, force, into, trust_remote_code)
         if r["into"] == "dequantized":
             typer.echo(
                 f"note: QLoRA adapter: merged into the base's 4-bit weights as the run quantized them, dequantized "
@@ -64,6 +67,7 @@ def chat_cmd(
     image: Optional[str] = typer.Option(
         None, "--image", help="An image for a vision-language run: shown with each prompt (the first turn)."
     ),
+    trust_remote_code: bool = typer.Option(False, "--trust_remote_code", help=TRUST_HELP),
     debug: bool = DebugOpt,
 ) -> None:
     """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template.
@@ -75,7 +79,7 @@ def chat_cmd(
         from fsdp_tune.tools.chat import answer, image_for, load, prompts_from
 
         asked = prompts_from(prompt, prompts)
-        chat = load(run_dir, base, device)
+        chat = load(run_dir, base, device, trust_remote_code)
         picture = image_for(chat, image)
         typer.echo(f"chat: {chat.described}", err=True)
         opening = [{"role": "system", "content": system}] if system else []

@@ -6,17 +6,17 @@ settings (r, alpha, targets, DoRA, rsLoRA, modules_to_save, ...) and its base mo
 unset; one that this launch sets to another value is refused (FT121) naming the adapter's, since the weights would
 not load into another shape. Read from the adapter's run (fsdp_tune_resolved.json: the LoRA request as it was made,
 `all-linear` included) when it is an fsdp-tune run, else from PEFT's adapter_config.json. No torch: the adapter
-file's tensor names come from its safetensors header.
+file's tensor names come from its safetensors header, read with the adapter's config through the bounded readers of
+config/folders.py (a broken or hostile adapter is FT121 naming the file).
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fsdp_tune.config.folders import FolderRefused, adapter_problems, read_json, tensor_names
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import Origin, RunConfig
 from fsdp_tune.config.values import BadValue, coerce
@@ -52,18 +52,11 @@ class StartAdapter:
 
 
 def _json(path: Path) -> Any:
+    """A JSON file of the folder through the bounded reader (config/folders.py); None when it is not one."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(path) if path.is_file() else None
+    except FolderRefused:
         return None
-
-
-def tensor_names(path: Path) -> tuple[str, ...]:
-    """The tensor names of a safetensors file, from its header (8 bytes of length, then JSON)."""
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    return tuple(k for k in header if k != "__metadata__")
 
 
 def read_start(folder: str) -> tuple[StartAdapter | None, str | None]:
@@ -71,15 +64,21 @@ def read_start(folder: str) -> tuple[StartAdapter | None, str | None]:
     path = Path(folder).expanduser()
     if not path.is_dir():
         return None, f"{folder} is not a folder"
-    config = _json(path / ADAPTER_CONFIG)
+    try:
+        config = read_json(path / ADAPTER_CONFIG) if (path / ADAPTER_CONFIG).exists() else None
+    except FolderRefused as e:
+        return None, str(e)
     if not isinstance(config, dict):
         return None, f"{folder} holds no readable {ADAPTER_CONFIG} (a finished run's folder, or a PEFT adapter)"
+    problems = adapter_problems(config)
+    if problems:
+        return None, f"{path / ADAPTER_CONFIG}: {problems[0]}"
     if not (path / ADAPTER_WEIGHTS).is_file():
         return None, f"{folder} holds no {ADAPTER_WEIGHTS}"
     try:
         names = tensor_names(path / ADAPTER_WEIGHTS)
-    except (OSError, ValueError, struct.error):
-        return None, f"{path / ADAPTER_WEIGHTS} is not a readable safetensors file"
+    except FolderRefused as e:
+        return None, str(e)
     run = _json(path / RESOLVED_NAME)
     spec = run.get("spec") if isinstance(run, dict) else None
     lora = spec.get("lora") if isinstance(spec, dict) else None

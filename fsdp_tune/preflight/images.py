@@ -119,6 +119,8 @@ def open_image(ref: Any) -> tuple[tuple[int, int], str | None]:
             size = image.size
             image.verify()  # the file's structure and checksums, without decoding every pixel
         return size, None
+    except Image.DecompressionBombError as e:  # PIL's bound: rank 0 skips the row (sources/vision_rows.py)
+        return (0, 0), f"the image is too large to decode safely ({str(e)[:100]})"
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         return (0, 0), f"the image cannot be read ({type(e).__name__}: {str(e)[:80]})"
 

@@ -8,7 +8,8 @@ with the chat template the run applies (config/templates.py). `train` does this 
 validate-config). Each row goes through what rank 0 does to it (sources/rows.py encode_row): converted,
 checked, cut to max_seq_len's reach, rendered, tokenized, cut at max_seq_len. Up to ROWS rows a split (spread
 evenly) within SECONDS for the whole run; the plan says how many were. Every row read is measured (cheap): rows
-cut before tokenizing, or too large to tokenize at all, are named (PF071).
+cut before tokenizing, or too large to tokenize at all, are named (PF071). Each render is bounded in time and size
+(config/templates.py `rendering`): a template that loops or outgrows the bound is a PF070 error about the template.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_tune.config.templates import apply_template
+from fsdp_tune.config.templates import TemplateRefused, apply_template, rendering
 from fsdp_tune.decide.spec import ModelSpec, RankSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.sources.convert import to_trl
@@ -115,7 +116,11 @@ class TokenCheck:
                 found.other += 1
                 continue
             try:
-                skip, _ = encode_row(row, fmt, roles, self.encoder, train_all)
+                with rendering():  # each render bounded in time and size (config/templates.py), whatever is left
+                    skip, _ = encode_row(row, fmt, roles, self.encoder, train_all)
+            except TemplateRefused as e:  # a finding about the template, not the row: one is enough
+                found.fails.append((where, f"{e}"))
+                break
             except Exception as e:  # noqa: BLE001 - what would stop rank 0 (--mask_fallback error, a template's own)
                 found.fails.append((where, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"))
                 continue
@@ -186,6 +191,8 @@ def token_findings(split: str, found: Tokenized, reach: Any, max_seq_len: int) -
         where, error = found.fails[0]
         message = f"{len(found.fails)} row(s) would stop rank 0 ({listed([w for w, _ in found.fails])}): {error}"
         hint = "--mask_fallback split (the default) or locate" if "InconsistentTemplate" in error else HINTS["template"]
+        if error.startswith("the chat template"):  # config/templates.py's bounds: the template, not the rows
+            hint = "the model's chat template is at fault: fix it, or choose another --chat_template_format"
         findings.append(Finding("PF070", Severity.ERROR, split, where, message, hint))
     checked = "every row" if found.rows == found.of else f"{found.rows:,} of {found.of:,} rows (spread evenly)"
     if found.rows and not found.kept and not found.fails:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from fsdp_tune.config.folders import FolderRefused, check_adapter
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.rewards.builtin import BUILTINS
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
@@ -92,6 +93,10 @@ def _folder(entry: str, folder: Path) -> RewardSpec:
                 f"{entry} is a --method {name} run, not a reward model: its adapter generates text",
                 "a --method reward run's folder (fsdp-tune train --method reward ...)",
             )
+        try:  # bounded before PEFT reads it on the ranks (config/folders.py: the loader door's rules)
+            check_adapter(folder)
+        except FolderRefused as e:
+            raise Unresolved(str(e), e.hint) from None
         return RewardSpec(name=folder.name, kind="reward_run", target=str(folder.resolve()), written=entry)
     try:
         config = json.loads((folder / "config.json").read_text())

@@ -55,6 +55,14 @@ def reproducible_config(cfg: RunConfig) -> dict:
     return redact(data)
 
 
+def base_model(name: str | None) -> dict:
+    """The base model as given (for people) and, when it is a local folder, where it is (absolute): `chat` and
+    `merge` then find it from any working folder, where the name as given would resolve elsewhere or read as a Hub
+    id (tools/base.py)."""
+    path = Path(name).expanduser() if name and not name.startswith("builtin:") else None
+    return {"name": name, "path": str(path.resolve()) if path is not None and path.is_dir() else None}
+
+
 def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None, attempt_id: str | None = None) -> Path:
     """Written by node 0 before torchrun starts. `cfg` is the config as the user gave it (a builtin model is
     recorded as builtin:NAME, not as this machine's cache folder), so the manifest reproduces the run anywhere.
@@ -76,6 +84,7 @@ def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None, attem
         "ended_at": None,
         "exit_status": None,
         "resolved_config": reproducible_config(cfg),
+        "base_model": base_model(cfg.model.model_name_or_path),
     }
     before = _read(path)
     if before is None or before.get("run_id") != run_id:

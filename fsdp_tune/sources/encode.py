@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from fsdp_tune.config.templates import template_fault
 from fsdp_tune.sources.clip import Reach, TooLarge, clip, row_chars
 from fsdp_tune.sources.convert import tool_calls_as_text
 from fsdp_tune.sources.masking import (
@@ -114,6 +115,9 @@ class Encoder:
                 prompt_ids = renderer.ids(prompt, add_generation_prompt=True)
                 full = renderer.ids(prompt + completion)
             except Exception as e:  # noqa: BLE001 - the template's own refusal
+                fault = template_fault(e)  # the template's own fault (a bound, the sandbox): not this row's
+                if fault is not None:
+                    raise fault from None
                 raise RowRejected(f"the chat template refuses this row: {type(e).__name__}: {e}") from e
         else:
             if self.eos and not completion.endswith(self.eos):

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fsdp_tune.config.templates import template_fault
+
 SENTINEL = "\u27e6fsdp-tune-sentinel\u27e7"
 
 
@@ -114,6 +116,9 @@ class _Turns:
         try:
             self.full = renderer.ids(messages)
         except Exception as e:  # noqa: BLE001 - jinja's TemplateError, raise_exception(...) inside templates
+            fault = template_fault(e)  # the template's own fault (a bound, the sandbox): not this row's
+            if fault is not None:
+                raise fault from None
             raise RowRejected(f"the chat template refuses this conversation: {type(e).__name__}: {e}") from e
         self.mask = [0] * len(self.full)
         self.methods: list[str] = []

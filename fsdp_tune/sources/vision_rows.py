@@ -48,6 +48,14 @@ def stored(ref: Any, root: Path) -> dict[str, Any]:
     raise ValueError(f"not an image: {type(ref).__name__}")
 
 
+def unreadable_image() -> tuple[type[BaseException], ...]:
+    """What PIL raises for an image that does not open, a decompression bomb included (an image of more than twice
+    Image.MAX_IMAGE_PIXELS, ~179 M pixels: a 20000 x 20000 PNG of a few KB would decode to 1.2 GB)."""
+    from PIL import Image
+
+    return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
 def opened(image: Mapping[str, Any]):
     """The PIL image of a stored one, converted to RGB (what the image processors expect)."""
     from PIL import Image
@@ -115,7 +123,7 @@ def sequences(encoder, row: dict[str, Any], train_all: bool, root: Path) -> tupl
     try:
         images = [stored(ref, root) for ref in row["images"]]
         counts = [encoder.images.count(image) for image in images]
-    except (OSError, ValueError, SyntaxError):
+    except unreadable_image():
         return "bad-image", []
     token = encoder.images.token_id
     found = encoder.sequences({k: v for k, v in row.items() if k != "images"}, train_all, cut=False)

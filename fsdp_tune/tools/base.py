@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from fsdp_tune.config.folders import FolderRefused, read_json
 from fsdp_tune.errors import UsageError
-from fsdp_tune.runfiles import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from fsdp_tune.runfiles import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MANIFEST_NAME
 
 
 def check_adapter_folder(folder: Path, what: str) -> None:
@@ -27,7 +27,8 @@ def check_adapter_folder(folder: Path, what: str) -> None:
 
 def recorded_base(adapter_dir: Path) -> str:
     """The base model the adapter's config records (PEFT's base_model_name_or_path)."""
-    recorded = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    config = read_json(adapter_dir / ADAPTER_CONFIG)
+    recorded = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     if not recorded:
         raise UsageError("the adapter does not record its base model", "pass --base MODEL")
     return recorded
@@ -41,8 +42,8 @@ def resize_as_trained(model, tokenizer) -> None:
 
 def is_reward_adapter(adapter_dir: Path) -> bool:
     """A reward model's adapter (PEFT task_type SEQ_CLS: LoRA and the trained score head)."""
-    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
-    return str(config.get("task_type") or "").upper() == "SEQ_CLS"
+    config = read_json(adapter_dir / ADAPTER_CONFIG)
+    return isinstance(config, dict) and str(config.get("task_type") or "").upper() == "SEQ_CLS"
 
 
 def model_class(adapter_dir: Path, base: str | None = None):
@@ -59,3 +60,55 @@ def model_class(adapter_dir: Path, base: str | None = None):
         return AutoModelForSequenceClassification, {"num_labels": 1}
     kind = kind_of_base(base or recorded_base(adapter_dir))
     return getattr(transformers, KINDS[kind].auto_class), {}
+
+
+def locate(name: str, run_dir: Path | None = None, given: bool = False) -> str:
+    """The folder the base model `name` loads from on this machine, found without the network: `--base` as the user
+    gave it (`given`), else what the run recorded: its manifest's absolute path for a local folder, the name under
+    the run's recorded working folder (a run from before the absolute record), the name from here, or a Hub id's
+    snapshot in the Hub cache. A base that is none of these is refused at once (exit 2), where transformers would
+    retry the Hub for minutes and fail."""
+    from fsdp_tune.worker.loading.door import local_folder
+
+    path = Path(name).expanduser()
+    if given and path.is_dir():
+        return str(path)
+    record = _manifest(run_dir) if run_dir is not None else {}
+    base = record.get("base_model") if isinstance(record.get("base_model"), dict) else {}
+    cwd = record.get("cwd")
+    for candidate in (
+        base.get("path") if base.get("name") == name or base.get("path") == name else None,
+        str(Path(cwd) / path) if isinstance(cwd, str) and not path.is_absolute() else None,
+        str(path),
+    ):
+        if candidate and Path(candidate).is_dir():
+            return candidate
+    cached = local_folder(name)
+    if cached is not None:
+        return str(cached)
+    was_folder = base.get("path") or path.is_absolute() or name.startswith(".")
+    raise FolderRefused(*_missing(name, run_dir, base.get("path"), cwd, bool(was_folder)))
+
+
+def _missing(name: str, run_dir: Path | None, recorded: str | None, cwd, was_folder: bool) -> tuple[str, str]:
+    if was_folder:
+        where = recorded or name
+        return f"the base model {name} (the folder {where}) is not on this machine", "pass --base FOLDER"
+    if run_dir is not None and not recorded and isinstance(name, str) and "/" in name and cwd is None:
+        return (
+            f"the base model {name}: not a folder from here, not in the Hugging Face cache, and {run_dir} does not "
+            "record where it was trained (a relative folder, or a Hub id)",
+            f"pass --base FOLDER (the model the run trained on), or hf download {name}",
+        )
+    return f"the base model {name} is not on this machine (no such folder, not in the Hugging Face cache)", (
+        f"hf download {name} (then run again), or pass --base FOLDER"
+    )
+
+
+def _manifest(run_dir: Path) -> dict:
+    path = run_dir / MANIFEST_NAME
+    try:
+        data = read_json(path) if path.is_file() else {}
+    except FolderRefused:
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdp_tune.config.templates import render_prompt
 from fsdp_tune.decide.spec import RankSpec, read_from
 from fsdp_tune.errors import UsageError
-from fsdp_tune.tools.base import check_adapter_folder, is_reward_adapter, recorded_base, resize_as_trained
+from fsdp_tune.tools.base import check_adapter_folder, is_reward_adapter, locate, recorded_base, resize_as_trained
 from fsdp_tune.tools.quiet import libraries_quiet, quiet_transformers
 
 
@@ -24,49 +25,67 @@ class Chat:
     device: str
     described: str  # what was loaded, for people
     processor: object | None = None  # a vision-language model's (tools/vision.py): prompts may carry an image
+    template_from: str = ""  # the folder whose chat template renders the prompts, for messages
 
 
-def base_of(run_dir: Path, spec: RankSpec | None, base: str | None) -> str:
-    """--base, else the model the run loaded (a builtin model rebuilt when this machine lacks its folder),
-    else what the adapter records."""
+def base_of(run_dir: Path, spec: RankSpec | None, base: str | None) -> tuple[str, str]:
+    """(the base as named, for people; its folder): --base, else the model the run loaded (a builtin model rebuilt
+    when this machine lacks its folder), else what the adapter records; found on this machine or refused at once
+    (tools/base.py locate)."""
     if base:
-        return base
+        return base, locate(base, run_dir, given=True)
     if spec is not None:
         name = spec.model.name_or_path
         if not Path(name).exists() and spec.model.requested.startswith("builtin:"):
             from fsdp_tune.sources.builtin import materialize
 
-            return str(materialize(spec.model.requested.removeprefix("builtin:")))
-        return name
-    return recorded_base(run_dir)
+            return spec.model.requested, str(materialize(spec.model.requested.removeprefix("builtin:")))
+        return spec.model.requested or name, locate(name, run_dir)
+    recorded = recorded_base(run_dir)
+    return recorded, locate(recorded, run_dir)
 
 
-def load(run: str, base: str | None = None, device: str | None = None) -> Chat:
+def trusted(spec: RankSpec | None, trust_remote_code: bool) -> bool:
+    """The one setting: --trust_remote_code here, or the run's own `model.trust_remote_code` (it trained with it)."""
+    return trust_remote_code or (spec is not None and spec.model.trust_remote_code)
+
+
+def load(run: str, base: str | None = None, device: str | None = None, trust_remote_code: bool = False) -> Chat:
     """The run's model, ready to answer; what the libraries say while loading it is not shown (the answers are
-    the output: no loading bars, deprecation notes or bitsandbytes' backend notes)."""
+    the output: no loading bars, deprecation notes or bitsandbytes' backend notes). Every folder is opened through
+    the loader door (worker/loading/door.py)."""
+    from fsdp_tune.config.folders import check_adapter
+
     run_dir = Path(run)
     check_adapter_folder(run_dir, "a finished run's folder")
+    check_adapter(run_dir)
     if is_reward_adapter(run_dir):
         raise UsageError(
             f"{run} is a reward model (a sequence classifier that scores text with one number): it does not generate",
             f"fsdp-tune merge --adapter {run} -o {run_dir.name}-merged gives an AutoModelForSequenceClassification "
             "to score with",
         )
+    spec = read_from(run_dir)
+    shown, base_path = base_of(run_dir, spec, base)
+    trust = trusted(spec, trust_remote_code)
+    from fsdp_tune.worker.loading.door import prepared
+
     with libraries_quiet():
-        return _load(run_dir, base, device)
+        prepared(base_path, trust)  # before torch: a folder refused answers at once
+        prepared(str(run_dir), trust, "the run's tokenizer")
+        chat = _load(run_dir, spec, base_path, device, trust)
+    chat.described = f"{shown}{'' if shown == base_path else f' [{base_path}]'} {chat.described}"
+    return chat
 
 
-def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
+def _load(run_dir: Path, spec: RankSpec | None, base_path: str, device: str | None, trust: bool) -> Chat:
     import torch
-    from peft import PeftModel
-    from transformers import AutoTokenizer
 
     from fsdp_tune.tools.base import model_class
     from fsdp_tune.tools.vision import processor_of, reads_images
+    from fsdp_tune.worker.loading.door import open_adapter, open_model, open_tokenizer
 
     quiet_transformers()
-    spec = read_from(run_dir)
-    base_path = base_of(run_dir, spec, base)
     device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     kwargs: dict = {"dtype": "auto"}
     how = "its own dtype"
@@ -80,18 +99,18 @@ def _load(run_dir: Path, base: str | None, device: str | None) -> Chat:
 
             kwargs.update(quantization_config=quantization_config(spec), device_map={"": device})
             how = f"4-bit {spec.model.quantization['bnb_4bit_quant_type']}, as trained"
-    processor = processor_of(run_dir, base_path) if reads_images(base_path) else None
-    tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(str(run_dir))
+    processor = processor_of(run_dir, base_path, trust) if reads_images(base_path) else None
+    tokenizer = processor.tokenizer if processor is not None else open_tokenizer(str(run_dir), trust)
     auto, _ = model_class(run_dir, base_path)
-    model = auto.from_pretrained(base_path, **kwargs)
+    model = open_model(auto, base_path, trust, **kwargs)
     if "device_map" not in kwargs:
         model = model.to(device)
     resize_as_trained(model, tokenizer)
-    model = PeftModel.from_pretrained(model, str(run_dir)).eval()
+    model = open_adapter(model, run_dir).eval()
     template = "its chat template" if getattr(tokenizer, "chat_template", None) else "no chat template (plain text)"
     reads = ", reads images (--image FILE)" if processor is not None else ""
-    described = f"{base_path} ({how}) + adapter {run_dir}, {template}{reads}, on {device}"
-    return Chat(model, tokenizer, device, described, processor)
+    described = f"({how}) + adapter {run_dir}, {template}{reads}, on {device}"
+    return Chat(model, tokenizer, device, described, processor, str(run_dir))
 
 
 def answer(
@@ -106,7 +125,7 @@ def answer(
     if image is not None:
         messages = with_image(messages)
     if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = render_prompt(tok, messages, f"{chat.template_from}'s chat template")
     else:
         text = "\n".join(m["content"] for m in messages)
     if image is not None:

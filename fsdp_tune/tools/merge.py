@@ -18,10 +18,9 @@ place, and the merged copy is reloaded only after the first is freed.
 from __future__ import annotations
 
 import gc
-import json
-import struct
 from pathlib import Path
 
+from fsdp_tune.config.folders import check_adapter, read_header, read_json
 from fsdp_tune.decide.spec import read_from
 from fsdp_tune.errors import FsdpTuneError, UsageError
 from fsdp_tune.models.processor import save_processor
@@ -29,12 +28,14 @@ from fsdp_tune.runfiles import RESOLVED_NAME
 from fsdp_tune.tools.base import (
     check_adapter_folder,
     is_reward_adapter,
+    locate,
     model_class,
     recorded_base,
     resize_as_trained,
 )
 from fsdp_tune.tools.quiet import quiet_transformers
 from fsdp_tune.tools.vision import image_prompt, processor_of, reads_images
+from fsdp_tune.worker.loading.door import open_adapter, open_model, open_tokenizer, prepared
 
 DTYPES = {
     "bf16": "bfloat16",
@@ -59,30 +60,29 @@ def _trained_quantized(adapter_dir: Path) -> bool:
     resolved = adapter_dir / RESOLVED_NAME
     if not resolved.exists():
         return False
-    data = json.loads(resolved.read_text())
-    if "spec" in data:
-        return data["spec"]["model"]["quantization"] is not None
-    return bool(data["config"]["quantization"]["use_4bit_quantization"])  # a run of fsdp-tune before the rank spec
+    data = read_json(resolved)
+    try:
+        if "spec" in data:
+            return data["spec"]["model"]["quantization"] is not None
+        return bool(data["config"]["quantization"]["use_4bit_quantization"])  # a run from before the rank spec
+    except (KeyError, TypeError):
+        raise UsageError(f"{resolved}: not a run record of fsdp-tune's", "pass an adapter folder") from None
 
 
 def own_dtype(base: str) -> tuple[str, str]:
     """The base model's own dtype and where it was read: config.json's `dtype` (`torch_dtype` before
-    transformers 4.56), else the dtype most of its safetensors weights have; float32 when neither tells."""
-    from transformers.utils import cached_file
-
-    try:
-        config = json.loads(Path(cached_file(base, "config.json")).read_text())
-    except (OSError, ValueError):
-        config = {}
+    transformers 4.56), else the dtype most of its safetensors weights have (their headers read through the
+    bounded reader); float32 when neither tells. `base`: the folder locate() found."""
+    folder = Path(base)
+    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    config = config if isinstance(config, dict) else {}
     name = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
     if name in DTYPES:
         return DTYPES[name], "the base's own, from config.json"
     counts: dict[str, int] = {}
-    for shard in sorted(Path(base).glob("*.safetensors"))[:1] if Path(base).is_dir() else []:
-        with open(shard, "rb") as f:
-            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        for entry in header.values():
-            kind = SAFETENSORS_DTYPES.get(entry.get("dtype", "")) if isinstance(entry, dict) else None
+    for shard in sorted(folder.glob("*.safetensors"))[:1] if folder.is_dir() else []:
+        for entry in read_header(shard).values():
+            kind = SAFETENSORS_DTYPES.get(entry["dtype"])
             if kind:
                 counts[kind] = counts.get(kind, 0) + 1
     if counts:
@@ -99,23 +99,25 @@ def merge(
     device: str,
     force: bool,
     into: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict:
     """Merge, save, reload and compare; returns what was done. `dtype` None: the base's own; `into` None:
-    dequantized for a QLoRA run, base otherwise."""
+    dequantized for a QLoRA run, base otherwise. Every folder goes through the loader door (`_opened`)."""
     adapter_dir, out = Path(adapter), Path(output)
-    base = _checked(adapter_dir, base, out, dtype, force)
+    shown = _checked(adapter_dir, base, out, dtype, force)
     quantized = _trained_quantized(adapter_dir)
     into = _into(into, quantized, adapter)
+    base, trust = _opened(adapter_dir, shown, base is not None, trust_remote_code)
 
     import torch
 
     quiet_transformers()  # the result lines are the output
     dtype_name, dtype_source = (DTYPES[dtype], "as --dtype asked") if dtype else own_dtype(base)
     torch_dtype = getattr(torch, dtype_name)
-    tokenizer, processor = _processing(adapter_dir, base)
+    tokenizer, processor = _processing(adapter_dir, base, trust)
     inputs = _inputs(tokenizer, processor, device)
     load = _dequantized if into == "dequantized" else _unquantized
-    model, reference, tolerance = load(base, adapter_dir, tokenizer, torch_dtype, device, inputs)
+    model, reference, tolerance = load(base, adapter_dir, tokenizer, torch_dtype, device, inputs, trust)
     merged = model.merge_and_unload()
     if is_reward_adapter(adapter_dir):  # a sequence classifier pools at the last token that is not padding
         merged.config.pad_token_id = (
@@ -128,13 +130,13 @@ def merge(
     del merged, model
     gc.collect()
     auto, _ = model_class(adapter_dir, base)  # a reward model's: AutoModelForSequenceClassification
-    reloaded = auto.from_pretrained(out, dtype=torch_dtype).to(device).eval()
+    reloaded = open_model(auto, str(out), trust, dtype=torch_dtype).to(device).eval()
     with torch.no_grad():
         got = reloaded(**inputs).logits.float().cpu()
     rel = ((got - reference).abs().max() / reference.abs().max().clamp_min(1e-6)).item()
     result = {
         "output": str(out),
-        "base": base,
+        "base": shown,
         "dtype": dtype_name,
         "dtype_source": dtype_source,
         "into": into,
@@ -148,6 +150,18 @@ def merge(
             f"{tolerance:.0e} for {dtype_name}; {out} is not trustworthy"
         )
     return result
+
+
+def _opened(adapter_dir: Path, shown: str, given: bool, trust_remote_code: bool) -> tuple[str, bool]:
+    """(the base's folder on this machine, trust_remote_code), every folder checked at the loader door before
+    torch is imported: a folder refused answers at once. Trusted: --trust_remote_code, or the run's own setting."""
+    check_adapter(adapter_dir)  # bounded before PEFT reads it (config/folders.py)
+    spec = read_from(adapter_dir)
+    base = locate(shown, adapter_dir, given=given)
+    trust = trust_remote_code or (spec is not None and spec.model.trust_remote_code)
+    prepared(base, trust)
+    prepared(str(adapter_dir), trust, "the adapter's tokenizer")
+    return base, trust
 
 
 def _checked(adapter_dir: Path, base: str | None, out: Path, dtype: str | None, force: bool) -> str:
@@ -192,44 +206,44 @@ def _into(into: str | None, quantized: bool, adapter: str) -> str:
     return into
 
 
-def _unquantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: str, inputs):
+def _unquantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: str, inputs, trust: bool):
     """The 16-bit base in `torch_dtype` with the adapter; the reference is that model's logits."""
     import torch
-    from peft import PeftModel
 
     auto, extra = model_class(adapter_dir, base)
-    model = auto.from_pretrained(base, dtype=torch_dtype, low_cpu_mem_usage=True, **extra).to(device)
+    model = open_model(auto, base, trust, dtype=torch_dtype, low_cpu_mem_usage=True, **extra).to(device)
     resize_as_trained(model, tokenizer)
-    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    model = open_adapter(model, adapter_dir).eval()
     with torch.no_grad():
         reference = model(**inputs).logits.float().cpu()
     return model, reference, TOLERANCE[str(torch_dtype).removeprefix("torch.")]
 
 
-def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: str, inputs):
+def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: str, inputs, trust: bool):
     """The base quantized as the run quantized it, with the adapter: the reference (what training computed).
     Then the same 4-bit weights dequantized to `torch_dtype`, with the adapter again, to merge."""
     import torch
-    from peft import PeftModel
 
     from fsdp_tune.worker.loading.pretrained import quantization_config
 
     spec = read_from(adapter_dir)
     q = spec.model.quantization
     auto, extra = model_class(adapter_dir, base)
-    model = auto.from_pretrained(
+    model = open_model(
+        auto,
         base,
+        trust,
         dtype=getattr(torch, spec.model.dtype),
         quantization_config=quantization_config(spec),
         device_map={"": device},
         **extra,
     )
     resize_as_trained(model, tokenizer)
-    trained = _as_in_training(PeftModel.from_pretrained(model, str(adapter_dir)).eval())
+    trained = _as_in_training(open_adapter(model, adapter_dir).eval())
     with torch.no_grad():
         reference = trained(**inputs).logits.float().cpu()
     model = trained.unload().dequantize(dtype=torch_dtype).to(torch_dtype)
-    model = PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    model = open_adapter(model, adapter_dir).eval()
     # the 4-bit forward computes in bnb_4bit_compute_dtype: the check is as fine as the coarser of the two
     tolerance = max(TOLERANCE[str(torch_dtype).removeprefix("torch.")], TOLERANCE[q["bnb_4bit_compute_dtype"]])
     return model, reference, tolerance
@@ -248,15 +262,13 @@ def _as_in_training(model):
     return model
 
 
-def _processing(adapter_dir: Path, base: str):
+def _processing(adapter_dir: Path, base: str, trust: bool):
     """(the tokenizer, a vision-language model's processor or None): the run's own where it saved them."""
-    from transformers import AutoTokenizer
-
     if reads_images(base):
-        processor = processor_of(adapter_dir, base)
+        processor = processor_of(adapter_dir, base, trust)
         return processor.tokenizer, processor
     has_tokenizer = (adapter_dir / "tokenizer_config.json").exists()
-    return AutoTokenizer.from_pretrained(str(adapter_dir) if has_tokenizer else base), None
+    return open_tokenizer(str(adapter_dir) if has_tokenizer else base, trust), None
 
 
 def _inputs(tokenizer, processor, device: str) -> dict:
@@ -273,7 +285,9 @@ def _inputs(tokenizer, processor, device: str) -> dict:
 def _prompt(tokenizer):
     import torch
 
+    from fsdp_tune.config.templates import render_prompt
+
     text = PROMPT[0]["content"]
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+        text = render_prompt(tokenizer, PROMPT, "the adapter's chat template")
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])

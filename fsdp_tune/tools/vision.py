@@ -4,7 +4,6 @@ config.json: config/model_kinds.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from fsdp_tune.config.model_kinds import VISION_LANGUAGE, kind_of
@@ -14,31 +13,32 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 def kind_of_base(base: str) -> str:
     """The base model's kind, from its config.json (a local folder, or the Hub cache)."""
-    from transformers.utils import cached_file
+    from fsdp_tune.config.folders import read_json
+    from fsdp_tune.worker.loading.door import local_folder
 
-    try:
-        config = json.loads(Path(cached_file(base, "config.json")).read_text())
-    except (OSError, ValueError):
-        return kind_of(None)
-    return kind_of(config)
+    folder = local_folder(base)
+    config = read_json(folder / "config.json") if folder is not None and (folder / "config.json").is_file() else None
+    return kind_of(config if isinstance(config, dict) else None)
 
 
 def reads_images(base: str) -> bool:
     return kind_of_base(base) == VISION_LANGUAGE
 
 
-def processor_of(run_dir: Path, base: str):
-    """The processor the run saved (worker/recipe.py), else the base model's."""
-    from fsdp_tune.models.processor import load_processor
+def processor_of(run_dir: Path, base: str, trust_remote_code: bool = False):
+    """The processor the run saved (worker/recipe.py), else the base model's, through the loader door."""
+    from fsdp_tune.worker.loading.door import open_processor
 
     saved = any((run_dir / f).exists() for f in PROCESSOR_FILES)
-    return load_processor(str(run_dir) if saved else base)
+    return open_processor(str(run_dir) if saved else base, trust_remote_code)
 
 
 def image_prompt(processor, text: str, image, device: str):
     """The processor's inputs (token ids, pixels) for one user turn holding `image` and `text`."""
+    from fsdp_tune.config.templates import render_prompt
+
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-    rendered = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    rendered = render_prompt(processor.tokenizer, messages, "the processor's chat template")
     return processor(images=[image], text=[rendered], return_tensors="pt", add_special_tokens=False).to(device)
 
 
@@ -51,5 +51,5 @@ def open_image(path: str):
     try:
         with Image.open(path) as im:
             return im.convert("RGB")
-    except (OSError, UnidentifiedImageError) as e:
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as e:
         raise UsageError(f"--image {path}: cannot be read ({e})", "a PNG, JPEG or other image file PIL opens") from None

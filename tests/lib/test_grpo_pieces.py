@@ -87,6 +87,9 @@ def test_the_ranks_rewards_are_checked_and_named(tmp_path, prompts, tok, monkeyp
         typo(prompts=["p"], completions=["a"], completion_ids=[[1]], budget=[50])
 
 
+NO_CODE = SimpleNamespace(model=SimpleNamespace(trust_remote_code=False))  # the rank spec's one setting the door reads
+
+
 def test_a_sequence_classifier_is_a_reward_model_on_every_rank(tmp_path, tok) -> None:
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
@@ -99,7 +102,7 @@ def test_a_sequence_classifier_is_a_reward_model_on_every_rank(tmp_path, tok) ->
     )  # fmt: skip
     LlamaForSequenceClassification(config).save_pretrained(str(tmp_path / "rm"))
     tok.save_pretrained(str(tmp_path / "rm"))
-    model, its_tokenizer = reward_model(resolve(str(tmp_path / "rm")), SimpleNamespace())
+    model, its_tokenizer = reward_model(resolve(str(tmp_path / "rm")), NO_CODE)
     assert not model.training and not any(p.requires_grad for p in model.parameters())
     assert its_tokenizer.pad_token_id == model.config.pad_token_id
 
@@ -133,7 +136,7 @@ def test_a_reward_run_is_its_adapter_merged_onto_its_base(tmp_path, tok) -> None
     tok.save_pretrained(str(run))
     spec = {"method": "reward", "model": {"name_or_path": str(tmp_path / "base"), "dtype": "float32"}}
     (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": spec}))
-    model, _ = reward_model(resolve(str(run)), SimpleNamespace())
+    model, _ = reward_model(resolve(str(run)), NO_CODE)
     ids = tok("Say it. It.", return_tensors="pt")
     with torch.no_grad():
         assert torch.allclose(model(**ids).logits, peft.eval()(**ids).logits, atol=1e-5)

@@ -252,6 +252,9 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.rewards.builtin",  # the built-in rewards, the user's imported, every result checked: the callables
     "fsdp_tune.rewards.guard",
     "fsdp_tune.rewards.load",
+    "fsdp_tune.config.folders",  # the loader door's rules (bounded readers, remote code, adapter bounds): no decision
+    "fsdp_tune.sources.modelcheck",  # the model types transformers knows, read from its text (the loader door)
+    "fsdp_tune.sources.model",  # where the Hub cache is (the loader door finds a cached model's folder)
 }
 
 

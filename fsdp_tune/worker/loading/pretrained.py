@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForSequenceClassification, BitsAndBytesConfig
+from transformers import AutoModelForSequenceClassification, BitsAndBytesConfig
 
 from fsdp_tune.config.model_kinds import CAUSAL_LM, KINDS, kind_of
 from fsdp_tune.decide.spec import ModelSpec, RankSpec
+from fsdp_tune.worker.loading.door import open_config, open_model
 
 
 def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:
@@ -26,7 +27,7 @@ def auto_class(m: ModelSpec):
     not on that machine) was taken as a language model: one with a vision tower stops here, before any weight."""
     if m.kind == CAUSAL_LM:
         revision = {"revision": m.revision} if m.revision else {}
-        config = AutoConfig.from_pretrained(m.name_or_path, trust_remote_code=m.trust_remote_code, **revision)
+        config = open_config(m.name_or_path, m.trust_remote_code, **revision)
         if kind_of(config.to_dict()) != CAUSAL_LM:
             raise RuntimeError(
                 f"{m.name_or_path} is a vision-language model ({config.model_type}), and the launcher could not read "
@@ -36,21 +37,22 @@ def auto_class(m: ModelSpec):
 
 
 def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]:
-    """(the model, the vocabulary size it had when the tokenizer's `vocab` outgrew it, else None)."""
+    """(the model, the vocabulary size it had when the tokenizer's `vocab` outgrew it, else None); opened through
+    the loader door (worker/loading/door.py) with the run's trust_remote_code."""
     m: ModelSpec = spec.model
     kwargs = {
         "dtype": getattr(torch, m.dtype),
         "attn_implementation": m.attn_implementation,  # None: transformers' own choice (sdpa, else eager)
-        "trust_remote_code": m.trust_remote_code,
     }
     if m.revision:
         kwargs["revision"] = m.revision
     if m.quantization:
         kwargs["quantization_config"] = quantization_config(spec)
     if spec.method.head == "score":  # RewardTrainer's own choice for a model it loads by name: one score
-        model = AutoModelForSequenceClassification.from_pretrained(m.name_or_path, num_labels=1, **kwargs)
+        classifier = AutoModelForSequenceClassification
+        model = open_model(classifier, m.name_or_path, m.trust_remote_code, num_labels=1, **kwargs)
     else:
-        model = auto_class(m).from_pretrained(m.name_or_path, **kwargs)
+        model = open_model(auto_class(m), m.name_or_path, m.trust_remote_code, **kwargs)
     grew_from = None
     if vocab > model.get_input_embeddings().weight.shape[0]:
         # mean_resizing reads the weights, which sit on the meta device on ranks > 0 under

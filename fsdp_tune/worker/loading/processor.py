@@ -17,7 +17,9 @@ def load_processing(m) -> tuple[object, object | None]:
 
     if not KINDS[m.kind].processor:
         return load_tokenizer(m), None
-    processor = load_processor(m.name_or_path, m.trust_remote_code, m.revision)
+    from fsdp_tune.worker.loading.door import open_processor
+
+    processor = open_processor(m.name_or_path, m.trust_remote_code, m.revision)
     processor.tokenizer = apply_template(processor.tokenizer, m.chat_template)
     if processor.tokenizer.chat_template:
         processor.chat_template = processor.tokenizer.chat_template

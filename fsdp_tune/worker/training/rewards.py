@@ -8,7 +8,6 @@ small unsharded copy on every rank, in inference mode (TRL's _calculate_rewards 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +39,27 @@ def reward_kwargs(spec: RankSpec, tokenizer, step=lambda: None) -> dict[str, Any
 
 
 def reward_model(reward: RewardSpec, spec: RankSpec):
-    """(a sequence classifier scoring with one number, its tokenizer)."""
+    """(a sequence classifier scoring with one number, its tokenizer), opened through the loader door
+    (worker/loading/door.py) with the run's trust_remote_code."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
+
+    from fsdp_tune.config.folders import read_json
+    from fsdp_tune.worker.loading.door import open_adapter, open_model, open_tokenizer
 
     folder = Path(reward.target)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    trust = spec.model.trust_remote_code
+    tokenizer = open_tokenizer(str(folder), trust)
     if reward.kind == "reward_model":
-        model = AutoModelForSequenceClassification.from_pretrained(str(folder), num_labels=1)
+        model = open_model(AutoModelForSequenceClassification, str(folder), trust, num_labels=1)
     else:
-        from peft import PeftModel
-
-        base = json.loads((folder / RESOLVED_NAME).read_text())["spec"]["model"]
+        base = read_json(folder / RESOLVED_NAME)["spec"]["model"]
         dtype = getattr(torch, base.get("dtype") or "float32", torch.float32)
-        model = AutoModelForSequenceClassification.from_pretrained(base["name_or_path"], num_labels=1, dtype=dtype)
+        auto = AutoModelForSequenceClassification
+        model = open_model(auto, base["name_or_path"], trust, num_labels=1, dtype=dtype)
         if len(tokenizer) != model.get_input_embeddings().weight.shape[0]:
             model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)  # as the reward run grew it
-        model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+        model = open_adapter(model, folder).merge_and_unload()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id = tokenizer.pad_token_id

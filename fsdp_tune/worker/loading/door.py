@@ -1,0 +1,159 @@
+"""The loader door: every model, tokenizer, processor and adapter folder that `chat`, `merge`, a reward model and
+the ranks open goes through here (the rules are config/folders.py's, torch-free; these are the calls).
+
+- `trust_remote_code` is always passed, from the one setting (the run's `model.trust_remote_code`, off unless the
+  user turned it on); transformers asks "run the custom code? [y/N]" on stdin only when it gets None, and its prompt
+  is switched off besides (TIME_OUT_REMOTE_CODE 0: its own CI setting, read when it would ask), so no folder can
+  read the user's stdin.
+- A folder that needs its own code without the opt-in is refused naming the file that asks for it; with the opt-in
+  a warning names the .py files that will run.
+- A model_type transformers does not know is one short line, not its list of every type.
+- An adapter is bounded (rank, scale, regex targets, its weights' header) before PEFT reads it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from fsdp_tune.config.folders import FolderRefused, check_adapter, code_configs, read_json
+
+WARNED: set[str] = set()
+
+
+def no_prompt() -> None:
+    """transformers' remote-code prompt cannot be reached: with TIME_OUT_REMOTE_CODE 0 it raises instead of
+    reading stdin (dynamic_module_utils.resolve_trust_remote_code)."""
+    from transformers import dynamic_module_utils
+
+    dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
+
+
+def local_folder(name: str) -> Path | None:
+    """The folder `name` loads from on this machine: a local folder, or its newest snapshot in the Hub cache."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        from fsdp_tune.sources.model import hub_cache
+
+        found = try_to_load_from_cache(name, "config.json", cache_dir=str(hub_cache().expanduser()))
+    except Exception:  # noqa: BLE001 - not a valid repo id: not in the cache
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _native(file: str, data: dict) -> bool:
+    """Whether transformers has its own classes for what `file` describes (then trust_remote_code=False loads
+    those, and the auto_map's code is not needed). Read without importing torch: the model types from the text of
+    transformers' auto mappings, class names from its lazy module's listing."""
+    import transformers
+
+    from fsdp_tune.sources.modelcheck import known_model_types
+
+    if file == "config.json":
+        return data.get("model_type") in known_model_types()
+    named = data.get("tokenizer_class") or data.get("processor_class") or data.get("image_processor_type")
+    return isinstance(named, str) and named.removesuffix("Fast") in dir(transformers)
+
+
+def prepared(name: str, trust_remote_code: bool, what: str = "the model") -> None:
+    """Before any transformers call on `name`: the prompt off, and its code refused or announced (see the module's
+    docstring); a model_type transformers does not know refused in one line."""
+    no_prompt()
+    folder = local_folder(name)
+    if folder is None:
+        return
+    asking = [f for f in code_configs(folder) if trust_remote_code or not _native(f, read_json(folder / f))]
+    if asking and not trust_remote_code:
+        raise FolderRefused(
+            f"{folder / asking[0]}: {what} needs its own Python code (auto_map), which runs only when you allow it",
+            "read the folder's .py files, then pass --trust_remote_code to run them (or use a model "
+            "transformers supports natively)",
+        )
+    if asking and str(folder) not in WARNED:
+        WARNED.add(str(folder))
+        files = ", ".join(sorted(p.name for p in folder.glob("*.py"))) or f"the modules {asking[0]}'s auto_map names"
+        print(f"warning: trust_remote_code: {what}'s own code runs from {folder}: {files}", file=sys.stderr)
+    _known_type(folder)
+
+
+def _known_type(folder: Path) -> None:
+    """config.json's model_type one transformers knows, or code of the folder's (auto_map); else one line naming
+    the file (transformers' own error lists every type it knows: 9 KB)."""
+    from fsdp_tune.sources.modelcheck import known_model_types
+
+    path = folder / "config.json"
+    known = known_model_types()
+    if not path.is_file() or not known:  # no config (a tokenizer's folder), or transformers' layout not read
+        return
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise FolderRefused(f"{path}: not a JSON object", "a model's config.json")
+    model_type = config.get("model_type")
+    if model_type in known or config.get("auto_map"):
+        return
+    raise FolderRefused(
+        f"{path}: model_type {str(model_type)[:60]!r} is not one the installed transformers knows",
+        "pip install -U transformers (a newer model), or check config.json's model_type",
+    )
+
+
+def _refusal(name: str, err: ValueError) -> FolderRefused | None:
+    """transformers' own refusal of code it was not allowed to run, as ours (exit 2)."""
+    text = str(err)
+    if "trust_remote_code" in text or "custom code" in text:
+        return FolderRefused(
+            f"{name}: needs its own Python code, which runs only when you allow it",
+            "read its .py files, then pass --trust_remote_code",
+        )
+    return None
+
+
+def _called(name: str, call, *args, **kwargs):
+    try:
+        return call(*args, **kwargs)
+    except ValueError as err:
+        refused = _refusal(name, err)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def open_tokenizer(name: str, trust_remote_code: bool, **kwargs):
+    from transformers import AutoTokenizer
+
+    prepared(name, trust_remote_code, "the tokenizer")
+    return _called(name, AutoTokenizer.from_pretrained, name, trust_remote_code=trust_remote_code, **kwargs)
+
+
+def open_config(name: str, trust_remote_code: bool, **kwargs):
+    from transformers import AutoConfig
+
+    prepared(name, trust_remote_code)
+    return _called(name, AutoConfig.from_pretrained, name, trust_remote_code=trust_remote_code, **kwargs)
+
+
+def open_model(auto, name: str, trust_remote_code: bool, **kwargs):
+    """`auto.from_pretrained(name, ...)` (an Auto class) through the door."""
+    prepared(name, trust_remote_code)
+    return _called(name, auto.from_pretrained, name, trust_remote_code=trust_remote_code, **kwargs)
+
+
+def open_processor(name: str, trust_remote_code: bool, revision: str | None = None):
+    from fsdp_tune.models.processor import load_processor
+
+    prepared(name, trust_remote_code, "the processor")
+    return _called(name, load_processor, name, trust_remote_code, revision)
+
+
+def open_adapter(model, folder: str | Path, **kwargs):
+    """PeftModel.from_pretrained, after the adapter's config and weights header are checked (config/folders.py)."""
+    from peft import PeftModel
+
+    check_adapter(Path(folder))
+    return PeftModel.from_pretrained(model, str(folder), **kwargs)
