@@ -18,35 +18,11 @@ stream turns the marks into colour codes on a terminal (nothing elsewhere) after
 
 from __future__ import annotations
 
-import functools
 import re
 import secrets
 from typing import TextIO
 
-_CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]
-_FORMAT = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]
-_SURROGATES = range(0xD800, 0xE000)
-
-
-def _escaped(code: int) -> str:
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-_TABLE = {c: _escaped(c) for c in (*_CONTROLS, *_FORMAT, *_SURROGATES)}
-_KEEP = {"\n": "\n", "\t": "\t", "\r": "\r"}
-
-
-def printable(text: str, keep: str = "\n\t") -> str:
-    """`text` with every control, bidi and surrogate character shown escaped, but those in `keep`."""
-    if text.isprintable():
-        return text  # the common case (isprintable() is False for C0, C1, bidi, separators and surrogates)
-    return text.translate(_table(keep))
-
-
-@functools.cache
-def _table(keep: str) -> dict[int, str]:
-    return {**_TABLE, **{ord(k): _KEEP[k] for k in keep}}
-
+from fsdp_tune.printable import printable
 
 _TAG = "\ue000" + secrets.token_hex(8)  # a private-use character and 16 random hex digits: this process's own
 _MARK = re.compile(re.escape(_TAG) + r"\[([0-9;]*)m")

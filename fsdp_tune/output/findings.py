@@ -6,7 +6,7 @@ from typing import Any
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.output.console import printable
+from fsdp_tune.printable import printable
 from fsdp_tune.redact import REDACTED, is_secret_key, redact, redact_text
 
 # What a reader of `validate-config` needs first; the rest is in --json.

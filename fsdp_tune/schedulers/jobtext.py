@@ -2,8 +2,9 @@
 file is written by a serializer (shell words by shlex.quote, YAML by yaml.safe_dump), never by pasting a value
 into a template.
 
-- `refuse_controls` / `check_job`: a line break, carriage return, escape, NUL or any other control character
-  (C0, DEL, C1, and U+2028/U+2029, which YAML readers take as line breaks) in a value bound for a job file is
+- `refuse_controls` / `check_job`: a line break, carriage return, escape, NUL or any other character
+  fsdp_tune/printable.py escapes (C0, DEL, C1, U+2028/U+2029, which YAML readers take as line breaks, bidi
+  overrides, an undecodable byte) in a value bound for a job file is
   refused before anything is written (PF096), naming the key the value came from. In a job file such a value ends
   a comment line and starts a command (SLURM), or starts a second YAML document (a second Kubernetes object).
 - `shell_line`, `shell_default`: each word single-quoted as one word (shlex.quote), so `$(...)`, backticks, `;`
@@ -22,32 +23,30 @@ from collections.abc import Iterable, Mapping
 import yaml
 
 from fsdp_tune.errors import Finding, PreflightError, Severity
+from fsdp_tune.printable import has_controls, printable
 
 RULE = "PF096"
-# C0 (tab, newline, CR, ESC, NUL ...), DEL, C1 (NEL ...), and the line and paragraph separators
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # an environment variable's name, as bash takes it in `export`
 
 
 def shown(value: str) -> str:
-    """`value` with each control character written as an escape (\\n, \\x1b, \\u2028), safe to print and to put
-    in a comment."""
-    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
-    return CONTROL.sub(lambda m: named.get(m.group(), m.group().encode("unicode_escape").decode()), value)
+    """`value` with each control character written as an escape (\\x0a, \\x1b, \\u2028: fsdp_tune/printable.py),
+    safe to print and to put in a comment."""
+    return printable(value, keep="")
 
 
 def finding(key: str, source: str, value: str) -> Finding | None:
     """PF096 for a value holding a control character, else None."""
-    bad = CONTROL.search(value)
-    if bad is None:
+    if not has_controls(value):
         return None
-    char = shown(bad.group())
+    at = next(i for i, c in enumerate(value) if has_controls(c))
+    char = shown(value[at])
     return Finding(
         RULE,
         Severity.ERROR,
         key,
         source,
-        f"{shown(value)} holds a control character ({char} at position {bad.start()}): in a job file it would end "
+        f"{shown(value)} holds a control character ({char} at position {at}): in a job file it would end "
         "the line and make the rest a command or a second document",
         f"give {key} a value without line breaks, escapes or other control characters",
     )

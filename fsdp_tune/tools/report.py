@@ -13,7 +13,7 @@ from pathlib import Path
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.errors import UsageError
-from fsdp_tune.output.console import printable
+from fsdp_tune.printable import printable
 from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME, Unreadable, new_file_mode, read_bounded, write_atomic
 
 MAX_METRICS_BYTES = 512 << 20  # ~1.5 million logged steps at ~300 bytes a line

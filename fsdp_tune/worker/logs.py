@@ -1,7 +1,7 @@
 """Each rank's streams. Everything a rank and its libraries print goes, whole, to OUTPUT_DIR/logs/rank-K.log;
 the console gets what fsdp-tune writes for people through `console()` (rank 0: phases, the progress line,
 evaluation results, its own warnings and errors), and with --verbose everything rank 0 prints besides. Both pass
-the console door's `printable` (output/console.py): control characters in a value come out escaped.
+the console door's `printable` (fsdp_tune/printable.py): control characters in a value come out escaped.
 
 The rank's stdout and stderr descriptors (1 and 2) are pointed at its log, so native code (gloo, NCCL, C++
 warnings) lands there too; the console's own descriptors are kept aside for `console()` and, with
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from fsdp_tune.output.console import printable
+from fsdp_tune.printable import printable
 from fsdp_tune.runfiles import open_nofollow, rank_log
 from fsdp_tune.worker import rank as ranks
 
@@ -74,7 +74,7 @@ class Console:
         self._status = ""
 
     def line(self, text: str, err: bool = False) -> None:
-        text = printable(text)  # the console door (output/console.py): a row, a name or a path is shown, not obeyed
+        text = printable(text)  # the console door's escapes: a row, a name or a path is shown, not obeyed
         self._clear_status()
         self._write("err" if err else "out", text + "\n")
         if self.log is not None:

@@ -56,7 +56,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 # count), so the data path reads one way and no two packages lean on each other. A module at the top of fsdp_tune
 # (errors.py, ...) is a package of its own here.
 LAYERS = (
-    ("fsdp_tune", "assets", "errors", "redact", "runfiles", "typed"),  # plain data and file names
+    ("fsdp_tune", "assets", "errors", "printable", "redact", "runfiles", "typed"),  # plain data, file names, escapes
     ("summary",),  # the typed run summary
     ("config",),  # files and flags -> the typed RunConfig
     ("sources", "schedulers", "rewards"),  # a model's config, the data's rows; a scheduler's topology; GRPO's rewards

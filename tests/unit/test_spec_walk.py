@@ -232,7 +232,7 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.rundir.checkpoints",  # completion markers, the newest complete checkpoint after a restart
     "fsdp_tune.decide.loading",  # checkpoint file names and the remote-code predicate a rank applies itself
     "fsdp_tune.runfiles",
-    "fsdp_tune.output.console",  # the console door: a line's control characters shown escaped, no decision
+    "fsdp_tune.printable",  # the console door's escapes: a line's control characters shown escaped, no decision
     "fsdp_tune.summary",
     "fsdp_tune.config.templates",
     "fsdp_tune.sources.convert",
