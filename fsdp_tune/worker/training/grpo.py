@@ -25,6 +25,7 @@ frozen "ref" copy made before sharding, as DPO's (loading/reference.py; GrpoSpec
 from __future__ import annotations
 
 import contextlib
+import time
 
 from fsdp_tune.worker import faults
 from fsdp_tune.worker.training.generation import GenerationClock, install
@@ -56,3 +57,18 @@ class GrpoOnFsdp:
         self.generation_clock = GenerationClock()
         if not vllm:  # the spec's weights: gathered once per generation, or sharded (training/generation.py)
             install(self.model, grpo.weights, grpo.synced, self.generation_clock)
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's, timed: its generate() calls (the clock) and the rest (the rewards, the reference's and old
+        policy's log-prob passes) logged as timing/generation_s and timing/scoring_s beside TRL's step_time, which
+        holds both and the training: the step's split in metrics.jsonl and the summary (config/methods.py)."""
+        self.generation_clock.take()
+        started = time.perf_counter()
+        out = super()._generate_and_score_completions(inputs)
+        total = time.perf_counter() - started
+        generation = self.generation_clock.take()
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if self.grpo_spec.generation != "vllm":  # vLLM's generation is not on the clock: all of it would be scoring
+            metrics["timing/generation_s"].append(generation)
+            metrics["timing/scoring_s"].append(total - generation)
+        return out
