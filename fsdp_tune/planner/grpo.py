@@ -121,10 +121,13 @@ def generations_per_step(cfg: RunConfig) -> float:
     return _int(cfg, "gradient_accumulation_steps", 1) / _micro_steps_per_generation(cfg)
 
 
-def generation_cost(cfg: RunConfig, shape: ModelShape, forward_gathered: float) -> tuple[float, float]:
+def generation_cost(
+    cfg: RunConfig, shape: ModelShape, forward_gathered: float, once: bool = False
+) -> tuple[float, float]:
     """(FLOPs, all-gathered bytes) per GPU and optimizer step that GRPO adds to the training pass: each generation
-    runs the prefill and one forward per generated token on the sharded model, every forward all-gathering every
-    unit again (`forward_gathered`: one forward's worth); the log-prob passes are one forward each per micro-step."""
+    runs the prefill and one forward per generated token, every forward all-gathering every unit again on the
+    sharded policy (`forward_gathered`: one forward's worth), once per generation where it is gathered (`once`:
+    generation_weights); the log-prob passes are one forward each per micro-step."""
     completion = completion_length(cfg)
     gens = generations_per_step(cfg)
     accumulation = _int(cfg, "gradient_accumulation_steps", 1)
@@ -132,7 +135,7 @@ def generation_cost(cfg: RunConfig, shape: ModelShape, forward_gathered: float) 
     n = shape.active_params
     flops = gens * rows_generated(cfg) * sequence(cfg) * 2 * n
     flops += log_prob_passes(cfg) * accumulation * micro * sequence(cfg) * 2 * n
-    gathered = (gens * (completion + 1) + log_prob_passes(cfg) * accumulation) * forward_gathered
+    gathered = (gens * (1 if once else completion + 1) + log_prob_passes(cfg) * accumulation) * forward_gathered
     return flops, gathered
 
 

@@ -95,7 +95,7 @@ def memory_plan(
         "advice_searched": 0,
     }
     _vision(cfg, shape, image_size, result)
-    _generation(cfg, shape, st, est.phases, None if on_cpu else budget, result)
+    _generation(cfg, shape, st, est.phases, None if on_cpu else budget, result, gpu)
     if on_cpu:
         per_rank = est.cpu_rank_peak_bytes() / GiB
         result.update(per_gpu_memory_gib=None, per_rank_host_peak_gib=round(per_rank, 2), gpu_memory_gib=None)
@@ -105,10 +105,14 @@ def memory_plan(
     return _advise(cfg, result, Target(shape, gpu, budget, host_gib, stack, loading))
 
 
-def _generation(cfg: RunConfig, shape, st: Stack, phases: dict, budget: float | None, result: dict) -> None:
-    """GRPO: gathered once per generation, or sharded, with the memory that decided it (planner/grpo.py)."""
-    if row_of(cfg.run.method).generates:
-        result["grpo_generation"] = generation_weights(cfg, shape, st, phases, budget, _CTX)
+def _generation(cfg: RunConfig, shape, st: Stack, phases: dict, budget: float | None, result: dict, gpu) -> None:
+    """GRPO: gathered once per generation, or sharded, with the memory that decided it (planner/grpo.py); the step
+    time then counts one all-gather of the model per generation instead of one per generated token."""
+    if not row_of(cfg.run.method).generates:
+        return
+    result["grpo_generation"] = decided = generation_weights(cfg, shape, st, phases, budget, _CTX)
+    if result["step_time"] and decided["weights"] == "gathered":
+        result["step_time"] = step_time(cfg, shape, gpu, generation_once=True)
 
 
 def _vision(cfg: RunConfig, shape, image_size, result: dict) -> None:

@@ -43,6 +43,10 @@ def test_an_8b_lora_gathers_on_one_h100_and_on_two() -> None:
     assert two["generation_gathered_gib"] + 1 <= two["budget_gib"] and "fits" in two["why"], two
     tight = memory_plan(_lora_8b("--num_processes", "2"), gpu_key="h100", gpu_memory="16GiB")["grpo_generation"]
     assert tight["weights"] == "sharded", tight  # the same run on a 16 GiB card: no room for the whole model
+    # the step time: one all-gather of the model per generation, not one per generated token (257 forwards)
+    once = memory_plan(_lora_8b("--num_processes", "2"), gpu_key="h100")["step_time"]
+    per_token = memory_plan(_lora_8b("--num_processes", "2", "--grpo_generation", "sharded"), gpu_key="h100")
+    assert once["comm_gb_per_step_per_gpu"] * 10 < per_token["step_time"]["comm_gb_per_step_per_gpu"], (once, per_token)
 
 
 def test_the_launcher_writes_the_decision_into_the_rank_spec_and_dry_run_shows_it() -> None:
