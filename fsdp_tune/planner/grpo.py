@@ -181,7 +181,7 @@ def generation_weights(
         fits, where = True, f"CPU ranks: {figures} of host memory a rank"
     else:
         fits = need / GiB + context_gib <= budget_gib
-        where = f"{figures} + {context_gib:g} GiB CUDA context {'fits' if fits else 'exceeds'} {budget_gib:g} GiB"
+        where = f"{figures} + {context_gib:g} GiB CUDA context {'fits' if fits else 'exceeds'} {budget_gib:.1f} GiB"
     if asked != "auto":
         return {**out, "weights": asked, "why": f"--grpo_generation {asked} (the plan: {where})"}
     if shard_group(cfg) <= 1:

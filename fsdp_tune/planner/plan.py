@@ -105,6 +105,17 @@ def memory_plan(
     return _advise(cfg, result, Target(shape, gpu, budget, host_gib, stack, loading))
 
 
+def generation_plan(cfg: RunConfig, gpu_key: str, gpu_memory: str | None, on_cpu: bool, loading: str) -> dict:
+    """GRPO's generation weights alone (planner/grpo.py generation_weights), as memory_plan decides them, without
+    its step time and advice: what the launcher writes into the rank spec (preflight/memory.py settle_generation)."""
+    name = _check(cfg, gpu_key, loading)
+    budget = None if on_cpu else parse_memory(gpu_memory) if gpu_memory else GPUS[gpu_key].memory_gib
+    shape = measure(name)
+    st = stack_of(cfg, on_cpu)
+    est = estimate(cfg, shape, on_cpu=on_cpu, stack=st, loading=loading)
+    return generation_weights(cfg, shape, st, est.phases, budget, _CTX)
+
+
 def _generation(cfg: RunConfig, shape, st: Stack, phases: dict, budget: float | None, result: dict, gpu) -> None:
     """GRPO: gathered once per generation, or sharded, with the memory that decided it (planner/grpo.py); the step
     time then counts one all-gather of the model per generation instead of one per generated token."""

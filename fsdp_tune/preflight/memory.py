@@ -100,11 +100,11 @@ def settle_generation(cfg: RunConfig, spec: RankSpec, machine: Machine) -> RankS
         return spec
     gpus = ranks_gpus(spec, machine) if spec.device == "cuda" else []
     gpu, memory = planned_gpu(gpus) if gpus else ("h100", None)
-    from fsdp_tune.planner.plan import memory_plan
+    from fsdp_tune.planner.plan import generation_plan
 
     try:
-        plan = memory_plan(cfg, gpu, memory, on_cpu=spec.device == "cpu", loading=spec.loading.path)
-        weights, why = plan["grpo_generation"]["weights"], plan["grpo_generation"]["why"]
+        decided = generation_plan(cfg, gpu, memory, on_cpu=spec.device == "cpu", loading=spec.loading.path)
+        weights, why = decided["weights"], decided["why"]
     except UsageError as err:  # a model the planner cannot measure: what was asked, else today's path
         weights = g.weights if g.weights != "auto" else "sharded"
         why = f"memory not planned ({err}): {weights}"

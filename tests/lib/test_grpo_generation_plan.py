@@ -56,3 +56,24 @@ def test_the_launcher_writes_the_decision_into_the_rank_spec_and_dry_run_shows_i
     assert spec.weights == "auto" and spec.synced  # settled by the launcher (launch/train.py plan_run)
     assert grpo_spec(_lora_8b("--grpo_generation", "sharded"), 2).weights == "sharded"
     assert grpo_spec(_lora_8b("--use_vllm", "True", "--grpo_generation", "gathered"), 2).weights == "sharded"
+
+
+def test_the_launcher_settles_auto_as_the_plan_decides_it() -> None:
+    """settle_generation (called by launch/train.py plan_run) writes the plan's decision into the rank spec: the
+    smallest GPU the ranks use, or the CPU ranks'; a forced path stays as asked, with the plan's figures."""
+    from dataclasses import replace
+
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
+    from fsdp_tune.preflight.memory import settle_generation
+
+    cfg = _lora_8b("--num_processes", "2")
+    big = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_memory_mib=(81559, 81559))
+    small = replace(big, gpu_memory_mib=(81559, 16384))  # the run is planned on the smaller card
+    settled = settle_generation(cfg, decide(cfg, big, None, "lines"), big).grpo
+    assert settled.weights == "gathered" and "fits 79.6 GiB" in settled.weights_why, settled
+    settled = settle_generation(cfg, decide(cfg, small, None, "lines"), small).grpo
+    assert settled.weights == "sharded" and "exceeds 16.0 GiB" in settled.weights_why, settled
+    forced = _lora_8b("--num_processes", "2", "--grpo_generation", "sharded")
+    settled = settle_generation(forced, decide(forced, big, None, "lines"), big).grpo
+    assert settled.weights == "sharded" and settled.weights_why.startswith("--grpo_generation sharded"), settled
