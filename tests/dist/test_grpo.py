@@ -154,6 +154,8 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
     rewards = [r["reward"] for r in _metrics(tmp_path / "lora")]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4, rewards  # the policy learned the user's reward
     assert s["method_metrics"]["kl"]["first"] == 0 and s["method_metrics"]["kl"]["last"] > 0  # beta > 0: vs the base
+    split = {k: s["method_metrics"][k]["last"] for k in ("timing/generation_s", "timing/scoring_s", "step_time")}
+    assert 0 < split["timing/generation_s"] + split["timing/scoring_s"] < split["step_time"], split  # the step's split
     lengths = [(r["completions/min_length"], r["completions/max_length"]) for r in _metrics(tmp_path / "lora")]
     assert lengths[0] == (2, 8), lengths  # rank 1 stopped after 2 tokens, rank 0 went on to 8: no hang
     found = sorted(p.name.rpartition("-")[2] for p in (tmp_path / "seen").glob("fsdp_tune_rewards_my_rewards_*"))
