@@ -1,5 +1,5 @@
-"""`python -m benchmarks [cli|overhead|memory|plan|all|sweep|loading|malloc|trace]` (or `make bench`): prints a table
-and writes results/latest.json."""
+"""`python -m benchmarks [cli|overhead|memory|plan|all|sweep|loading|malloc|trace|grpo_generation]` (or `make bench`):
+prints a table and writes results/latest.json."""
 
 from __future__ import annotations
 
@@ -53,6 +53,13 @@ def main(argv: list[str]) -> None:
         r = results["malloc"] = malloc.run()
         for name, v in r["table"].items():
             print(f"  {name:<16} whole run {v['run_x_ckpt']:.2f}x ckpt, train {v['train_runtime_s']:.1f} s")
+    if which == "grpo_generation":  # not part of "all": three GRPO runs in one 2-rank launch, a minute or two
+        from benchmarks import grpo_generation
+
+        r = results["grpo_generation"] = grpo_generation.run()
+        print(f"GRPO generation on 2 CPU ranks, one launch ({r['settings']}; {r['machine_note']})")
+        print(grpo_generation.as_markdown(r))
+        print(f"  gathered within 1.3x of DDP's generation time: {r['gathered_within_1_3x_of_ddp']}")
     if which in ("cli", "all"):
         from benchmarks import cli_latency
 

@@ -222,6 +222,10 @@ ROWS: dict[str, MethodRow] = {
                 Metric("kl", "KL", ".4f"),
                 Metric("rewards/*/mean", "{}"),
                 Metric("reward_std", "reward std"),
+                # the step's time split (worker/training/grpo.py): TRL's step_time holds generation and scoring
+                Metric("timing/generation_s", "generation s", ".2f"),
+                Metric("timing/scoring_s", "scoring s", ".2f"),
+                Metric("step_time", "step s", ".2f"),
             ),
             progress=(
                 Metric("reward", "reward"),

@@ -189,6 +189,9 @@ class RunSettings:
     method: str = _f(SFT, choices=METHODS)  # the training method (config/methods.py): a recipe's top-level `method:`
     # GRPO's rewards (rewards/resolve.py: built-ins, file.py:fn, pkg.mod.fn, a reward model); top-level in a recipe
     reward_funcs: tuple[str, ...] = _f((), kind="list")
+    # GRPO's generation on the FSDP2 policy: "gathered" (the whole model all-gathered once per generation), "sharded"
+    # (every unit all-gathered again for each token), "auto" (gathered where the plan finds room: planner/grpo.py)
+    grpo_generation: str = _f("auto", choices=("auto", "sharded", "gathered"))
 
 
 def training_fields(method: str = SFT) -> dict[str, dict[str, Any]]:

@@ -62,6 +62,8 @@ def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
         rewards=tuple(rewards),
         generation="vllm" if vllm else "transformers",
         synced=world_size > 1,
+        weights=cfg.run.grpo_generation if not vllm else "sharded",  # "auto": settled by the launcher's memory plan
+        weights_why="asked: --grpo_generation" if cfg.run.grpo_generation != "auto" else "",
         weight_sync="adapter" if vllm else None,
         reference=_reference(cfg),
         max_prompt_tokens=cfg.data.max_seq_len - completion if completion else None,

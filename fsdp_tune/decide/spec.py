@@ -185,6 +185,11 @@ class GrpoSpec:
     # are done) | "vllm" (TRL's vLLM backend, colocated, GPU only, never run here: by reading)
     generation: Literal["transformers", "vllm"] = "transformers"
     synced: bool = True  # generate() keeps every rank stepping until all ranks finish (more than one rank)
+    # transformers' generation on the FSDP2 policy: "gathered" (the whole model all-gathered once per generation,
+    # FSDPModule.unshard/reshard: worker/training/generation.py) | "sharded" (every unit all-gathered again per token);
+    # --grpo_generation, its "auto" settled on the launcher by the memory plan (planner/grpo.py generation_weights)
+    weights: Literal["sharded", "gathered", "auto"] = "sharded"
+    weights_why: str = ""  # the decision in words, with the memory that decided it (plan, --dry_run)
     # how the policy reaches vLLM: "adapter" (the trained adapter alone, gathered as the final save gathers it; never
     # a merge into the sharded, perhaps 4-bit, base) | None without vLLM
     weight_sync: Literal["adapter"] | None = None

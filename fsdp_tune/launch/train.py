@@ -19,6 +19,7 @@ from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Sev
 from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome, failure_report
 from fsdp_tune.preflight import batch
+from fsdp_tune.preflight.memory import settle_generation
 from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings
 from fsdp_tune.rundir import manifest, outdir, ownership
 from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
@@ -161,6 +162,7 @@ def plan_run(
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
     spec, findings = check_data(decide(cfg, machine, resume, console))
+    spec = settle_generation(cfg, spec, machine)  # GRPO: gathered once per generation, or sharded (planner/grpo.py)
     secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)

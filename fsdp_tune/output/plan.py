@@ -51,6 +51,10 @@ def format_plan(plan: dict[str, Any]) -> str:
     for name in METHOD_PHASES:
         if name in phases and name != plan.get("peak_phase"):
             lines.append(f"  {name}: {phases[name]:.2f} GiB")
+    gen = plan.get("grpo_generation")
+    if gen:  # planner/grpo.py generation_weights
+        how = "gathered once per generation" if gen["weights"] == "gathered" else "sharded (units gathered per token)"
+        lines.append(f"generation weights: {how}: {gen['why']}")
     host = f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB at peak"
     if plan["host_memory_gib_per_node_steady"] < plan["host_memory_gib_per_node"] - 0.05:
         host += f", {plan['host_memory_gib_per_node_steady']:.1f} GiB once training runs"

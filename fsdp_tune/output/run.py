@@ -191,7 +191,8 @@ def grpo_lines(spec: RankSpec) -> list[str]:
         how = f"vLLM ({t.get('vllm_mode', 'colocate')}), the adapter alone synced after each step (by reading: not run)"
     else:
         stepping = ", every rank stepping until all finish" if g.synced else ""
-        how = f"transformers' generate on the sharded policy{stepping}"
+        weights = {"gathered": "the policy gathered once per generation", "sharded": "the sharded policy"}
+        how = f"transformers' generate on {weights.get(g.weights, g.weights)}{stepping} ({g.weights_why})"
     lines.append(f"  generation: {n} completions a prompt, up to {length} tokens, {how}")
     lines.append(f"  reference: {_REFERENCE[g.reference]}")
     return lines

@@ -18,12 +18,20 @@ entropy, no full logits). Around it, two phases SFT has not:
                      lm_head gathered
 
 Nothing of the generation outlives it: the KV cache is freed before the log-prob passes and the training forward.
+
+How the generation meets the shards is decided here, once (generation_weights; the launcher writes it into the rank
+spec, GrpoSpec.weights, and `plan` prints it): "gathered" all-gathers the whole model once per generation
+(worker/training/generation.py), where the generation phase with every unit gathered, plus the CUDA context's upper
+bound, fits the card; else "sharded", which gathers every unit again for each generated token (three layers and the
+head in flight, as above). `--grpo_generation sharded|gathered` overrides the plan.
 """
 
 from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import shard_group
 from fsdp_tune.decide.method import generation_batch, steps_per_generation
+from fsdp_tune.planner import gathered
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 
@@ -104,8 +112,7 @@ def note(cfg: RunConfig) -> str:
     extra = f", {passes} log-prob pass(es) without gradients" if passes else ""
     return (
         f"grpo: {rows_generated(cfg)} completions generated per rank at once ({n} per prompt, up to "
-        f"{completion_length(cfg)} tokens), then trained on like SFT rows{extra}; generating on the "
-        "sharded model all-gathers every FSDP unit again for each generated token (in the step time)"
+        f"{completion_length(cfg)} tokens), then trained on like SFT rows{extra}"
     )
 
 
@@ -114,10 +121,13 @@ def generations_per_step(cfg: RunConfig) -> float:
     return _int(cfg, "gradient_accumulation_steps", 1) / _micro_steps_per_generation(cfg)
 
 
-def generation_cost(cfg: RunConfig, shape: ModelShape, forward_gathered: float) -> tuple[float, float]:
+def generation_cost(
+    cfg: RunConfig, shape: ModelShape, forward_gathered: float, once: bool = False
+) -> tuple[float, float]:
     """(FLOPs, all-gathered bytes) per GPU and optimizer step that GRPO adds to the training pass: each generation
-    runs the prefill and one forward per generated token on the sharded model, every forward all-gathering every
-    unit again (`forward_gathered`: one forward's worth); the log-prob passes are one forward each per micro-step."""
+    runs the prefill and one forward per generated token, every forward all-gathering every unit again on the
+    sharded policy (`forward_gathered`: one forward's worth), once per generation where it is gathered (`once`:
+    generation_weights); the log-prob passes are one forward each per micro-step."""
     completion = completion_length(cfg)
     gens = generations_per_step(cfg)
     accumulation = _int(cfg, "gradient_accumulation_steps", 1)
@@ -125,5 +135,55 @@ def generation_cost(cfg: RunConfig, shape: ModelShape, forward_gathered: float) 
     n = shape.active_params
     flops = gens * rows_generated(cfg) * sequence(cfg) * 2 * n
     flops += log_prob_passes(cfg) * accumulation * micro * sequence(cfg) * 2 * n
-    gathered = (gens * (completion + 1) + log_prob_passes(cfg) * accumulation) * forward_gathered
+    gathered = (gens * (1 if once else completion + 1) + log_prob_passes(cfg) * accumulation) * forward_gathered
     return flops, gathered
+
+
+GiB = 2**30
+
+
+def _size(n: float) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
+
+
+def whole_gathered_bytes(cfg: RunConfig, shape: ModelShape, st: Stack) -> float:
+    """Every unit gathered at once (as all-gathered: the base in its stored dtype, 4-bit packed for QLoRA, and the
+    LoRA weights in the compute dtype); zero on one rank, where the shard is the model (planner/gathered.py units)."""
+    u = gathered.units(cfg, shape, st, shard_group(cfg))
+    return shape.n_layers * u["layer"] + u["root"]
+
+
+def generation_weights(
+    cfg: RunConfig, shape: ModelShape, st: Stack, phases: dict[str, float], budget_gib: float | None, context_gib: float
+) -> dict:
+    """Gathered once per generation, or sharded: the generation phase's total (`phases[GENERATION]`: the static
+    state, the KV cache, the sampler's logits) with the whole model gathered in place of the units in flight,
+    plus `context_gib` (the CUDA context's upper bound), against the card's `budget_gib` (None: a CPU run).
+    Returns the decision with the figures that made it (`plan --json`'s grpo_generation)."""
+    asked = cfg.run.grpo_generation
+    whole = whole_gathered_bytes(cfg, shape, st)
+    u = gathered.units(cfg, shape, st, shard_group(cfg))
+    generation = phases.get(GENERATION, 0.0)
+    need = generation - (3 * u["layer"] + u["head"]) + whole
+    out = {"asked": asked, "gathered_model_gib": round(whole / GiB, 2), "generation_gathered_gib": round(need / GiB, 2)}
+    out["generation_sharded_gib"] = round(generation / GiB, 2)
+    out["budget_gib"] = budget_gib
+    if cfg.training.get("use_vllm"):
+        return {
+            **out,
+            "weights": "sharded",
+            "why": "vLLM generates (--use_vllm): the policy's own generate() is unused",
+        }
+    if cfg.fsdp.version == 1:
+        return {**out, "weights": "sharded", "why": "FSDP1: its units have no unshard(), every unit gathered per token"}
+    figures = f"{_size(need)} with the model gathered ({_size(whole)} of it)"
+    if budget_gib is None:
+        fits, where = True, f"CPU ranks: {figures} of host memory a rank"
+    else:
+        fits = need / GiB + context_gib <= budget_gib
+        where = f"{figures} + {context_gib:g} GiB CUDA context {'fits' if fits else 'exceeds'} {budget_gib:.1f} GiB"
+    if asked != "auto":
+        return {**out, "weights": asked, "why": f"--grpo_generation {asked} (the plan: {where})"}
+    if shard_group(cfg) <= 1:
+        return {**out, "weights": "gathered", "why": "one rank: its shard is the whole model, nothing is re-gathered"}
+    return {**out, "weights": "gathered" if fits else "sharded", "why": where}

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from fsdp_tune.config.fsdp2 import version_note
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.gpus import GPUS
 from fsdp_tune.decide.loading import loading_path
 from fsdp_tune.decide.trl_defaults import defaults_note
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.advice import Target, search
-from fsdp_tune.planner.allocator import assumptions, device_memory
+from fsdp_tune.planner.allocator import CUDA_CONTEXT_GIB, assumptions, device_memory
+from fsdp_tune.planner.grpo import generation_weights
 from fsdp_tune.planner.memory import LOADINGS, GiB, estimate
 from fsdp_tune.planner.shape import find_config, measure
 from fsdp_tune.planner.stack import Stack, stack_of
 from fsdp_tune.planner.steptime import parse_memory, step_time
 from fsdp_tune.planner.vision import describe, image_load
+
+_CTX = CUDA_CONTEXT_GIB[1]  # the CUDA context's upper bound, beside the gathered model (planner/grpo.py)
 
 
 def _check(cfg: RunConfig, gpu_key: str, loading: str) -> str:
@@ -91,6 +95,7 @@ def memory_plan(
         "advice_searched": 0,
     }
     _vision(cfg, shape, image_size, result)
+    _generation(cfg, shape, st, est.phases, None if on_cpu else budget, result, gpu)
     if on_cpu:
         per_rank = est.cpu_rank_peak_bytes() / GiB
         result.update(per_gpu_memory_gib=None, per_rank_host_peak_gib=round(per_rank, 2), gpu_memory_gib=None)
@@ -98,6 +103,27 @@ def memory_plan(
         return result
     result.update(device_memory(est, budget))
     return _advise(cfg, result, Target(shape, gpu, budget, host_gib, stack, loading))
+
+
+def generation_plan(cfg: RunConfig, gpu_key: str, gpu_memory: str | None, on_cpu: bool, loading: str) -> dict:
+    """GRPO's generation weights alone (planner/grpo.py generation_weights), as memory_plan decides them, without
+    its step time and advice: what the launcher writes into the rank spec (preflight/memory.py settle_generation)."""
+    name = _check(cfg, gpu_key, loading)
+    budget = None if on_cpu else parse_memory(gpu_memory) if gpu_memory else GPUS[gpu_key].memory_gib
+    shape = measure(name)
+    st = stack_of(cfg, on_cpu)
+    est = estimate(cfg, shape, on_cpu=on_cpu, stack=st, loading=loading)
+    return generation_weights(cfg, shape, st, est.phases, budget, _CTX)
+
+
+def _generation(cfg: RunConfig, shape, st: Stack, phases: dict, budget: float | None, result: dict, gpu) -> None:
+    """GRPO: gathered once per generation, or sharded, with the memory that decided it (planner/grpo.py); the step
+    time then counts one all-gather of the model per generation instead of one per generated token."""
+    if not row_of(cfg.run.method).generates:
+        return
+    result["grpo_generation"] = decided = generation_weights(cfg, shape, st, phases, budget, _CTX)
+    if result["step_time"] and decided["weights"] == "gathered":
+        result["step_time"] = step_time(cfg, shape, gpu, generation_once=True)
 
 
 def _vision(cfg: RunConfig, shape, image_size, result: dict) -> None:

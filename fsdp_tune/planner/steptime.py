@@ -41,7 +41,7 @@ def fsdp2_gathered(cfg: RunConfig, shape: ModelShape, world: int, no_grad_forwar
     return times * shape.n_layers * u["layer"] + edges + no_grad_forwards * forward
 
 
-def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
+def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool = False) -> dict:
     """FLOPs and communication of one optimizer step per GPU, and a time from the GPU's public figures."""
     world = shard_group(cfg)  # all-gathers and reduce-scatters run within a shard group
     micro = int(cfg.training.get("per_device_train_batch_size") or 8)
@@ -64,11 +64,11 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu) -> dict:
     gathered = weight_bytes * gathers
     if cfg.fsdp.version == 2:
         gathered = fsdp2_gathered(cfg, shape, world, step.no_grad_forwards) * accum
-    if row_of(cfg.run.method).generates:  # the generation re-gathers every unit per generated token (planner/grpo.py)
+    if row_of(cfg.run.method).generates:  # every unit per generated token, or once (generation_once: planner/grpo.py)
         from fsdp_tune.planner import grpo
 
         one_forward = fsdp2_gathered(cfg, shape, world, 1) - fsdp2_gathered(cfg, shape, world, 0)
-        more_flops, more_gathered = grpo.generation_cost(cfg, shape, one_forward)
+        more_flops, more_gathered = grpo.generation_cost(cfg, shape, one_forward, generation_once)
         flops, gathered = flops + more_flops, gathered + more_gathered
     comm = gathered * (world - 1) / world if world > 1 else 0.0
     if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered

@@ -87,3 +87,25 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
             f"{fix}; `fsdp-tune plan` shows where the memory goes; --skip_memory_check launches anyway",
         )
     ]
+
+
+def settle_generation(cfg: RunConfig, spec: RankSpec, machine: Machine) -> RankSpec:
+    """GRPO's generation weights (--grpo_generation auto: gathered once per generation where the plan finds room,
+    else sharded) decided on the GPUs the ranks use, by the plan `fsdp-tune plan` prints (planner/grpo.py
+    generation_weights), and written into the rank spec: the ranks read GrpoSpec.weights, never decide it."""
+    from dataclasses import replace
+
+    g = spec.grpo
+    if g is None or g.generation == "vllm":
+        return spec
+    gpus = ranks_gpus(spec, machine) if spec.device == "cuda" else []
+    gpu, memory = planned_gpu(gpus) if gpus else ("h100", None)
+    from fsdp_tune.planner.plan import generation_plan
+
+    try:
+        decided = generation_plan(cfg, gpu, memory, on_cpu=spec.device == "cpu", loading=spec.loading.path)
+        weights, why = decided["weights"], decided["why"]
+    except UsageError as err:  # a model the planner cannot measure: what was asked, else today's path
+        weights = g.weights if g.weights != "auto" else "sharded"
+        why = f"memory not planned ({err}): {weights}"
+    return replace(spec, grpo=replace(g, weights=weights, weights_why=why))

@@ -253,6 +253,7 @@ def _vllm(cfg: RunConfig, on_cpu: bool) -> Iterator[Finding]:
 
 @rule("FT138", "grpo", "GRPO settings that refuse each other, or that have no effect here")
 def grpo_leftovers(cfg: RunConfig) -> Iterator[Finding]:
+    yield from _generation_weights(cfg)
     if not is_grpo(cfg):
         return
     t = cfg.training
@@ -271,3 +272,18 @@ def grpo_leftovers(cfg: RunConfig) -> Iterator[Finding]:
             "GRPO builds its inputs after generating, which context/sequence parallelism cannot shard (TRL refuses)"
         )
         yield error(cfg, "FT138", "parallelism.cp_size", message, "--parallelism_config_cp_size 1")
+
+
+def _generation_weights(cfg: RunConfig) -> Iterator[Finding]:
+    """--grpo_generation is how transformers' generate() meets FSDP2's shards (planner/grpo.py): nothing to choose
+    for another method, under vLLM, or under FSDP1 (its units have no unshard(): always sharded)."""
+    if not cfg.is_set("run.grpo_generation") or cfg.run.grpo_generation == "auto":
+        return
+    key, asked = "run.grpo_generation", cfg.run.grpo_generation
+    if not is_grpo(cfg):
+        yield warning(cfg, "FT138", key, f"has no effect under --method {cfg.run.method}", "drop it")
+    elif cfg.training.get("use_vllm"):
+        yield warning(cfg, "FT138", key, "has no effect with --use_vllm: vLLM generates", "drop it")
+    elif asked == "gathered" and cfg.fsdp.version == 1:
+        message = "FSDP1's units have no unshard(): generation stays sharded (every unit gathered per token)"
+        yield warning(cfg, "FT138", key, message, "--fsdp_version 2, or drop it")

@@ -5,8 +5,10 @@ module path and a reward model (a sequence classifier's folder), weighted; the L
 checkpoint-8 (its steps 9-12 are the straight run's); and a run whose model holds a trainable parameter FSDP does
 not manage, which the distributed self-check stops at step 1. Every run of the launch has rank 1's completions end
 after 2 tokens (FSDP_TUNE_TEST_SHORT_GENERATION): the ranks finish decoding apart and the generation still steps them
-together. Then, through the CLI as users run it: a reward that returns NaN on the data's first row refused before
-launch, and one that raises at step 2 stopping the run in one line with nothing half-written."""
+together; the LoRA runs generate on the sharded policy (--grpo_generation sharded), the others gather the policy once
+per generation (training/generation.py). Then, through the CLI as users run it: a reward that returns NaN on the
+data's first row refused before launch, and one that raises at step 2 stopping the run in one line with nothing
+half-written."""
 
 from __future__ import annotations
 
@@ -110,6 +112,7 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
     lora = plan_member("lora", tmp_path / "lora", (
         *GRPO, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars",
         "--beta", "0.01", "--max_steps", "12", "--save_strategy", "steps", "--save_steps", "4",
+        "--grpo_generation", "sharded",
     ))  # fmt: skip
     judge = str(_reward_model(tmp_path / "judge"))
     qlora = plan_member("qlora", tmp_path / "qlora", (
@@ -124,6 +127,8 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
         (*GROUPS, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars"),
     )
     assert lora.spec.grpo.reference == "adapter_disabled" and qlora.spec.grpo.reference == "off"
+    # today's path as asked; the others gathered once per generation (auto on CPU ranks: planner/grpo.py)
+    assert lora.spec.grpo.weights == "sharded" and qlora.spec.grpo.weights == unmanaged.spec.grpo.weights == "gathered"
     assert [r.kind for r in qlora.spec.grpo.rewards] == ["python", "builtin", "reward_model"]
     paths = [lora.resolved, qlora.resolved, _resumed(tmp_path, lora), unmanaged.resolved]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -149,6 +154,8 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
     rewards = [r["reward"] for r in _metrics(tmp_path / "lora")]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4, rewards  # the policy learned the user's reward
     assert s["method_metrics"]["kl"]["first"] == 0 and s["method_metrics"]["kl"]["last"] > 0  # beta > 0: vs the base
+    split = {k: s["method_metrics"][k]["last"] for k in ("timing/generation_s", "timing/scoring_s", "step_time")}
+    assert 0 < split["timing/generation_s"] + split["timing/scoring_s"] < split["step_time"], split  # the step's split
     lengths = [(r["completions/min_length"], r["completions/max_length"]) for r in _metrics(tmp_path / "lora")]
     assert lengths[0] == (2, 8), lengths  # rank 1 stopped after 2 tokens, rank 0 went on to 8: no hang
     found = sorted(p.name.rpartition("-")[2] for p in (tmp_path / "seen").glob("fsdp_tune_rewards_my_rewards_*"))
@@ -160,6 +167,10 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
 
     q = json.loads((tmp_path / "qlora" / "fsdp_tune_summary.json").read_text())
     scored = {"rewards/fewer_chars/mean", "rewards/length_reward/mean", "rewards/judge/mean"}
+    for k in (0, 1):  # the 4-bit model gathered once per generation (its packed storage, as stored), on both ranks
+        rank_log = (tmp_path / "qlora" / "logs" / f"rank-{k}.log").read_text()
+        assert "generation gathers 7 FSDP units once per generation" in rank_log, rank_log[-2000:]
+    assert "generation gathers" not in (tmp_path / "lora" / "logs" / "rank-0.log").read_text()
     assert q["adapter_check"]["ok"] and scored <= set(q["method_metrics"]), q  # the reward model scored too
     assert (tmp_path / "seen" / "grpo_rewards.scores-0.json").exists()  # imported by its module path
 

@@ -184,15 +184,19 @@ def _tiny_peft(tok):
 
 
 def test_generate_is_called_with_every_rank_stepping_until_all_finish(tok) -> None:
-    from fsdp_tune.worker.training.grpo import sync_generation
+    from fsdp_tune.worker.training.generation import GenerationClock, install
 
     model = _tiny_peft(tok)
     seen = []
     inner = model.get_base_model()
     inner.generate = lambda *a, **kw: seen.append(kw) or "generated"
-    sync_generation(model)
-    sync_generation(model)  # once only
+    clock = GenerationClock()
+    install(model, "sharded", True, clock)
+    install(model, "gathered", True, clock)  # once only
     assert model.generate(input_ids=None) == "generated" and seen == [{"input_ids": None, "synced_gpus": True}]
+    assert clock.calls == 1 and clock.take() > 0 and clock.calls == 0
+    with pytest.raises(ValueError, match="the launcher decides"):
+        install(_tiny_peft(tok), "auto", True)  # the rank never decides: an unsettled spec is our bug
 
 
 @pytest.mark.parametrize("reference", ["adapter_disabled", "ref_adapter"])

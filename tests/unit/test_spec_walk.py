@@ -77,6 +77,8 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "rewards": (RANK, "worker/training/rewards.py"),
         "generation": (RANK, "worker/training/grpo.py"),
         "synced": (RANK, "worker/training/grpo.py"),
+        "weights": (RANK, "worker/training/grpo.py"),  # gathered once per generation, or sharded (generation.py)
+        "weights_why": (PLAN, PLAN_TEXT),  # the launcher's reason, shown by --dry_run
         "weight_sync": (RANK, "worker/training/grpo.py"),
         "reference": (RANK, "worker/training/grpo.py"),
         "max_prompt_tokens": (RANK, "worker/data/prompts.py"),

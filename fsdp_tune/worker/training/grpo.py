@@ -9,7 +9,9 @@ finished first goes on to TRL's gather of the completion lengths while the other
 gloo the run aborted ("Received data size doesn't match expected size. Is there a distributed collective
 mismatch", seen here with synced_gpus forced off and one rank stopped after 2 tokens); on NCCL, by reading, it waits
 until the collective timeout. So the rank spec says when to sync (GrpoSpec.synced: more than one rank) and the
-model's generate() is called with synced_gpus=True, whatever the libraries' marks.
+model's generate() is called with synced_gpus=True, whatever the libraries' marks. Where the launcher planned room
+for it (GrpoSpec.weights "gathered"), the model is all-gathered once around each generation instead of once per
+token (training/generation.py).
 
 The reference, as the adapter switched off. Given a PEFT model (sharded loading applied LoRA before FSDP, or a
 starting adapter did) and beta > 0, GRPOTrainer adds an adapter "ref" and copies "default" into it: on a sharded
@@ -23,11 +25,11 @@ frozen "ref" copy made before sharding, as DPO's (loading/reference.py; GrpoSpec
 from __future__ import annotations
 
 import contextlib
-import functools
+import time
 
 from fsdp_tune.worker import faults
+from fsdp_tune.worker.training.generation import GenerationClock, install
 from fsdp_tune.worker.training.vllm_sync import AdapterSync, lora_engine
-from fsdp_tune.worker.wrappers import base
 
 
 class GrpoOnFsdp:
@@ -52,21 +54,21 @@ class GrpoOnFsdp:
                 raise ValueError(f"vLLM weight sync {grpo.weight_sync!r}: this fsdp-tune syncs the adapter alone")
             AdapterSync(self, self.vllm_generation, config.output_dir)
         faults.shorten_generation(self.model)  # test-only: this rank's completions end early
-        if grpo.synced:
-            sync_generation(self.model)
+        self.generation_clock = GenerationClock()
+        if not vllm:  # the spec's weights: gathered once per generation, or sharded (training/generation.py)
+            install(self.model, grpo.weights, grpo.synced, self.generation_clock)
 
-
-def sync_generation(model) -> None:
-    """The transformers model's generate() (which PEFT's generate() calls) with synced_gpus=True."""
-    target = base(model)  # under PeftModel (FSDP2's fully_shard keeps the module object: set once, kept)
-    original = target.generate
-    if getattr(original, "fsdp_tune_synced", False):
-        return
-
-    @functools.wraps(original)
-    def generate(*args, **kwargs):
-        kwargs["synced_gpus"] = True
-        return original(*args, **kwargs)
-
-    generate.fsdp_tune_synced = True
-    target.generate = generate
+    def _generate_and_score_completions(self, inputs):
+        """TRL's, timed: its generate() calls (the clock) and the rest (the rewards, the reference's and old
+        policy's log-prob passes) logged as timing/generation_s and timing/scoring_s beside TRL's step_time, which
+        holds both and the training: the step's split in metrics.jsonl and the summary (config/methods.py)."""
+        self.generation_clock.take()
+        started = time.perf_counter()
+        out = super()._generate_and_score_completions(inputs)
+        total = time.perf_counter() - started
+        generation = self.generation_clock.take()
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if self.grpo_spec.generation != "vllm":  # vLLM's generation is not on the clock: all of it would be scoring
+            metrics["timing/generation_s"].append(generation)
+            metrics["timing/scoring_s"].append(total - generation)
+        return out
