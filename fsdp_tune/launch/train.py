@@ -19,7 +19,7 @@ from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Sev
 from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome, failure_report
 from fsdp_tune.preflight import batch
-from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings
+from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings, schedule_findings
 from fsdp_tune.rundir import manifest, outdir, ownership
 from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
@@ -165,7 +165,7 @@ def plan_run(
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     findings += machine_findings(cfg, machine, checked.findings)  # the config's rules on this machine's decisions
-    findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg)
+    findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg) + schedule_findings(resume, spec)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
     findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)

@@ -242,6 +242,7 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.preference_rows",
     "fsdp_tune.sources.encode",  # rows rendered, masked and cut, as the launcher's pre-flight counts them
     "fsdp_tune.sources.rows",
+    "fsdp_tune.sources.sample",  # a JSON file's rows parsed as the pre-flight parses them, where datasets would not
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
     "fsdp_tune.config.model_kinds",  # the model kinds' Auto classes and whether they have a processor: a table
     "fsdp_tune.sources.vision",  # images in the rows: converted as the launcher checks them
