@@ -221,6 +221,8 @@ ENV = {
     "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},
     # where --report_to's trackers wrote, for the summary to say: the trackers' own settings, read, not decided on
     "worker/summary.py": {"WANDB_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"},
+    # switched off while a reward run's base loads whole on every rank (transformers reads it), then put back
+    "worker/training/rewards.py": {"FSDP_CPU_RAM_EFFICIENT_LOADING"},
 }
 
 # What the worker may import of fsdp_tune outside worker/: the spec, the run folder's names and markers, the
