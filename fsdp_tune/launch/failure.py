@@ -91,7 +91,18 @@ def failure_report(output_dir: str, outcome: Outcome) -> LaunchError:
     lines += [f"  {'where:' if i == 0 else '':<11} {frame}" for i, frame in enumerate(where)]
     lines.append(f"  full log:   {rank_log(output_dir, rank)}" + (" (the whole traceback)" if where else ""))
     lines.append(f"  torchrun:   {torchrun_log(output_dir)}")
+    lines.append(f"  resume:     {resume_line(output_dir)}")
     return LaunchError("\n".join(lines) + consequence + _silent_peers(outcome.torchrun_tail, rank, cause))
+
+
+def resume_line(output_dir: str) -> str:
+    """What a resume after the fix continues from: the newest complete checkpoint of this run, or none."""
+    from fsdp_tune.rundir.checkpoints import latest_complete
+
+    newest, _ = latest_complete(output_dir)
+    if newest is None:
+        return "no complete checkpoint was written: a new launch starts from step 0"
+    return f"once the cause is fixed, --resume_from_checkpoint latest continues from {newest.path} (step {newest.step})"
 
 
 def _explained(output_dir: str, rank: str, code: int, cause: str | None, callstack: str, tail: str) -> tuple[str, str]:

@@ -214,12 +214,25 @@ def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_
         except OSError as err:
             raise PreflightError([_unwritable(spec, err)]) from None
     outcome = torchrun.run(spec, planned.run_id, keep_fds, secret_env=planned.secret_env, attempt=attempt)
-    if first_node:
-        try:
-            manifest.write_end(spec, outcome.returncode)
-        except OSError as err:  # a full disk must not hide how the run ended
-            echo_err(f"warning: could not record the end of the run in {MANIFEST_NAME}: {err}")
-    return _outcome(spec, outcome, echo_err, attempt if first_node else None)
+    cause = None
+    try:
+        return _outcome(spec, outcome, echo_err, attempt if first_node else None)
+    except LaunchError as failed:
+        cause = _root_cause(str(failed)) if failed.exit_code == ExitCode.TRAINING_FAILED else None
+        raise
+    finally:
+        if first_node:
+            try:
+                manifest.write_end(spec, outcome.returncode, cause)
+            except OSError as err:  # a full disk must not hide how the run ended
+                echo_err(f"warning: could not record the end of the run in {MANIFEST_NAME}: {err}")
+
+
+def _root_cause(report: str) -> str:
+    """The failure report's root cause, one line, for the attempt's record (`report` shows it)."""
+    lines = report.splitlines()
+    said = [line.split("root cause:", 1)[1].strip() for line in lines if line.strip().startswith("root cause:")]
+    return (said[0] if said else lines[0] if lines else "")[:300]
 
 
 def _outcome(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fsdp_tune import summary as run_summary
 from fsdp_tune.config.methods import SFT, metric_keys, row_of
-from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME
+from fsdp_tune.runfiles import MANIFEST_NAME, METRICS_NAME, RESOLVED_NAME
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
@@ -134,7 +134,7 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
         rows.append(
             {
                 "run": str(run_dir),
-                "status": "finished" if finished else "interrupted" if s else "incomplete",
+                "status": "finished" if finished else "interrupted" if s else _ended(run_dir)[0],
                 "steps": finished.steps if finished else (max((int(r["step"]) for r in records), default=0)),
                 "loss_last": loss[-1] if loss else None,
                 "eval_loss_last": eval_loss[-1] if eval_loss else None,
@@ -144,9 +144,23 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
                 "peak_memory_mib": max(peaks) if peaks else None,
                 "method": method_of(run_dir),
                 **_method_values(records, method_of(run_dir)),
+                **({"cause": _ended(run_dir)[1]} if not s and _ended(run_dir)[1] else {}),
             }
         )
     return rows
+
+
+def _ended(run_dir: str | Path) -> tuple[str, str | None]:
+    """("failed", why) for a run whose last attempt failed (its manifest's record), else ("incomplete", None): one
+    being written, or stopped without a word (killed)."""
+    try:
+        data = json.loads((Path(run_dir) / MANIFEST_NAME).read_text())
+        last = (data.get("attempts") or [data])[-1]
+    except (OSError, ValueError, AttributeError, TypeError, IndexError):
+        return "incomplete", None
+    if isinstance(last, dict) and last.get("exit_status") not in (None, 0):
+        return "failed", last.get("cause") or f"exit status {last['exit_status']}"
+    return "incomplete", None
 
 
 def _method_values(records: list[dict], method: str) -> dict:
