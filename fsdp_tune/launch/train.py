@@ -17,7 +17,7 @@ from fsdp_tune.decide.rank import decide
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
 from fsdp_tune.launch import torchrun
-from fsdp_tune.launch.failure import Outcome, failure_report
+from fsdp_tune.launch.failure import Outcome, failure_report, stopped
 from fsdp_tune.preflight import batch
 from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings, schedule_findings
 from fsdp_tune.rundir import manifest, outdir, ownership
@@ -249,13 +249,14 @@ def _outcome(
         return result  # finished before a stop request took effect (torchrun then ends on its SignalException)
     if isinstance(result, run_summary.Interrupted):
         saved = "checkpoint saved" if result.checkpoint_saved else "no checkpoint (checkpoints are off)"
+        newest, _ = latest_complete(spec.output_dir)
+        where = f" (it continues from {newest.path})" if newest is not None else ""
         echo_err(
             f"stopped at step {result.interrupted_at_step}: {saved}; continue with --resume_from_checkpoint latest"
+            + where
         )
         signum = outcome.signal or result.signal or signal.SIGTERM
-        code = ExitCode.INTERRUPTED if signum == signal.SIGINT else ExitCode.TERMINATED
-        received = "" if outcome.signal else " (received by the ranks)"
-        raise LaunchError(f"stopped by {signal.Signals(signum).name}{received}", code)
+        raise stopped(signum, "" if outcome.signal else " (received by the ranks)")
     if outcome.returncode != 0 or outcome.signal is not None:
         raise failure_report(spec.output_dir, outcome)
     return result if isinstance(result, run_summary.RunSummary) else None
