@@ -112,7 +112,7 @@ def schedule_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
             "settings (optimizer.pt, scheduler.pt) and lays the schedule's shape and length out anew at the step it "
             "stopped, so it would train neither as the checkpoint did nor as this launch asks",
             f"resume with the checkpoint's settings ({keep or 'leave those flags out'}), or train on from its adapter "
-            f"as a new run with a schedule of its own: --adapter {_adapter_of(Path(checkpoint), spec.output_dir)} "
+            f"as a new run with a schedule of its own: {_new_run(Path(checkpoint), spec.output_dir)} "
             f"{_more_steps(then, now, value)}--output_dir {spec.output_dir.rstrip('/')}-more",
         )
     ]
@@ -151,11 +151,13 @@ def _more_steps(then: dict, now: dict, value) -> str:
     return ""
 
 
-def _adapter_of(checkpoint: Path, output_dir: str) -> str:
-    """The adapter to start a new run from: the checkpoint's own when it holds one, else the run's finished one."""
-    if (checkpoint / ADAPTER_CONFIG).exists() and any(checkpoint.glob("adapter_model.*")):
-        return str(checkpoint)
-    return output_dir
+def _new_run(checkpoint: Path, output_dir: str) -> str:
+    """`--adapter X` to start a new run from: the checkpoint's own adapter when it holds one (whole checkpoints),
+    else the run's finished one; a sharded checkpoint of a run not finished has none to start from yet."""
+    for folder in (checkpoint, Path(output_dir)):
+        if (folder / ADAPTER_CONFIG).exists() and any(folder.glob("adapter_model.*")):
+            return f"--adapter {folder}"
+    return f"once the run has finished (resumed as it was), --adapter {output_dir}"
 
 
 def written_by_fsdp(checkpoint: Path) -> int | None:

@@ -160,3 +160,14 @@ def test_more_steps_on_a_schedule_that_does_not_depend_on_them_resume(tmp_path, 
     assert fake_ranks.specs[-1].trainer_args["max_steps"] == 10
     record = json.loads((out / MANIFEST_NAME).read_text())["attempts"][-1]
     assert record["resolved_config"]["training"]["max_steps"] == 10 and record["exit_status"] == 0
+
+
+def test_a_changed_learning_rate_on_an_unfinished_run_names_no_adapter_that_is_not_there(tmp_path, fake_ranks) -> None:  # noqa: F811
+    """A sharded checkpoint holds no adapter to start a new run from, and a run stopped mid-way has none yet."""
+    out = tmp_path / "run"
+    fake_ranks.next(stop_at=2)
+    assert train(out, *SAVE).exit_code == 143
+    r = train(out, *SAVE, *LATEST, "--learning_rate", "1e-3")
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "PF065" in said and "--learning_rate 0.005" in said, r.output
+    assert f"once the run has finished (resumed as it was), --adapter {out} --output_dir {out}-more" in said
