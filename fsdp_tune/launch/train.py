@@ -15,7 +15,7 @@ from fsdp_tune.decide.env import secret_env as decided_secrets
 from fsdp_tune.decide.machine import Machine, probe
 from fsdp_tune.decide.rank import decide
 from fsdp_tune.decide.spec import RankSpec
-from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
+from fsdp_tune.errors import Finding, LaunchError, PreflightError, Severity, UsageError
 from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome, failure_report, stopped
 from fsdp_tune.preflight import batch
@@ -218,7 +218,7 @@ def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_
     try:
         return _outcome(spec, outcome, echo_err, attempt if first_node else None)
     except LaunchError as failed:
-        cause = _root_cause(str(failed)) if failed.exit_code == ExitCode.TRAINING_FAILED else None
+        cause = _root_cause(str(failed))  # a failure's root cause, or "stopped by SIGINT (Ctrl-C)..."
         raise
     finally:
         if first_node:

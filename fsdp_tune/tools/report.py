@@ -127,6 +127,7 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
     for run_dir in run_dirs:
         s = run_summary.read(run_dir)
         finished = s if isinstance(s, run_summary.RunSummary) else None
+        status, cause = ("finished" if finished else "interrupted", None) if s else _ended(run_dir)
         records = load_metrics(run_dir)
         _, loss = series(records, "loss")
         _, eval_loss = series(records, "eval_loss")
@@ -134,7 +135,7 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
         rows.append(
             {
                 "run": str(run_dir),
-                "status": "finished" if finished else "interrupted" if s else _ended(run_dir)[0],
+                "status": status,
                 "steps": finished.steps if finished else (max((int(r["step"]) for r in records), default=0)),
                 "loss_last": loss[-1] if loss else None,
                 "eval_loss_last": eval_loss[-1] if eval_loss else None,
@@ -144,23 +145,24 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
                 "peak_memory_mib": max(peaks) if peaks else None,
                 "method": method_of(run_dir),
                 **_method_values(records, method_of(run_dir)),
-                **({"cause": _ended(run_dir)[1]} if not s and _ended(run_dir)[1] else {}),
+                **({"cause": cause} if cause else {}),
             }
         )
     return rows
 
 
 def _ended(run_dir: str | Path) -> tuple[str, str | None]:
-    """("failed", why) for a run whose last attempt failed (its manifest's record), else ("incomplete", None): one
-    being written, or stopped without a word (killed)."""
+    """("failed", why) for a run whose last attempt failed (its manifest's record), ("interrupted", which signal)
+    for one stopped before its ranks wrote a summary, else ("incomplete", None): one being written, or killed."""
     try:
         data = json.loads((Path(run_dir) / MANIFEST_NAME).read_text())
         last = (data.get("attempts") or [data])[-1]
     except (OSError, ValueError, AttributeError, TypeError, IndexError):
         return "incomplete", None
-    if isinstance(last, dict) and last.get("exit_status") not in (None, 0):
-        return "failed", last.get("cause") or f"exit status {last['exit_status']}"
-    return "incomplete", None
+    if not isinstance(last, dict) or last.get("exit_status") in (None, 0):
+        return "incomplete", None
+    cause = last.get("cause") or f"exit status {last['exit_status']}"
+    return ("interrupted" if cause.startswith("stopped by") else "failed"), cause
 
 
 def _method_values(records: list[dict], method: str) -> dict:

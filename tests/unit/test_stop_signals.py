@@ -3,6 +3,7 @@ signal logic (no torch here; tests/dist/test_preemption.py runs every delivery f
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.runfiles import STOP_FILE
+from fsdp_tune.runfiles import MANIFEST_NAME, STOP_FILE
 from tests.conftest import FIXTURES
 from tests.unit.fake_ranks import stub_launcher
 
@@ -137,6 +138,8 @@ def test_ctrl_c_reads_as_an_interruption_with_what_to_resume(tmp_path, fake_rank
     assert "interrupted: stopped by SIGINT (Ctrl-C)" in said and "error:" not in said, r.output
     resume = "stopped at step 3: checkpoint saved; continue with --resume_from_checkpoint latest"
     assert f"{resume} (it continues from {out / 'checkpoint-3'})" in said, r.output
+    attempt = json.loads((out / MANIFEST_NAME).read_text())["attempts"][-1]
+    assert attempt["cause"] == "stopped by SIGINT (Ctrl-C)"  # what `report` says of a run stopped before a summary
 
 
 def test_torchrun_forwards_sigusr1_and_waits_for_the_checkpoint() -> None:
