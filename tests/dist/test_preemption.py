@@ -117,6 +117,13 @@ def test_every_delivery_checkpoints_and_resumes(tmp_path, model_cache) -> None:
         assert {"scheduler.pt", "optimizer_0/.metadata", "rng_state_0.pth", "rng_state_1.pth"} <= set(marker["files"])
     assert json.loads((out / MANIFEST_NAME).read_text())["run_id"] == run_id  # resumes continue the run
 
+    # #48: a changed learning rate would be ignored on resume (optimizer.pt, scheduler.pt) while the record said it:
+    # refused before any rank starts, the record untouched
+    record = (out / MANIFEST_NAME).read_text()
+    refused = Launch(out, model_cache, tmp_path / "lr.err", *LONG, "--learning_rate", "0.001", *resume)
+    assert refused.wait() == 2 and "PF065" in refused.stderr() and "--learning_rate 0.005" in refused.stderr()
+    assert (out / MANIFEST_NAME).read_text() == record
+
     last = Launch(
         out,
         model_cache,
