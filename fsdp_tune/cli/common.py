@@ -71,7 +71,9 @@ def fail(err: FsdpTuneError, debug: bool) -> None:
         typer.echo(style("error:", fg="red", bold=True) + f" {err}", err=True)
         typer.echo(format_findings("this launch", err.findings, style).split("\n", 1)[-1], err=True)
     else:
-        typer.echo(style("error:", fg="red", bold=True) + f" {err}", err=True)
+        stopped = err.exit_code in (ExitCode.INTERRUPTED, ExitCode.TERMINATED)  # on request: not an error
+        label = style("interrupted:", fg="yellow", bold=True) if stopped else style("error:", fg="red", bold=True)
+        typer.echo(label + f" {err}", err=True)
         hint = getattr(err, "hint", "")
         if hint:
             typer.echo(f"  hint: {hint}", err=True)

@@ -247,15 +247,18 @@ def row_of(method: str) -> MethodRow:
 
 def metric_keys(row: MethodRow, logged) -> list[tuple[str, str]]:
     """(key, label) of the row's metrics among the keys `logged`; a `*` in a key once for each logged key it
-    matches, `{}` in its label the matched name (GRPO's rewards/NAME/mean, one per reward function)."""
+    matches, `{}` in its label the matched name (GRPO's rewards/NAME/mean, one per reward function). A matched name
+    that is another metric's label (a reward function called `reward`, beside the total) is labelled by its key."""
     out = []
+    taken = {m.label for m in row.metrics if "*" not in m.key}
     for m in row.metrics:
         if "*" not in m.key:
             out += [(m.key, m.label)] if m.key in logged else []
             continue
         head, _, tail = m.key.partition("*")
         found = (k for k in logged if k.startswith(head) and k.endswith(tail) and len(k) > len(head) + len(tail))
-        out += [(k, m.label.format(k[len(head) : len(k) - len(tail)])) for k in sorted(found)]
+        labels = ((k, m.label.format(k[len(head) : len(k) - len(tail)])) for k in sorted(found))
+        out += [(k, k if label in taken else label) for k, label in labels]
     return out
 
 

@@ -69,8 +69,7 @@ def failure_report(output_dir: str, outcome: Outcome) -> LaunchError:
     torchrun's "first observed failure" can be a rank that only lost its peer (it raised "connection reset
     by peer" before torchrun noticed the peer die): then the rank that died on its own is the root cause."""
     if outcome.signal is not None:
-        code = ExitCode.INTERRUPTED if outcome.signal == signal.SIGINT else ExitCode.TERMINATED
-        return LaunchError(f"stopped by {signal.Signals(outcome.signal).name}", code)
+        return stopped(outcome.signal, f"; {resume_line(output_dir, after='')}")
     root = _root_cause(outcome.torchrun_tail)
     if not root:
         return _torchrun_failed(output_dir, outcome)
@@ -91,7 +90,26 @@ def failure_report(output_dir: str, outcome: Outcome) -> LaunchError:
     lines += [f"  {'where:' if i == 0 else '':<11} {frame}" for i, frame in enumerate(where)]
     lines.append(f"  full log:   {rank_log(output_dir, rank)}" + (" (the whole traceback)" if where else ""))
     lines.append(f"  torchrun:   {torchrun_log(output_dir)}")
+    lines.append(f"  resume:     {resume_line(output_dir)}")
     return LaunchError("\n".join(lines) + consequence + _silent_peers(outcome.torchrun_tail, rank, cause))
+
+
+def resume_line(output_dir: str, after: str = "once the cause is fixed, ") -> str:
+    """What a resume continues from: the newest complete checkpoint of this run, or none."""
+    from fsdp_tune.rundir.checkpoints import latest_complete
+
+    newest, _ = latest_complete(output_dir)
+    if newest is None:
+        return "no complete checkpoint was written: a new launch starts from step 0"
+    return f"{after}--resume_from_checkpoint latest continues from {newest.path} (step {newest.step})"
+
+
+def stopped(signum: int, said: str = "") -> LaunchError:
+    """A run stopped on request: exit 130 for SIGINT (Ctrl-C), 143 for the others; printed as an interruption, not
+    as an error (cli/common.py reads the exit code)."""
+    code = ExitCode.INTERRUPTED if signum == signal.SIGINT else ExitCode.TERMINATED
+    name = signal.Signals(signum).name + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    return LaunchError(f"stopped by {name}{said}", code)
 
 
 def _explained(output_dir: str, rank: str, code: int, cause: str | None, callstack: str, tail: str) -> tuple[str, str]:

@@ -15,12 +15,12 @@ from fsdp_tune.decide.env import secret_env as decided_secrets
 from fsdp_tune.decide.machine import Machine, probe
 from fsdp_tune.decide.rank import decide
 from fsdp_tune.decide.spec import RankSpec
-from fsdp_tune.errors import ExitCode, Finding, LaunchError, PreflightError, Severity, UsageError
+from fsdp_tune.errors import Finding, LaunchError, PreflightError, Severity, UsageError
 from fsdp_tune.launch import torchrun
-from fsdp_tune.launch.failure import Outcome, failure_report
+from fsdp_tune.launch.failure import Outcome, failure_report, stopped
 from fsdp_tune.preflight import batch
 from fsdp_tune.preflight.memory import settle_generation
-from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings
+from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings, schedule_findings
 from fsdp_tune.rundir import manifest, outdir, ownership
 from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME
@@ -167,7 +167,7 @@ def plan_run(
     resuming = bool(cfg.training.get("resume_from_checkpoint"))
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     findings += machine_findings(cfg, machine, checked.findings)  # the config's rules on this machine's decisions
-    findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg)
+    findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg) + schedule_findings(resume, spec)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
     findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
@@ -216,12 +216,25 @@ def _launch(planned: Planned, echo_err: Echo, keep_fds: tuple[int, ...]) -> run_
         except OSError as err:
             raise PreflightError([_unwritable(spec, err)]) from None
     outcome = torchrun.run(spec, planned.run_id, keep_fds, secret_env=planned.secret_env, attempt=attempt)
-    if first_node:
-        try:
-            manifest.write_end(spec, outcome.returncode)
-        except OSError as err:  # a full disk must not hide how the run ended
-            echo_err(f"warning: could not record the end of the run in {MANIFEST_NAME}: {err}")
-    return _outcome(spec, outcome, echo_err, attempt if first_node else None)
+    cause = None
+    try:
+        return _outcome(spec, outcome, echo_err, attempt if first_node else None)
+    except LaunchError as failed:
+        cause = _root_cause(str(failed))  # a failure's root cause, or "stopped by SIGINT (Ctrl-C)..."
+        raise
+    finally:
+        if first_node:
+            try:
+                manifest.write_end(spec, outcome.returncode, cause)
+            except OSError as err:  # a full disk must not hide how the run ended
+                echo_err(f"warning: could not record the end of the run in {MANIFEST_NAME}: {err}")
+
+
+def _root_cause(report: str) -> str:
+    """The failure report's root cause, one line, for the attempt's record (`report` shows it)."""
+    lines = report.splitlines()
+    said = [line.split("root cause:", 1)[1].strip() for line in lines if line.strip().startswith("root cause:")]
+    return (said[0] if said else lines[0] if lines else "")[:300]
 
 
 def _outcome(
@@ -238,13 +251,14 @@ def _outcome(
         return result  # finished before a stop request took effect (torchrun then ends on its SignalException)
     if isinstance(result, run_summary.Interrupted):
         saved = "checkpoint saved" if result.checkpoint_saved else "no checkpoint (checkpoints are off)"
+        newest, _ = latest_complete(spec.output_dir)
+        where = f" (it continues from {newest.path})" if newest is not None else ""
         echo_err(
             f"stopped at step {result.interrupted_at_step}: {saved}; continue with --resume_from_checkpoint latest"
+            + where
         )
         signum = outcome.signal or result.signal or signal.SIGTERM
-        code = ExitCode.INTERRUPTED if signum == signal.SIGINT else ExitCode.TERMINATED
-        received = "" if outcome.signal else " (received by the ranks)"
-        raise LaunchError(f"stopped by {signal.Signals(signum).name}{received}", code)
+        raise stopped(signum, "" if outcome.signal else " (received by the ranks)")
     if outcome.returncode != 0 or outcome.signal is not None:
         raise failure_report(spec.output_dir, outcome)
     return result if isinstance(result, run_summary.RunSummary) else None

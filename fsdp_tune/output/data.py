@@ -69,6 +69,18 @@ def image_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _carved(report: dict[str, Any]) -> list[str]:
+    """--test_split_size holds rows out of the mixed training rows after each source's line counted them: said, so
+    that "200 rows" is not read as 200 trained on when 20 went to evaluation."""
+    held = report.get("eval")
+    if not held or any("eval" in s for s in report["sources"]):  # none, or each source's own eval split
+        return []
+    train, out = report["sequences"], held["sequences"]
+    return [
+        f"  data: {train} of those {train + out} sequences train, {out} are held out for evaluation (--test_split_size)"
+    ]
+
+
 def summary_lines(report: dict[str, Any] | None) -> list[str]:
     """The summary's data lines: formats and rows, skipped rows by reason, the share of tokens in the loss."""
     if not report:
@@ -82,7 +94,8 @@ def summary_lines(report: dict[str, Any] | None) -> list[str]:
             f"  data: {s['source']}: {s['kind']}, {s['rows']} rows -> {s['sequences']} {what}{used}, loss on {loss}"
         )
         for reason, seen in s["skipped"].items():
-            lines.append(f"    skipped {seen['count']} row(s): {reason} ({', '.join(seen['rows'][:3])})")
+            first = f"; the first: {seen['first']}" if seen.get("first") else ""
+            lines.append(f"    skipped {seen['count']} row(s): {reason} ({', '.join(seen['rows'][:3])}{first})")
         clipped = s.get("clipped") or {}
         if clipped.get("count"):
             lines.append(
@@ -91,6 +104,7 @@ def summary_lines(report: dict[str, Any] | None) -> list[str]:
             )
         for note, count in s.get("template_notes", {}).items():
             lines.append(f"    chat template, {count} sequence(s): {note}")
+    lines += _carved(report)
     packed = report.get("packed")
     if packed:
         lines.append(

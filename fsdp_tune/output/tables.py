@@ -21,6 +21,7 @@ def format_rows(rows: list[dict]) -> str:
             f"{f(r['time_to_first_step_s'], '.1f'):>10} {f(r['train_runtime_s'], '.1f'):>8} "
             f"{f(r['peak_memory_mib'], '.0f'):>9}" + _method(r)
         )
+    lines += [f"{r['run']}: {r['status']}: {r['cause']}" for r in rows if r.get("cause")]
     return "\n".join(lines)
 
 

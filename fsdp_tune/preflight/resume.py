@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_tune.config.lora_fields import lora_fields
+from fsdp_tune.config.methods import fields_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
@@ -69,6 +70,94 @@ def resume_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
             + "start a new run in another --output_dir (the checkpoint stays as it is)",
         )
     ]
+
+
+# What a resume takes from the checkpoint whatever this launch says: torch's Optimizer.load_state_dict keeps the
+# saved param_groups' hyperparameters (lr, weight_decay, betas, eps), LambdaLR.load_state_dict the saved base_lrs
+# (the learning rate); the schedule's function is rebuilt from this launch's settings at the restored step, so a
+# changed type, warmup or total bends the curve mid-way (a linear schedule ended at 0 jumps back up).
+RESTORED = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
+SHAPED = ("lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio")
+# schedules whose curve does not depend on the total number of steps (an integer warmup at most)
+TOTAL_FREE = ("constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau")
+
+
+def schedule_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
+    """PF065: a resume whose learning rate, optimizer settings or schedule differ from the run's that wrote the
+    checkpoint (its rank spec, when the run id is the checkpoint's). Resumed anyway, the checkpoint's values win
+    without a word while the run's record says this launch's; so it is refused, with both ways on."""
+    then = _trained_args(Path(checkpoint), spec.output_dir) if checkpoint else None
+    if then is None:
+        return []
+    now, defaults = spec.trainer_args, fields_of(spec.method.name)
+
+    def value(args: dict, name: str) -> Any:
+        return _norm(args.get(name, (defaults.get(name) or {}).get("default")))
+
+    changed = [k for k in (*RESTORED, *SHAPED) if value(then, k) != value(now, k)]
+    total = _total(then, value) != _total(now, value)
+    if total and (_depends_on_total(then, value) or _depends_on_total(now, value)):
+        changed += [k for k in ("max_steps", "num_train_epochs") if value(then, k) != value(now, k)]
+    if not changed:
+        return []
+    said = "; ".join(f"{k} {_show(value(then, k))} (this launch: {_show(value(now, k))})" for k in changed)
+    keep = " ".join(f"--{k} {_show(value(then, k))}" for k in changed if value(then, k) is not None)
+    return [
+        Finding(
+            "PF065",
+            Severity.ERROR,
+            f"--{changed[0]}",
+            "command line",
+            f"{checkpoint} was trained with {said}: a resume keeps the checkpoint's learning rate and optimizer "
+            "settings (optimizer.pt, scheduler.pt) and lays the schedule's shape and length out anew at the step it "
+            "stopped, so it would train neither as the checkpoint did nor as this launch asks",
+            f"resume with the checkpoint's settings ({keep or 'leave those flags out'}), or train on from its adapter "
+            f"as a new run with a schedule of its own: {_new_run(Path(checkpoint), spec.output_dir)} "
+            f"{_more_steps(then, now, value)}--output_dir {spec.output_dir.rstrip('/')}-more",
+        )
+    ]
+
+
+def _trained_args(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
+    """The trainer arguments of the run that wrote `checkpoint`: its folder's rank spec when its run id is the
+    checkpoint's (a checkpoint from elsewhere: unknown, not compared)."""
+    run_id = marker_run_id(checkpoint)
+    record = _json(Path(output_dir) / RESOLVED_NAME)
+    if not isinstance(record, dict) or run_id is None or record.get("run_id") != run_id:
+        return None
+    args = (record.get("spec") or {}).get("trainer_args")
+    return args if isinstance(args, dict) else None
+
+
+def _total(args: dict, value) -> tuple[str, Any]:
+    steps = value(args, "max_steps")
+    return (
+        ("max_steps", steps)
+        if steps is not None and steps > 0
+        else ("num_train_epochs", value(args, "num_train_epochs"))
+    )
+
+
+def _depends_on_total(args: dict, value) -> bool:
+    warmup, ratio = value(args, "warmup_steps") or 0, value(args, "warmup_ratio") or 0
+    return value(args, "lr_scheduler_type") not in TOTAL_FREE or 0 < warmup < 1 or ratio > 0
+
+
+def _more_steps(then: dict, now: dict, value) -> str:
+    """`--max_steps N ` for the steps this launch adds to a run that ran to max_steps, else nothing."""
+    (kind, was), (kind_now, will) = _total(then, value), _total(now, value)
+    if kind == kind_now == "max_steps" and will > was:
+        return f"--max_steps {int(will - was)} "
+    return ""
+
+
+def _new_run(checkpoint: Path, output_dir: str) -> str:
+    """`--adapter X` to start a new run from: the checkpoint's own adapter when it holds one (whole checkpoints),
+    else the run's finished one; a sharded checkpoint of a run not finished has none to start from yet."""
+    for folder in (checkpoint, Path(output_dir)):
+        if (folder / ADAPTER_CONFIG).exists() and any(folder.glob("adapter_model.*")):
+            return f"--adapter {folder}"
+    return f"once the run has finished (resumed as it was), --adapter {output_dir}"
 
 
 def written_by_fsdp(checkpoint: Path) -> int | None:

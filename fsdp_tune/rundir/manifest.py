@@ -96,14 +96,16 @@ def write_start(cfg: RunConfig, spec: RankSpec, run_id: str | None = None, attem
     return path
 
 
-def write_end(spec: RankSpec, exit_status: int) -> None:
+def write_end(spec: RankSpec, exit_status: int, cause: str | None = None) -> None:
     """The end of the latest attempt; it becomes the run's record when it finished, or when the record was not
-    a finished run's."""
+    a finished run's. `cause`: why a failed attempt stopped (the failure report's root cause), for `report`."""
     path = Path(spec.output_dir) / MANIFEST_NAME
     data = _read(path)
     if data is None:
         return
     ended = {"ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "exit_status": exit_status}
+    if cause:
+        ended["cause"] = cause
     attempts = data.get("attempts") or [{}]
     attempts[-1] = {**attempts[-1], **ended}
     if exit_status == 0 or data.get("exit_status") != 0:

@@ -41,27 +41,36 @@ def encode_row(
     images in a vision-language run: each carrying its images and their token counts, sources/vision_rows.py, `root`
     the folder of its relative image paths). The launcher's pre-flight (preflight/tokens.py) calls it too, on the
     rows it reads (there without images: their tokens are counted on rank 0)."""
+    code, _, sequences = explained_row(row, form, roles, encoder, train_all, root)
+    return code, sequences
+
+
+def explained_row(
+    row: dict, form: Format, roles: dict, encoder: Encoder, train_all: bool, root: Path | None = None
+) -> tuple[str, str, list[Encoded]]:
+    """encode_row's (code, what exactly, sequences): the detail ("turn 3: role 'narrator'", the template's own
+    error) goes into the report beside the reason, so a skipped row says why in the summary."""
     problems = [p for p in check_row(row, form, roles) if p.skips]
     if problems:
-        return problems[0].code, []
+        return problems[0].code, problems[0].detail, []
     converted = to_trl(row, form, roles)
     if converted.get("images") and encoder.text_only:
-        return "no-vision", []
+        return "no-vision", "", []
     try:
         if converted.get("images") and encoder.images is not None:
             why, sequences = vision_rows.sequences(encoder, converted, train_all, root or Path.cwd())
             if why:
-                return why, []
+                return why, "", []
         else:
             sequences = encoder.encode(converted, train_all)
     except TooLarge:
-        return "too-large", []
-    except RowRejected:
-        return "template", []
+        return "too-large", "", []
+    except RowRejected as e:
+        return "template", " ".join(str(e).split())[:300], []
     kept = [s for s in sequences if any(s.mask)]
     if kept:
-        return "", kept
-    return ("too-long" if any(s.truncated for s in sequences) else "no-loss"), []
+        return "", "", kept
+    return ("too-long" if any(s.truncated for s in sequences) else "no-loss"), "", []
 
 
 def encode_batch(
@@ -80,8 +89,8 @@ def encode_batch(
     columns = COLUMNS + (IMAGE_COLUMNS if encoder.images is not None else ())
     out: dict[str, list] = {c: [] for c in columns}
 
-    def emit(ids: list[int], mask: list[int], skip: str, row: int, s: Encoded | None = None) -> None:
-        extra = (s.truncated, _note(s.problems), s.clipped) if s is not None else (False, "", False)
+    def emit(ids: list[int], mask: list[int], skip: str, row: int, s: Encoded | None = None, why: str = "") -> None:
+        extra = (s.truncated, _note(s.problems), s.clipped) if s is not None else (False, why, False)
         media = (s.images, s.image_tokens) if s is not None else ([], [])
         values = (ids, mask, skip, row, len(ids), sum(mask), *extra, *media)
         for column, value in zip(columns, values, strict=False):  # the image columns only where they are
@@ -89,9 +98,9 @@ def encode_batch(
 
     for k, index in enumerate(indices):
         row = {column: values[k] for column, values in batch.items()}
-        skip, sequences = encode_row(row, form, roles, encoder, train_all, Path(root) if root else None)
+        skip, why, sequences = explained_row(row, form, roles, encoder, train_all, Path(root) if root else None)
         if skip:
-            emit([], [], skip, index)
+            emit([], [], skip, index, why=why)  # a skipped row's note: what exactly (report_source)
         for s in sequences:
             emit(s.input_ids, s.mask, "", index, s)
     return out
@@ -165,11 +174,16 @@ def where(source: Source, split: str) -> str:
 
 def report_source(source: Source, fmt: Format, train_all: bool, encoded: EncodedSplit) -> dict[str, Any]:
     """Rows in, sequences out, and the skipped rows by reason with where the first few are."""
-    reasons, rows = list(encoded.every["skip"]), list(encoded.every["row"])
+    reasons, rows, notes = list(encoded.every["skip"]), list(encoded.every["row"]), list(encoded.every["note"])
     skipped: dict[str, dict[str, Any]] = {}
     for code, count in Counter(r for r in reasons if r).items():
         listed = [f"{encoded.where} {row + 1}" for reason, row in zip(reasons, rows, strict=True) if reason == code]
-        skipped[REASONS.get(code, code)] = {"count": count, "rows": listed[:LISTED]}
+        first = next((n for reason, n in zip(reasons, notes, strict=True) if reason == code and n), "")
+        skipped[REASONS.get(code, code)] = {
+            "count": count,
+            "rows": listed[:LISTED],
+            **({"first": first} if first else {}),
+        }
     clipped = sorted({row for row, cut in zip(encoded.kept["row"], encoded.kept["clipped"], strict=True) if cut})
     return {
         "clipped": {"count": len(clipped), "rows": [f"{encoded.where} {r + 1}" for r in clipped[:LISTED]]},

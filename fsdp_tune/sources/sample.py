@@ -50,6 +50,18 @@ def _text(path: str, loader: str) -> Sample:
     return _json_lines(path)
 
 
+def every_json_row(path: str) -> list[Any]:
+    """Every row of a JSON or JSON Lines file, parsed as the pre-flight parses it (json.loads: a string stays a
+    string), for rank 0 where `datasets` would not read a row as written (worker/data/splits.py). No cap: the
+    pre-flight has already refused a file it cannot parse."""
+    with open(path, "rb") as f:
+        head = f.read(64).removeprefix(BOM).lstrip()
+    if path.lower().endswith(".json") and head.startswith(b"["):
+        return json.loads(Path(path).read_bytes().decode("utf-8-sig"))
+    with open(path, "rb") as f:
+        return [json.loads(raw.removeprefix(BOM)) for raw in f if raw.strip()]
+
+
 def _not_utf8(path: str, line: int) -> Sample:
     hint = "re-encode the file as UTF-8 (iconv -t UTF-8)"
     return Sample(path, problem=("PF011", f"{path}:{line}", "not UTF-8 text", hint))

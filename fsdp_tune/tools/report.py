@@ -14,7 +14,15 @@ from fsdp_tune import summary as run_summary
 from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.errors import UsageError
 from fsdp_tune.printable import printable
-from fsdp_tune.runfiles import METRICS_NAME, RESOLVED_NAME, Unreadable, new_file_mode, read_bounded, write_atomic
+from fsdp_tune.runfiles import (
+    MANIFEST_NAME,
+    METRICS_NAME,
+    RESOLVED_NAME,
+    Unreadable,
+    new_file_mode,
+    read_bounded,
+    write_atomic,
+)
 
 MAX_METRICS_BYTES = 512 << 20  # ~1.5 million logged steps at ~300 bytes a line
 MAX_SPEC_BYTES = 64 << 20
@@ -180,6 +188,7 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
     for run_dir in run_dirs:
         s = run_summary.read(run_dir)
         finished = s if isinstance(s, run_summary.RunSummary) else None
+        status, cause = ("finished" if finished else "interrupted", None) if s else _ended(run_dir)
         records = load_metrics(run_dir)
         _, loss = series(records, "loss")
         _, eval_loss = series(records, "eval_loss")
@@ -188,7 +197,7 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
         rows.append(
             {
                 "run": str(run_dir),
-                "status": "finished" if finished else "interrupted" if s else "incomplete",
+                "status": status,
                 "steps": finished.steps if finished else (max((int(r["step"]) for r in records), default=0)),
                 "loss_last": loss[-1] if loss else None,
                 "eval_loss_last": eval_loss[-1] if eval_loss else None,
@@ -198,9 +207,24 @@ def summary_rows(run_dirs: list[str | Path]) -> list[dict]:
                 "peak_memory_mib": max(peaks) if peaks else None,
                 "method": method_of(run_dir),
                 **_method_values(records, method_of(run_dir)),
+                **({"cause": cause} if cause else {}),
             }
         )
     return rows
+
+
+def _ended(run_dir: str | Path) -> tuple[str, str | None]:
+    """("failed", why) for a run whose last attempt failed (its manifest's record), ("interrupted", which signal)
+    for one stopped before its ranks wrote a summary, else ("incomplete", None): one being written, or killed."""
+    try:
+        data = json.loads(read_bounded(Path(run_dir) / MANIFEST_NAME, MAX_SPEC_BYTES))
+        last = (data.get("attempts") or [data])[-1]
+    except (OSError, Unreadable, ValueError, AttributeError, TypeError, IndexError):
+        return "incomplete", None
+    if not isinstance(last, dict) or last.get("exit_status") in (None, 0):
+        return "incomplete", None
+    cause = last.get("cause") or f"exit status {last['exit_status']}"
+    return ("interrupted" if cause.startswith("stopped by") else "failed"), cause
 
 
 def _method_values(records: list[dict], method: str) -> dict:

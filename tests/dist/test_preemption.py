@@ -24,7 +24,10 @@ from fsdp_tune.launch.stopping import children
 from fsdp_tune.runfiles import COMPLETE_MARKER, MANIFEST_NAME, METRICS_NAME
 from tests.dist.conftest import BASE, TIMEOUT, offline_env
 
-LONG = ("--max_steps", "400", "--save_strategy", "steps", "--save_steps", "1000")
+# a constant learning rate: the last resume ends the run early (--max_steps), which a schedule laid out for 400
+# steps would refuse (PF065)
+CONSTANT = ("--lr_scheduler_type", "constant")
+LONG = ("--max_steps", "400", "--save_strategy", "steps", "--save_steps", "1000", *CONSTANT)
 
 
 def _lines(path: Path) -> int:
@@ -114,8 +117,22 @@ def test_every_delivery_checkpoints_and_resumes(tmp_path, model_cache) -> None:
         assert {"scheduler.pt", "optimizer_0/.metadata", "rng_state_0.pth", "rng_state_1.pth"} <= set(marker["files"])
     assert json.loads((out / MANIFEST_NAME).read_text())["run_id"] == run_id  # resumes continue the run
 
+    # #48: a changed learning rate would be ignored on resume (optimizer.pt, scheduler.pt) while the record said it:
+    # refused before any rank starts, the record untouched
+    record = (out / MANIFEST_NAME).read_text()
+    refused = Launch(out, model_cache, tmp_path / "lr.err", *LONG, "--learning_rate", "0.001", *resume)
+    assert refused.wait() == 2 and "PF065" in refused.stderr() and "--learning_rate 0.005" in refused.stderr()
+    assert (out / MANIFEST_NAME).read_text() == record
+
     last = Launch(
-        out, model_cache, tmp_path / "5.err", "--max_steps", str(seen[-1] + 2), *resume, stdout=subprocess.PIPE
+        out,
+        model_cache,
+        tmp_path / "5.err",
+        "--max_steps",
+        str(seen[-1] + 2),
+        *CONSTANT,
+        *resume,
+        stdout=subprocess.PIPE,
     )
     assert last.proc.stdout.readline()  # `| head -1`: one line, then the reader is gone
     last.proc.stdout.close()

@@ -241,6 +241,11 @@ def test_mixture_with_fraction_weights_samples_and_held_out_rows(tmp_path, tok) 
     weighted = [{"path": str(a), "weight": 1}, {"path": str(b), "weight": 3, "columns": qa}]
     p = prepared(tmp_path / "w", tok, config=mixture_config(tmp_path, weighted, test_split_size=0.25))
     assert [s["used"] for s in p.report["sources"]] == [7, 21] and (len(p.train), len(p.eval)) == (21, 7)
+    from fsdp_tune.output.data import summary_lines  # #48: not "28 sequences" alone when 7 went to evaluation
+
+    assert "  data: 21 of those 28 sequences train, 7 are held out for evaluation (--test_split_size)" in (
+        summary_lines(p.report)
+    )
     fractions = [{"path": str(a), "fraction": 0.5}, {"path": str(b), "fraction": 0.5, "columns": qa}]
     p = prepared(tmp_path / "f", tok, config=mixture_config(tmp_path, fractions))
     assert [s["used"] for s in p.report["sources"]] == [8, 8]  # TRL's rule: the first rows, nothing repeated
@@ -251,7 +256,7 @@ def test_skipped_rows_are_counted_with_their_rows(tmp_path, tok) -> None:
     rows = [*ALPACA[:4], {"instruction": "Q", "input": "", "output": ""}, long_prompt]
     p = prepared(tmp_path, tok, "--dataset_name", str(jsonl(tmp_path / "a.jsonl", rows)))
     skipped = p.report["sources"][0]["skipped"]
-    assert skipped["an empty answer"] == {"count": 1, "rows": [f"{tmp_path / 'a.jsonl'} row 5"]}
+    assert skipped["an empty answer"] == {"count": 1, "rows": [f"{tmp_path / 'a.jsonl'} row 5"], "first": "turn 1"}
     assert skipped["the prompt fills max_seq_len: nothing left to learn"]["rows"] == [f"{tmp_path / 'a.jsonl'} row 6"]
     assert len(p.train) == 4
 
@@ -286,3 +291,34 @@ def test_tool_calls_on_a_template_that_does_not_render_them(tmp_path, tok) -> No
     }
     p = prepared(tmp_path, tok, "--dataset_name", str(jsonl(tmp_path / "t.jsonl", [row])))
     assert answers(tok, p.train)[0] == [call + "<|im_end|>", "It is 6.<|im_end|>"]
+
+
+def test_answers_that_read_as_json_stay_text_where_content_mixes_parts_and_strings(tmp_path, tok) -> None:
+    """#48: `content` a list of parts in one row and a string in the others: datasets types it Json and its encoder
+    takes "4" for JSON already encoded (the int 4 came back, the template refused the row, and the row was skipped
+    on rank 0 after the pre-flight said none would be). Rank 0 now reads what the pre-flight read, row for row; the
+    one row this text-only template does refuse (a list of parts) is counted alike, its reason in the summary."""
+    from fsdp_tune.launch.train import plan_run
+    from fsdp_tune.output.data import summary_lines
+    from fsdp_tune.sources.sample import read_sample
+    from fsdp_tune.worker.data.prepare import prepare
+    from fsdp_tune.worker.data.splits import load_split
+
+    texts = ["4", "true", "null", "[1, 2]", "3.50", "Hello"]
+    rows = [
+        {"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": a}]}
+        for i, a in enumerate(texts)
+    ]
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, MULTI[2]]}
+    data = jsonl(tmp_path / "mixed.jsonl", [*rows, parts])
+    spec = plan_run(BASE, ["--output_dir", str(tmp_path / "run"), "--dataset_name", str(data)], print).spec
+    (source,) = spec.data.sources
+    assert (source.tokenized["rows"], source.tokenized["skipped"]) == (7, 1)  # what the plan says
+    assert load_split(source, "train").to_list() == [r for _, r in read_sample(str(data), "json").rows]
+    p = prepare(spec, tok)
+    assert [a[-1] for a in answers(tok, p.train)] == [f"{t}<|im_end|>" for t in texts]  # every answer, as written
+    report = p.report["sources"][0]
+    assert (report["rows"], report["sequences"]) == (7, 6)
+    (said,) = [line for line in summary_lines(p.report) if "skipped" in line]
+    assert "skipped 1 row(s): the chat template refuses it" in said and f"{data} row 7" in said
+    assert 'TypeError: can only concatenate str (not "list") to str' in said  # the template's own reason

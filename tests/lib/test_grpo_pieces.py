@@ -107,14 +107,20 @@ def test_a_sequence_classifier_is_a_reward_model_on_every_rank(tmp_path, tok) ->
     assert its_tokenizer.pad_token_id == model.config.pad_token_id
 
 
-def test_a_reward_run_is_its_adapter_merged_onto_its_base(tmp_path, tok) -> None:
-    """A --method reward run as a reward: its base loaded as a one-label classifier, its adapter (score head
-    included) merged, scoring as base + adapter does."""
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_reward_run_is_its_adapter_merged_onto_its_base(tmp_path, tok, monkeypatch, rank) -> None:
+    """A --method reward run as a reward (`--reward_funcs runs/rm`): its base, a causal LM whose files hold no
+    `score` head, loaded as a one-label classifier, its adapter (score head included) merged, scoring as base +
+    adapter does. On rank 1 under FSDP's loading (transformers leaves what the files lack on the meta device there,
+    for FSDP to broadcast) the merged model kept meta weights and the run stopped with "Cannot copy out of meta
+    tensor" (#48): every rank scores the same."""
     import json
 
     import torch
+    import torch.distributed as dist
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
     from fsdp_tune.rewards.resolve import resolve
     from fsdp_tune.worker.training.rewards import reward_model
@@ -124,19 +130,30 @@ def test_a_reward_run_is_its_adapter_merged_onto_its_base(tmp_path, tok) -> None
         num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id,
     )  # fmt: skip
     torch.manual_seed(0)
-    base = LlamaForSequenceClassification(config)
-    base.save_pretrained(str(tmp_path / "base"))
+    LlamaForCausalLM(config).save_pretrained(str(tmp_path / "base"))  # what a reward run trains on
+    base = LlamaForSequenceClassification.from_pretrained(str(tmp_path / "base"), num_labels=1)
     peft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], task_type="SEQ_CLS"))
     with torch.no_grad():
         for name, p in peft.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or "modules_to_save" in name:
                 p.fill_(0.1)
     run = tmp_path / "rm"
     peft.save_pretrained(str(run))
     tok.save_pretrained(str(run))
     spec = {"method": "reward", "model": {"name_or_path": str(tmp_path / "base"), "dtype": "float32"}}
     (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": spec}))
-    model, _ = reward_model(resolve(str(run)), NO_CODE)
+    for key, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}.items():
+        monkeypatch.setenv(key, value)  # the rank spec's environment (decide/env.py)
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        model, _ = reward_model(resolve(str(run)), NO_CODE)
+    finally:
+        dist.destroy_process_group()
+    import os
+
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"  # put back for the policy's loading
+    assert not any(p.is_meta for p in model.parameters())
     ids = tok("Say it. It.", return_tensors="pt")
     with torch.no_grad():
         assert torch.allclose(model(**ids).logits, peft.eval()(**ids).logits, atol=1e-5)

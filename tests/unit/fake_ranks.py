@@ -50,6 +50,7 @@ class Launch:
     stop_at: int | None = None  # write an Interrupted summary (a checkpoint at that step)
     signal_seen_by_launcher: int | None = None  # Outcome.signal
     returncode: int = 0
+    torchrun_tail: str = ""  # what torchrun printed (a failed rank's Root Cause block)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class FakeRanks:
             os.environ.pop(run_summary.ATTEMPT_ENV)
             if before is not None:
                 os.environ[run_summary.ATTEMPT_ENV] = before
-        return Outcome(launch.returncode, launch.signal_seen_by_launcher, "")
+        return Outcome(launch.returncode, launch.signal_seen_by_launcher, launch.torchrun_tail)
 
 
 def finished(steps: int, adapter_dir: str) -> run_summary.RunSummary:

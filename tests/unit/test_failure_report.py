@@ -109,7 +109,8 @@ def test_the_report_gives_the_frames_that_matter_and_names_both_logs(tmp_path) -
     assert lines[4] == "              torch/nn/modules/module.py:2600 in load_state_dict: raise RuntimeError("
     assert lines[5] == f"  full log:   {tmp_path / 'logs' / 'rank-0.log'} (the whole traceback)"
     assert lines[6] == f"  torchrun:   {tmp_path / 'logs' / 'torchrun.log'}"
-    assert len(lines) == 7 and "Traceback" not in text and "elastic" not in text
+    assert lines[7] == "  resume:     no complete checkpoint was written: a new launch starts from step 0"
+    assert len(lines) == 8 and "Traceback" not in text and "elastic" not in text
 
 
 def test_a_chained_exception_shows_where_it_started(tmp_path) -> None:
@@ -180,3 +181,35 @@ def test_torchrun_failing_on_its_own_gives_its_exception(tmp_path) -> None:
     tail += "RendezvousTimeoutError: nodes did not join\n"
     text = _report(tmp_path, tail)
     assert "root cause: RendezvousTimeoutError: nodes did not join" in text and "torchrun.log" in text, text
+
+
+REWARD_ERROR = "RewardError: reward fewer_chars (my_rewards.py:fewer_chars) raised at step 3: ZeroDivisionError: x"
+
+
+def test_a_run_stopped_by_a_reward_error_says_where_to_resume_and_report_says_why(tmp_path, fake_ranks) -> None:
+    """#48: the failure said what broke but not which checkpoint a resume continues from, and `report` showed the
+    run "incomplete" without the reason."""
+    from typer.testing import CliRunner
+
+    from fsdp_tune.cli.app import app
+    from fsdp_tune.output.tables import format_rows
+    from fsdp_tune.runfiles import MANIFEST_NAME, METRICS_NAME
+    from fsdp_tune.tools.report import summary_rows
+    from tests.conftest import FIXTURES
+
+    out = tmp_path / "run"
+    block = BLOCK.format(i=0, rank=1, code=1, error_file=_error_file(tmp_path, REWARD_ERROR), traceback="x")
+    fake_ranks.next(checkpoints=[2], returncode=1, torchrun_tail=_tail(block, []))
+    flags = ["--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "2"]
+    r = CliRunner().invoke(app, ["train", "--config", str(FIXTURES / "tiny_lora.yaml"), *flags])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 1 and f"root cause: {REWARD_ERROR}" in said, r.output
+    assert (
+        f"resume: once the cause is fixed, --resume_from_checkpoint latest continues from {out / 'checkpoint-2'}"
+        in (said)
+    )
+    assert json.loads((out / MANIFEST_NAME).read_text())["attempts"][-1]["cause"] == REWARD_ERROR
+    (out / METRICS_NAME).write_text('{"step": 2, "loss": 1.5}\n')
+    (row,) = summary_rows([out])
+    assert (row["status"], row["steps"], row["cause"]) == ("failed", 2, REWARD_ERROR)
+    assert f"{out}: failed: {REWARD_ERROR}" in format_rows([row])

@@ -223,6 +223,9 @@ def test_each_reward_functions_mean_is_a_metric() -> None:
         ("rewards/length_reward/mean", "length_reward"),
     ]
     assert metric_keys(row_of("dpo"), {"rewards/margins"}) == [("rewards/margins", "reward margin")]
+    # #48: a reward function called `reward` is not a second "reward" beside the total in the summary
+    named = metric_keys(row_of("grpo"), {"reward", "rewards/reward/mean"})
+    assert named == [("reward", "reward"), ("rewards/reward/mean", "rewards/reward/mean")]
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def test_a_failed_attempt_keeps_the_finished_runs_record(finished_run, fake_rank
     before = json.loads((finished_run / MANIFEST_NAME).read_text())
     summary = (finished_run / SUMMARY_NAME).read_text()
     fake_ranks.next(returncode=1)  # the resume crashes after launch
-    r = train(finished_run, *SAVE, *LATEST, "--lora_r", "16", "--lora_alpha", "32", "--max_steps", "8")
+    r = train(finished_run, *SAVE, *LATEST, "--lora_r", "16", "--lora_alpha", "32")
     assert r.exit_code == 1, r.output
     after = json.loads((finished_run / MANIFEST_NAME).read_text())
     assert after["exit_status"] == 0 and after["started_at"] == before["started_at"]  # the finished run's record
@@ -92,7 +92,7 @@ def test_a_failed_attempt_keeps_the_finished_runs_record(finished_run, fake_rank
     assert summary_rows([finished_run])[0]["status"] == "finished"
 
     fake_ranks.next(checkpoints=[8])  # a later attempt that finishes becomes the record
-    r = train(finished_run, *SAVE, *LATEST, "--lora_r", "16", "--lora_alpha", "32", "--max_steps", "8")
+    r = train(finished_run, *SAVE, *LATEST, "--lora_r", "16", "--lora_alpha", "32")
     assert r.exit_code == 0, r.output
     last = json.loads((finished_run / MANIFEST_NAME).read_text())
     assert [a["exit_status"] for a in last["attempts"]] == [0, 1, 0]
@@ -120,3 +120,54 @@ def test_what_peft_made_of_the_same_request_is_no_difference(finished_run, fake_
     named = ("--resume_from_checkpoint", str(finished_run / "checkpoint-4"), "--lora_target_modules", *names)
     r = train(finished_run, *SAVE, *named, "--lora_r", "16", "--lora_alpha", "32")
     assert "PF039" not in r.output, r.output
+
+
+R16 = ("--lora_r", "16", "--lora_alpha", "32")
+
+
+@pytest.mark.parametrize(
+    "flags,said,fix",
+    [
+        (("--learning_rate", "1e-3"), "learning_rate 0.005 (this launch: 0.001)", "--learning_rate 0.005"),
+        (("--max_steps", "10"), "max_steps 6 (this launch: 10)", "--max_steps 4 --output_dir"),
+        (("--lr_scheduler_type", "cosine"), "lr_scheduler_type linear (this launch: cosine)", ""),
+        (("--warmup_steps", "0.1"), "warmup_steps 0 (this launch: 0.1)", "--warmup_steps 0"),
+    ],
+)
+def test_a_resume_that_changes_the_schedule_is_refused_before_launch(finished_run, fake_ranks, flags, said, fix):  # noqa: F811
+    """#48: resumed with --learning_rate 1e-3, the run went on at 5e-3 (optimizer.pt and scheduler.pt win) while
+    fsdp_tune_run.json recorded 1e-3; `--max_steps 10` on a finished 6-step linear run bent the schedule (0 at
+    step 7, then back up). Refused before any rank starts, with the checkpoint's values and a new run's way."""
+    manifest = (finished_run / MANIFEST_NAME).read_text()
+    r = train(finished_run, *SAVE, *LATEST, *R16, *flags)
+    said_all = " ".join(r.output.split())
+    assert r.exit_code == 2 and "PF065" in r.output and f"checkpoint-4 was trained with {said}" in said_all, r.output
+    assert fix in said_all and f"--adapter {finished_run / 'checkpoint-4'}" not in said_all  # it holds no adapter
+    assert f"--adapter {finished_run} " in said_all and f"--output_dir {finished_run}-more" in said_all
+    assert len(fake_ranks.specs) == 1  # no rank started
+    assert (finished_run / MANIFEST_NAME).read_text() == manifest  # no attempt recorded with what it would not use
+
+
+def test_more_steps_on_a_schedule_that_does_not_depend_on_them_resume(tmp_path, fake_ranks) -> None:  # noqa: F811
+    """A constant learning rate is the same curve for 6 steps or 10: "train 4 more steps" resumes, and the
+    attempt's record says max_steps 10, which it used."""
+    out, constant = tmp_path / "run", ("--lr_scheduler_type", "constant")
+    fake_ranks.next(checkpoints=[2, 4, 6])
+    assert train(out, *SAVE, *constant).exit_code == 0
+    fake_ranks.next(checkpoints=[8, 10])
+    r = train(out, *SAVE, *constant, *LATEST, "--max_steps", "10")
+    assert r.exit_code == 0 and "PF065" not in r.output, r.output
+    assert fake_ranks.specs[-1].trainer_args["max_steps"] == 10
+    record = json.loads((out / MANIFEST_NAME).read_text())["attempts"][-1]
+    assert record["resolved_config"]["training"]["max_steps"] == 10 and record["exit_status"] == 0
+
+
+def test_a_changed_learning_rate_on_an_unfinished_run_names_no_adapter_that_is_not_there(tmp_path, fake_ranks) -> None:  # noqa: F811
+    """A sharded checkpoint holds no adapter to start a new run from, and a run stopped mid-way has none yet."""
+    out = tmp_path / "run"
+    fake_ranks.next(stop_at=2)
+    assert train(out, *SAVE).exit_code == 143
+    r = train(out, *SAVE, *LATEST, "--learning_rate", "1e-3")
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "PF065" in said and "--learning_rate 0.005" in said, r.output
+    assert f"once the run has finished (resumed as it was), --adapter {out} --output_dir {out}-more" in said

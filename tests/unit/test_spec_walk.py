@@ -223,6 +223,8 @@ ENV = {
     "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},
     # where --report_to's trackers wrote, for the summary to say: the trackers' own settings, read, not decided on
     "worker/summary.py": {"WANDB_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"},
+    # switched off while a reward run's base loads whole on every rank (transformers reads it), then put back
+    "worker/training/rewards.py": {"FSDP_CPU_RAM_EFFICIENT_LOADING"},
 }
 
 # What the worker may import of fsdp_tune outside worker/: the spec, the run folder's names and markers, the
@@ -245,6 +247,7 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.sources.preference_rows",
     "fsdp_tune.sources.encode",  # rows rendered, masked and cut, as the launcher's pre-flight counts them
     "fsdp_tune.sources.rows",
+    "fsdp_tune.sources.sample",  # a JSON file's rows parsed as the pre-flight parses them, where datasets would not
     "fsdp_tune.config.methods",  # the methods' names and the metric names each logs: a table, no decision
     "fsdp_tune.config.model_kinds",  # the model kinds' Auto classes and whether they have a processor: a table
     "fsdp_tune.sources.vision",  # images in the rows: converted as the launcher checks them

@@ -3,6 +3,7 @@ signal logic (no torch here; tests/dist/test_preemption.py runs every delivery f
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
-from fsdp_tune.runfiles import STOP_FILE
+from fsdp_tune.runfiles import MANIFEST_NAME, STOP_FILE
 from tests.conftest import FIXTURES
 from tests.unit.fake_ranks import stub_launcher
 
@@ -112,6 +113,8 @@ def test_the_launcher_turns_every_stop_signal_into_a_stop_request(tmp_path, sig)
         launcher.kill()
     assert launcher.returncode == (130 if sig == signal.SIGINT else 143), err
     assert f"stopped by {signal.Signals(sig).name}" in err
+    assert "error:" not in err and "interrupted: stopped by" in err, err  # #48: a request, not an error
+    assert "no complete checkpoint was written: a new launch starts from step 0" in err  # the stub saves none
 
 
 def test_a_stop_the_ranks_alone_received_ends_interrupted(tmp_path, fake_ranks) -> None:
@@ -122,6 +125,21 @@ def test_a_stop_the_ranks_alone_received_ends_interrupted(tmp_path, fake_ranks) 
     assert r.exit_code == 143, r.output
     assert "stopped at step 3: checkpoint saved; continue with --resume_from_checkpoint latest" in r.output
     assert "stopped by SIGTERM (received by the ranks)" in r.output
+
+
+def test_ctrl_c_reads_as_an_interruption_with_what_to_resume(tmp_path, fake_ranks) -> None:
+    """#48: Ctrl-C ended with `error: stopped by SIGINT`. It is exit 130, said as an interruption, with the
+    checkpoint that --resume_from_checkpoint latest continues from."""
+    out = tmp_path / "o"
+    fake_ranks.next(stop_at=3, signal_seen_by_launcher=signal.SIGINT)
+    r = runner.invoke(app, ["train", "--config", str(FIXTURES / "tiny_lora.yaml"), "--output_dir", str(out)])
+    assert r.exit_code == 130, r.output
+    said = " ".join(r.output.split())
+    assert "interrupted: stopped by SIGINT (Ctrl-C)" in said and "error:" not in said, r.output
+    resume = "stopped at step 3: checkpoint saved; continue with --resume_from_checkpoint latest"
+    assert f"{resume} (it continues from {out / 'checkpoint-3'})" in said, r.output
+    attempt = json.loads((out / MANIFEST_NAME).read_text())["attempts"][-1]
+    assert attempt["cause"] == "stopped by SIGINT (Ctrl-C)"  # what `report` says of a run stopped before a summary
 
 
 def test_torchrun_forwards_sigusr1_and_waits_for_the_checkpoint() -> None:

@@ -162,7 +162,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"loss on {loss}"
         )
         for reason, seen in s["skipped"].items():
-            rows = ", ".join(seen["rows"])
+            rows = ", ".join(seen["rows"]) + (f"; the first: {seen['first']}" if seen.get("first") else "")
             print(f"fsdp-tune: warning: {seen['count']} row(s) of {s['source']} skipped: {reason} ({rows})")
         clipped = s.get("clipped") or {}
         if clipped.get("count"):

@@ -22,6 +22,8 @@ def load_split(source: Source, split: str):
         files = source.files[name]
         kwargs = _as_text(files) if source.loader == "csv" else {}
         dataset = load_dataset(source.loader, data_files={name: files}, split=split, **kwargs)
+        if source.loader == "json":
+            dataset = _as_written(dataset, files, split, name)
     else:
         dataset = load_dataset(
             source.path, name=source.name, data_dir=source.data_dir, data_files=source.data_files, split=split
@@ -45,6 +47,29 @@ def _as_text(files: list[str]) -> dict:
         header = next(csv.reader(f, delimiter=delimiter), [])
     features = Features({column: Value("string") for column in header})
     return {"delimiter": delimiter, "features": features, "keep_default_na": False}
+
+
+def _as_written(dataset, files: list[str], split: str, name: str):
+    """The rows as the files hold them, as the pre-flight reads them (sources/sample.py), where `datasets` would
+    change them: a field whose values mix kinds (a message's `content` a list of parts in image rows and a string
+    in text-only rows) is typed Json, and its encoder keeps a string that parses as JSON as if it were encoded
+    already, so an answer "4" comes back as the int 4, "true" as True, "null" as None (datasets 5.2,
+    utils/json.py json_encode_field). Such a column is read again with json.loads and handed over encoded by us,
+    whole; the other columns keep the types datasets gave them. Data without mixed fields is untouched."""
+    import json
+
+    from datasets import Dataset, Features, Json
+    from datasets.utils.json import get_json_field_paths_from_feature
+
+    mixed = {path[0] for path in get_json_field_paths_from_feature(dataset.features)}
+    if not mixed:
+        return dataset
+    from fsdp_tune.sources.sample import every_json_row
+
+    rows = [row for f in files for row in every_json_row(f)]
+    features = Features({c: Json() if c in mixed else t for c, t in dataset.features.items()})
+    columns = {c: [json.dumps(row.get(c)) if c in mixed else row.get(c) for row in rows] for c in dataset.column_names}
+    return _sliced(Dataset.from_dict(columns, features=features), split, name)
 
 
 def _from_disk(folder: str, name: str):

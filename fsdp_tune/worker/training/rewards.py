@@ -8,6 +8,8 @@ small unsharded copy on every rank, in inference mode (TRL's _calculate_rewards 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from fsdp_tune.rewards.builtin import make
 from fsdp_tune.rewards.guard import guarded
 from fsdp_tune.rewards.load import load_function
 from fsdp_tune.runfiles import RESOLVED_NAME
+
+RAM_EFFICIENT = "FSDP_CPU_RAM_EFFICIENT_LOADING"  # transformers' rank-0-only loading under FSDP (distributed/fsdp.py)
 
 
 def reward_kwargs(spec: RankSpec, tokenizer, step=lambda: None) -> dict[str, Any]:
@@ -56,7 +60,8 @@ def reward_model(reward: RewardSpec, spec: RankSpec):
         base = read_json(folder / RESOLVED_NAME)["spec"]["model"]
         dtype = getattr(torch, base.get("dtype") or "float32", torch.float32)
         auto = AutoModelForSequenceClassification
-        model = open_model(auto, base["name_or_path"], trust, num_labels=1, dtype=dtype)
+        with _whole_on_this_rank():
+            model = open_model(auto, base["name_or_path"], trust, num_labels=1, dtype=dtype)
         if len(tokenizer) != model.get_input_embeddings().weight.shape[0]:
             model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)  # as the reward run grew it
         model = open_adapter(model, folder).merge_and_unload()
@@ -65,3 +70,22 @@ def reward_model(reward: RewardSpec, spec: RankSpec):
     model.config.pad_token_id = tokenizer.pad_token_id
     model.requires_grad_(False)
     return model.eval(), tokenizer  # TRL places it on the rank's device (accelerator.prepare_model)
+
+
+@contextlib.contextmanager
+def _whole_on_this_rank():
+    """transformers' FSDP loading (FSDP_CPU_RAM_EFFICIENT_LOADING, from the rank spec's environment) switched off
+    while a reward run's base loads: under it, every rank but local rank 0 leaves the weights the checkpoint lacks on
+    the meta device for FSDP to broadcast (modeling_utils _move_missing_keys_from_meta_to_device). A causal LM's
+    files lack the classifier's `score` head, and this copy is never sharded: PEFT's loading of the adapter's `score`
+    (modules_to_save) then stopped rank 1 with "Cannot copy out of meta tensor". Each rank loads it whole, as a
+    merged reward model loads (its files hold `score`), and the adapter's saved head replaces the new one."""
+    before = os.environ.get(RAM_EFFICIENT)
+    os.environ[RAM_EFFICIENT] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[RAM_EFFICIENT]
+        else:
+            os.environ[RAM_EFFICIENT] = before
