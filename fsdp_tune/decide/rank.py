@@ -56,7 +56,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         parallelism=mesh(cfg, on_cpu),
         fsdp_mixed_precision=qlora_policy,
         model=model_spec(cfg, d),
-        lora=lora_kwargs(cfg),
+        lora=lora_kwargs(cfg, d.model),
         data=data_spec(cfg, d),
         output_dir=output_dir,
         resume_from_checkpoint=resume,
@@ -170,8 +170,8 @@ def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:
             out["use_orig_params"] = False
     else:
         out["reshard_after_forward"] = f.reshard_after_forward
-    if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and vision.layer_classes(cfg):
-        out["transformer_layer_cls_to_wrap"] = list(vision.layer_classes(cfg))  # a vision model's: both towers
+    if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and vision.layer_classes(cfg, d.model):
+        out["transformer_layer_cls_to_wrap"] = list(vision.layer_classes(cfg, d.model))  # a vision model's: both towers
     if f.auto_wrap_policy == "SIZE_BASED_WRAP":
         out["min_num_params"] = f.min_num_params
     return out
@@ -208,15 +208,15 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
     if not args["fp16"]:
         args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
     args.setdefault("report_to", "none")
-    args = vision.trainer_args(cfg, args)  # a vision-language model's rows keep their images (decide/vision.py)
+    args = vision.trainer_args(d.model, args)  # a vision-language model's rows keep their images (decide/vision.py)
     return method_args(cfg, args)  # what the method's TRL config takes (decide/method.py)
 
 
-def attention(cfg: RunConfig) -> str | None:
+def attention(cfg: RunConfig, d: Derived) -> str | None:
     """The user's, else the model class's default (sdpa, or eager where the class cannot take sdpa); None for a
     model not on this machine: transformers then picks the same way when it loads it."""
     m = cfg.model
-    return chosen_attention(m.model_name_or_path, m.attn_implementation, m.use_flash_attn)
+    return chosen_attention(d.model.config, m.attn_implementation, m.use_flash_attn)
 
 
 def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
@@ -237,14 +237,15 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
         requested=name,
         revision=cfg.model.model_revision,
         dtype=d.model_dtype,
-        attn_implementation=attention(cfg),
+        attn_implementation=attention(cfg, d),
         trust_remote_code=cfg.model.trust_remote_code,
         quantization=quantization,
         chat_template=None if template == "none" else template,
         adapter=os.path.abspath(os.path.expanduser(cfg.model.adapter)) if cfg.model.adapter else None,
         reference=cfg.model.reference if cfg.model.adapter else "base",
-        kind=vision.model_kind(cfg),  # config/model_kinds.py: the Auto class, a processor or not
-        vision=vision.vision_spec(cfg),
+        kind=vision.model_kind(d.model),  # config/model_kinds.py: the Auto class, a processor or not
+        vision=vision.vision_spec(cfg, d.model),
+        facts=d.model,
     )
 
 

@@ -21,7 +21,7 @@ from fsdp_tune.preflight.memory import check_memory
 from fsdp_tune.preflight.vision import vision_data_findings
 from fsdp_tune.rundir import outdir, ownership
 from fsdp_tune.runfiles import links_in
-from fsdp_tune.sources.model import hub_cached, offline
+from fsdp_tune.sources.model import ModelFacts, hub_cached, offline
 from fsdp_tune.sources.modelcheck import check_model_folder
 from fsdp_tune.sources.weights import check_weights
 
@@ -42,7 +42,7 @@ def _looks_like_path(name: str) -> bool:
 
 def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_requested: bool) -> list[Finding]:
     findings: list[Finding] = []
-    findings += _model(cfg)
+    findings += _model(cfg, spec.model.facts)
     findings += _libraries(cfg, spec, machine)
     findings += reach.port_findings(spec)
     findings += _output_dir(cfg, spec, resume_requested)
@@ -50,7 +50,8 @@ def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_reque
     return findings
 
 
-def _model(cfg: RunConfig) -> list[Finding]:
+def _model(cfg: RunConfig, facts: ModelFacts) -> list[Finding]:
+    """The model's files, as the door found them when the run was decided (`ModelSpec.facts`)."""
     name = cfg.model.model_name_or_path
     if not name:
         return [
@@ -75,21 +76,21 @@ def _model(cfg: RunConfig) -> list[Finding]:
             ]
         return []
     if _looks_like_path(name):
-        path = Path(name).expanduser()
-        if not path.is_dir():
+        path = Path(facts.path or name)
+        if facts.where != "local" or not path.is_dir():
             return [_err("PF002", "--model_name_or_path", f"{name} does not exist", "check the path")]
-        if not (path / "config.json").exists():
+        if facts.config is None and facts.problem is None:
             return [
                 _err("PF002", "--model_name_or_path", f"{name} has no config.json: not a Transformers model folder")
             ]
         found = check_weights(path, name)
-        return found + check_model_folder(path, name, cfg.model.trust_remote_code, shapes=not found)
-    return _hub_model(name)
+        return found + check_model_folder(path, name, cfg.model.trust_remote_code, shapes=not found, facts=facts)
+    return _hub_model(name, facts)
 
 
-def _hub_model(name: str) -> list[Finding]:
+def _hub_model(name: str, facts: ModelFacts) -> list[Finding]:
     """A hub id: in the local cache, or a Hub that answers (offline: it must be in the cache)."""
-    if hub_cached(name, "models"):
+    if facts.where == "cache" or hub_cached(name, "models"):
         return []
     if _offline():
         return [

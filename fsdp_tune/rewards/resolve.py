@@ -27,6 +27,7 @@ from typing import Literal
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.rewards.builtin import BUILTINS
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
+from fsdp_tune.sources.model import model_config
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,7 @@ def _folder(entry: str, folder: Path) -> RewardSpec:
                 "a --method reward run's folder (fsdp-tune train --method reward ...)",
             )
         return RewardSpec(name=folder.name, kind="reward_run", target=str(folder.resolve()), written=entry)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        config = None
+    config = model_config(str(folder))  # the model door (sources/model.py)
     archs = (config or {}).get("architectures") or []
     if not any(str(a).endswith("ForSequenceClassification") for a in archs):
         what = f"its architectures are {', '.join(archs)}" if archs else "it has no config.json with architectures"

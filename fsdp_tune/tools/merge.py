@@ -68,12 +68,9 @@ def _trained_quantized(adapter_dir: Path) -> bool:
 def own_dtype(base: str) -> tuple[str, str]:
     """The base model's own dtype and where it was read: config.json's `dtype` (`torch_dtype` before
     transformers 4.56), else the dtype most of its safetensors weights have; float32 when neither tells."""
-    from transformers.utils import cached_file
+    from fsdp_tune.sources.model import fetch_config
 
-    try:
-        config = json.loads(Path(cached_file(base, "config.json")).read_text())
-    except (OSError, ValueError):
-        config = {}
+    config = fetch_config(base) or {}
     name = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
     if name in DTYPES:
         return DTYPES[name], "the base's own, from config.json"

@@ -4,7 +4,6 @@ config.json: config/model_kinds.py)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from fsdp_tune.config.model_kinds import VISION_LANGUAGE, kind_of
@@ -14,13 +13,9 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 def kind_of_base(base: str) -> str:
     """The base model's kind, from its config.json (a local folder, or the Hub cache)."""
-    from transformers.utils import cached_file
+    from fsdp_tune.sources.model import fetch_config
 
-    try:
-        config = json.loads(Path(cached_file(base, "config.json")).read_text())
-    except (OSError, ValueError):
-        return kind_of(None)
-    return kind_of(config)
+    return kind_of(fetch_config(base))
 
 
 def reads_images(base: str) -> bool:
