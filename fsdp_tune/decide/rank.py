@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fsdp_tune.config.run_folder import output_dir as run_output_dir
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import vision
 from fsdp_tune.decide.data import data_spec
@@ -24,7 +25,6 @@ from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
 BUILTIN = "builtin:"  # a model fsdp-tune builds: the ranks read the folder it is built into (launch/torchrun.py)
-DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
 DEFAULT_TIMEOUT_S = 1800  # TrainingArguments' ddp_timeout default
 
 
@@ -37,7 +37,7 @@ def console_mode(verbose: bool, tty: bool) -> str:
 def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
     d = derive(cfg, machine)  # decide/derived.py, once: every decision below reads it
     on_cpu = d.on_cpu
-    output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
+    output_dir = run_output_dir(cfg)  # config/run_folder.py: the one answer
     qlora_policy = fsdp2_qlora_policy(cfg, d)
     units = fsdp_config(cfg, d)  # the transformers path's fsdp_config
     loading = decide_loading(cfg, d, units, qlora_policy)  # decide/loading.py

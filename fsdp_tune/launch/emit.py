@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from fsdp_tune.config.run_folder import output_dir_as_given
 from fsdp_tune.errors import PreflightError, Severity, UsageError
 from fsdp_tune.schedulers import emitters
 from fsdp_tune.schedulers import job as jobs
@@ -42,7 +43,7 @@ def emit(
         raise UsageError(f"--emit {kind}: unknown", f"one of: {', '.join(emitters.EMITTERS)}")
     cfg = check(config, args).config  # the job's size, before any scheduler says it
     nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, runs_on_cpu(cfg)  # as written
-    local_out = str(cfg.training.get("output_dir") or "output")
+    local_out = output_dir_as_given(cfg)  # config/run_folder.py: train's default when none is given
     name = emitters.job_name(local_out)
     refused = emitters.refusals(row, kind, cfg, args, image)
     if refused:

@@ -211,8 +211,6 @@ def _hub(cfg: RunConfig) -> list[Finding]:
 
 
 def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[Finding]:
-    if not cfg.training.get("output_dir"):
-        return [_err("PF030", "--output_dir", "no output dir given", "--output_dir runs/my-run")]
     out = Path(spec.output_dir)
     unwritable = _unwritable(out)
     if unwritable:
