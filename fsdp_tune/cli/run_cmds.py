@@ -198,7 +198,7 @@ def plan_cmd(
         from fsdp_tune.planner.plan import memory_plan
         from fsdp_tune.validate import load
 
-        cfg = load(config, args).config
+        cfg = load(config, args, launch=False).config  # a plan is not a launch: machine 0's address not asked
         on_cpu = runs_on_cpu(cfg, asked=cpu)  # the run the config describes, or a CPU plan asked for (--cpu)
         if trace:  # refused up front (TR001, TR002) rather than after the plan
             from fsdp_tune.trace import guard

@@ -164,3 +164,37 @@ def test_decided_once_and_carried_by_the_rank_spec(tmp_path, monkeypatch) -> Non
     assert spec.model.facts.where == "cache" and spec.model.facts.path == str(snapshot)
     (snapshot / CONFIG).write_text(json.dumps({**TINY, "num_hidden_layers": 9}))
     assert spec.model.facts.config["num_hidden_layers"] == 2
+
+
+def _plan(*argv: str):
+    from typer.testing import CliRunner
+
+    from fsdp_tune.cli.app import app
+
+    return CliRunner().invoke(app, ["plan", *argv])
+
+
+def test_a_hub_id_not_on_this_machine_names_the_nearest_reference_configs_and_the_download(
+    tmp_path, monkeypatch
+) -> None:
+    """Qwen2.5-72B is not shipped: the message names where it looked, the nearest configs fsdp-tune ships, and the
+    command that puts the config where plan then finds it."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    r = _plan("--model_name_or_path", "Qwen/Qwen2.5-72B")
+    assert r.exit_code == 2, r.output
+    assert "not in the Hugging Face cache" in r.output and str(tmp_path / "hf" / "hub") in r.output
+    assert "the nearest: Qwen/Qwen2.5-7B" in r.output
+    assert "hf download Qwen/Qwen2.5-72B --include config.json" in r.output
+
+
+def test_a_hub_id_unlike_any_reference_lists_them_all(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    r = _plan("--model_name_or_path", "acme/zzz")
+    assert r.exit_code == 2 and "they are: " in r.output and "meta-llama/Llama-2-7b-hf" in r.output, r.output
+
+
+def test_a_plan_is_not_a_launch_several_machines_need_no_address() -> None:
+    argv = ["--model_name_or_path", "meta-llama/Llama-2-70b-hf", "--num_processes", "16", "--num_machines", "2"]
+    assert [f.rule for f in check(None, argv).errors] == ["FT092"]  # a launch does
+    assert not check(None, argv, launch=False).errors
