@@ -50,6 +50,30 @@ def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_reque
     return findings
 
 
+def check_files(cfg: RunConfig) -> list[Finding]:
+    """What `validate-config` can see of a launch's files, without torch and without the network: a local model
+    folder (PF002, PF005-PF007) and every local data source, located, read and its format detected
+    (preflight/data.py settle, as train's pre-flight, without tokenizing). What the launch would find missing or
+    unreadable here is an error here too (#48). Hub ids (models, datasets) are left to train's pre-flight: a config
+    is often checked on a machine other than the one that runs it; and what the config does not name (an
+    Accelerate YAML alone has no model and no data) is not asked for."""
+    from fsdp_tune.decide.data import data_spec
+    from fsdp_tune.decide.derived import derive
+    from fsdp_tune.preflight.data import settle
+    from fsdp_tune.sources.data import locate
+
+    d = derive(cfg)
+    name = cfg.model.model_name_or_path
+    findings = _model(cfg, d.model) if name and _looks_like_path(name) else []  # builtin: FT085
+    data = data_spec(cfg, d)
+    local = tuple(s for s in data.sources if locate(s).is_local)
+    if not local:
+        return findings
+    eval_wanted = d.evaluation and not data.test_split_size
+    _, found = settle(local, data.text_field, data.peft_text_field, eval_wanted, None, cfg.run.method)
+    return findings + found
+
+
 def _model(cfg: RunConfig, facts: ModelFacts) -> list[Finding]:
     """The model's files, as the door found them when the run was decided (`ModelSpec.facts`)."""
     name = cfg.model.model_name_or_path
