@@ -41,8 +41,8 @@ def depth(spec: RankSpec) -> int:
 
 
 def _config(spec: RankSpec) -> dict:
-    """The model's config.json as the door found it at decide time (`ModelSpec.facts`); the trace's guard refuses
-    a model that is not on this machine before this is read."""
+    """The model's config.json as the door found it at decide time (`ModelSpec.facts`); `plan --trace` plans first,
+    and the plan refuses a model whose config is not on this machine (planner/plan.py) before this is read."""
     config = spec.model.facts.config
     if config is None:
         raise FileNotFoundError(spec.model.requested)
