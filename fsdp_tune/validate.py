@@ -5,7 +5,7 @@ The one entry point the commands use (validate-config, train, plan, convert); to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fsdp_tune.config import fsdp2, idiom
 from fsdp_tune.config.adapter_start import apply_adapter_start
@@ -34,10 +34,14 @@ class Checked:
         return [f for f in self.findings if f.severity is Severity.WARNING]
 
 
-def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True, scheduler=None) -> Checked:
+def check(
+    config_path: str | None, argv: list[str], adopt_fsdp2: bool = True, scheduler=None, launch: bool = True
+) -> Checked:
     """Read the file and the flags (flags win), normalize, and run every rule. Never raises on bad values.
     adopt_fsdp2=False reads an Accelerate YAML without fsdp_version as accelerate does (FSDP1): `convert` only.
-    `scheduler`: `train`'s merge of a scheduler's topology into the assignments (schedulers/merge.py)."""
+    `scheduler`: `train`'s merge of a scheduler's topology into the assignments (schedulers/merge.py).
+    launch=False: a plan, not a launch (`plan`): where machine 0 is does not change a plan, so several machines
+    without --main_process_ip get a placeholder address instead of FT092's refusal."""
     findings: list[Finding] = []
     assignments = []
     fmt = None
@@ -64,13 +68,27 @@ def check(config_path: str | None, argv: list[str], adopt_fsdp2: bool = True, sc
     findings += trl_findings
     cfg, method_findings = apply_method_defaults(cfg)  # DPO/KTO: FSDP's activation checkpointing for TRL's default
     findings += method_findings
+    if not launch:
+        cfg = _placeholder_address(cfg)
     findings += run_rules(cfg)
     return Checked(cfg, findings, fmt)
 
 
-def load(config_path: str | None, argv: list[str], strict: bool = False, scheduler=None) -> Checked:
+PLACEHOLDER_ADDRESS = "MACHINE_0_ADDRESS"  # a plan's machine 0, never launched
+
+
+def _placeholder_address(cfg: RunConfig) -> RunConfig:
+    lc = cfg.launch
+    if lc.num_machines <= 1 or lc.main_process_ip:
+        return cfg
+    return replace(cfg, launch=replace(lc, main_process_ip=PLACEHOLDER_ADDRESS))
+
+
+def load(
+    config_path: str | None, argv: list[str], strict: bool = False, scheduler=None, launch: bool = True
+) -> Checked:
     """check(), raising ConfigError when there are errors (or warnings, with strict)."""
-    checked = check(config_path, argv, scheduler=scheduler)
+    checked = check(config_path, argv, scheduler=scheduler, launch=launch)
     if checked.errors or (strict and checked.warnings):
         raise ConfigError(config_path or "the command line", checked.findings)
     return checked

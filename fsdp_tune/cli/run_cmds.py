@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from fsdp_tune.cli.common import ConfigOpt, DebugOpt, echo_out, guard, split_config, style
+from fsdp_tune.errors import ExitCode
 
 
 def train(
@@ -43,8 +44,8 @@ def train(
 
     `--dry_run --gpu h100 [--gpus 8]` previews the launch on a simulated GPU node from any machine.
     Also: --resume_from_checkpoint latest|PATH, --overwrite_output_dir, --max_restarts N, --ddp_timeout S,
-    --save_on_interrupt false. Exit codes: 0 trained, 1 training failed, 2 bad config or pre-flight,
-    3 internal error, 130/143 interrupted.
+    --save_on_interrupt false. Exit codes: 0 trained (a dry run: could start), 1 training failed, 2 bad config or
+    pre-flight (a dry run too), 3 internal error, 130/143 interrupted.
     """
     config, args = split_config(config, list(ctx.args))
     node = (gpu, gpus)
@@ -101,12 +102,14 @@ def _train(
     planned = plan_run(config, args, lambda m: typer.echo(m, err=True), machine=machine, console=console)
     if as_json and dry_run:
         typer.echo(json.dumps(_plan_json(planned, simulated=bool(gpu)), indent=2))
+        _dry_run_exit(planned)
         return
     _show_plan(config, planned)
     if gpu:
         echo_out(simulate.describe(planned.machine))
     if dry_run:
         _dry_run(planned, simulated=bool(gpu))
+        _dry_run_exit(planned)
         return
     _preflight_report(planned.machine_findings, dry_run=False)  # its errors: execute() refuses to start
     summary = execute(planned, lambda m: typer.echo(m, err=True))
@@ -152,6 +155,15 @@ def _dry_run(planned, simulated: bool = False) -> None:
     _dry_run_memory(planned, simulated)
     _preflight_report(planned.machine_findings, dry_run=True, simulated=simulated)
     typer.echo("dry run: nothing was started")
+
+
+def _dry_run_exit(planned) -> None:
+    """A dry run whose pre-flight found an error exits 2, as the launch would (a CI gate on `--dry_run` must not
+    pass what cannot start); the report was printed already (or is in the JSON's "preflight")."""
+    from fsdp_tune.launch.train import preflight_error
+
+    if preflight_error(planned.machine_findings) is not None:
+        raise typer.Exit(int(ExitCode.BAD_CONFIG))
 
 
 def _preflight_report(findings: list, dry_run: bool, simulated: bool = False) -> None:
@@ -202,7 +214,7 @@ def plan_cmd(
         from fsdp_tune.planner.plan import memory_plan
         from fsdp_tune.validate import load
 
-        cfg = load(config, args).config
+        cfg = load(config, args, launch=False).config  # a plan is not a launch: machine 0's address not asked
         on_cpu = runs_on_cpu(cfg, asked=cpu)  # the run the config describes, or a CPU plan asked for (--cpu)
         if trace:  # refused up front (TR001, TR002) rather than after the plan
             from fsdp_tune.trace import guard

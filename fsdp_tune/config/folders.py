@@ -67,7 +67,7 @@ def _parse(path: Path, text: bytes | str) -> Any:
     except RecursionError:
         raise FolderRefused(f"{path}: JSON nested too deep", "the file is not what its name says") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise FolderRefused(f"{path}: not valid JSON ({str(e)[:120]})", "the file is not what its name says") from None
+        raise FolderRefused(f"{path}: not valid JSON ({str(e)[:120]})", "the file is not what its name says") from e
 
 
 def read_json(path: Path) -> Any:

@@ -1,6 +1,7 @@
 """The decisions every reader of a run shares, made here once: the machine the run is for (CPU or GPUs: the one
 definition, `runs_on_cpu`), the precision and dtypes, gradient vs activation checkpointing, whether offload acts,
-the method's row, the seeds. The rank spec (decide/rank.py), the rules, the planner and the trace read them
+the method's row, the seeds, the model's files and config.json (the door:
+sources/model.py). The rank spec (decide/rank.py), the rules, the planner and the trace read them
 through one `Derived` (`derive`), never each its own way.
 
 Pure (no torch): the machine comes in as data (decide/machine.py), or not at all for a config judged as written
@@ -10,11 +11,12 @@ Pure (no torch): the machine comes in as data (decide/machine.py), or not at all
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsdp_tune.config.methods import MethodRow, row_of
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 from fsdp_tune.decide.machine import Machine
+from fsdp_tune.sources.model import ModelFacts, model_facts
 
 FLOATS = ("bfloat16", "float16", "float32")
 DTYPE_OF_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16", "no": "float32"}
@@ -142,6 +144,8 @@ class Derived:
     seed: int  # --seed (TRL's default when not given)
     data_seed: int  # --data_seed, else the seed (as the data step has always read them)
     method: MethodRow  # the training method's row (config/methods.py)
+    # the model's files and config.json, found once by the door (sources/model.py): what every later stage reads
+    model: ModelFacts = field(default_factory=lambda: ModelFacts("absent"))
 
 
 def derive(cfg: RunConfig, machine: Machine | None = None, cpu: bool = False) -> Derived:
@@ -164,4 +168,5 @@ def derive(cfg: RunConfig, machine: Machine | None = None, cpu: bool = False) ->
         seed=seed,
         data_seed=int(cfg.training.get("data_seed") or seed),
         method=row_of(cfg.run.method),
+        model=model_facts(cfg.model.model_name_or_path, cfg.model.model_revision),
     )

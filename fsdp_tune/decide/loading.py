@@ -9,7 +9,7 @@ model on each GPU), then accelerate's fully_shard.
 `--loading sharded` insists (a config it cannot take is refused up front, FT036, and a model a rank finds it cannot
 take stops the run); `--loading transformers` keeps from_pretrained. What only a rank can see (a hub model's files,
 checkpoint keys the model does not have) is checked there, and an `auto` run then falls back on every rank alike.
-Pure: reads a model's config.json and file names where they are on this machine; no torch.
+Pure: reads the model's config.json as the door found it (`Derived.model`) and its file names; no torch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, mesh_sizes
 from fsdp_tune.decide.spec import Loading, ShardedPlan
 from fsdp_tune.decide.vision import layer_classes
-from fsdp_tune.sources import model as model_source
+from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.sources.moe import has_experts
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
@@ -37,17 +37,18 @@ def remote_code_reason(trust_remote_code: bool, auto_map: Any) -> str | None:
     return None
 
 
-def loading_path(cfg: RunConfig) -> tuple[str, str | None]:
-    """("sharded" | "transformers", why the run does not load sharded: None when it does)."""
+def loading_path(cfg: RunConfig, model: ModelFacts) -> tuple[str, str | None]:
+    """("sharded" | "transformers", why the run does not load sharded: None when it does); `model`: the model's
+    files as the door found them (`Derived.model`)."""
     if cfg.model.loading == "transformers":
         return "transformers", "asked for (--loading transformers)"
-    reason = why_not_sharded(cfg)
+    reason = why_not_sharded(cfg, model)
     return ("transformers", reason) if reason else ("sharded", None)
 
 
-def why_not_sharded(cfg: RunConfig) -> str | None:
+def why_not_sharded(cfg: RunConfig, model: ModelFacts) -> str | None:
     """Why sharded loading cannot take this run (the first reason found), or None when it can."""
-    return _setting_reason(cfg) or _model_reason(cfg)
+    return _setting_reason(cfg) or _model_reason(cfg, model)
 
 
 def _setting_reason(cfg: RunConfig) -> str | None:
@@ -81,10 +82,10 @@ def _setting_reason(cfg: RunConfig) -> str | None:
     return None
 
 
-def _model_reason(cfg: RunConfig) -> str | None:
+def _model_reason(cfg: RunConfig, model: ModelFacts) -> str | None:
     """What the model's own files say, where they are on this machine (else the ranks check)."""
     name = cfg.model.model_name_or_path or ""
-    config = model_source.model_config(name) if name else None
+    config = model.config
     if config is None:
         if cfg.model.trust_remote_code and name:
             return "trust_remote_code with a model whose config is not on this machine: its code may make weights"
@@ -97,8 +98,8 @@ def _model_reason(cfg: RunConfig) -> str | None:
     for section in (config, config.get("text_config") or {}):
         if has_experts(section):
             return f"{config.get('model_type')} is a mixture of experts: transformers fuses its expert tensors on load"
-    folder = Path(name).expanduser()
-    if folder.is_dir() and not any((folder / f).exists() for f in WEIGHT_FILES):
+    folder = Path(model.path or "")
+    if model.where == "local" and folder.is_dir() and not any((folder / f).exists() for f in WEIGHT_FILES):
         return f"{name} holds no safetensors weights ({' or '.join(WEIGHT_FILES)})"
     return None
 
@@ -115,7 +116,7 @@ def sharded_plan(cfg: RunConfig, d: Derived, qlora_policy: dict[str, str] | None
         dtype = DTYPE_OF_PRECISION[d.precision]
         policy = {"param_dtype": dtype, "reduce_dtype": dtype, "output_dtype": dtype}
     return ShardedPlan(
-        layer_cls=layer_classes(cfg),  # the user's, or a vision-language family's (decide/vision.py)
+        layer_cls=layer_classes(cfg, d.model),  # the user's, or a vision-language family's (decide/vision.py)
         reshard_after_forward=f.reshard_after_forward,
         activation_checkpointing=f.activation_checkpointing,
         activation_checkpointing_offload=f.activation_checkpointing_offload and not d.on_cpu,
@@ -137,7 +138,7 @@ def trainer_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
 def decide_loading(cfg: RunConfig, d: Derived, fsdp_config: dict[str, Any], qlora_policy: dict | None) -> Loading:
     """The path, why not sharded, and on the sharded path the builder's plan and the transformers path's
     fsdp_config (`fsdp_config`; the Trainer then gets trainer_fsdp_config's)."""
-    path, why = loading_path(cfg)
+    path, why = loading_path(cfg, d.model)
     if path != "sharded":
         return Loading(path, why)
     return Loading(path, why, sharded_plan(cfg, d, qlora_policy), transformers_fsdp_config=fsdp_config)

@@ -9,10 +9,12 @@ from fsdp_tune.config.lora_fields import VERDICTS
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.vision import scoped_lora
+from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.sources.moe import param_targets
 
 
-def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
+def lora_kwargs(cfg: RunConfig, model: ModelFacts) -> dict[str, Any] | None:
+    """`model`: the model's files as the door found them (`Derived.model`)."""
     lo = cfg.lora
     if not lo.use_peft_lora:
         return None
@@ -20,7 +22,7 @@ def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
     kwargs: dict[str, Any] = {
         "r": lo.lora_r,
         "lora_alpha": lo.lora_alpha,
-        "lora_dropout": dropout(cfg),
+        "lora_dropout": dropout(cfg, model.config),
         "target_modules": "all-linear" if targets == ("all-linear",) else list(targets),
         "use_dora": lo.use_dora,
         "bias": "none",
@@ -32,16 +34,16 @@ def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
             kwargs[name] = list(value) if isinstance(value, tuple) else value
     if cfg.model.model_revision:
         kwargs["revision"] = cfg.model.model_revision  # recorded in adapter_config.json, as PEFT does
-    return scoped_lora(cfg, kwargs)  # a vision-language model's language model, by default (decide/vision.py)
+    return scoped_lora(cfg, model, kwargs)  # a vision-language model's language model, by default (decide/vision.py)
 
 
-def dropout(cfg: RunConfig) -> float:
+def dropout(cfg: RunConfig, config: dict | None) -> float:
     """fsdp-tune's default dropout (0.1) is 0 where a target is a parameter (MoE experts, the router,
     target_parameters): PEFT's ParamWrapper refuses any dropout. FT066 says so; a dropout the user set there is
     refused instead."""
     lo = cfg.lora
     if lo.lora_dropout and not cfg.is_set("lora.lora_dropout"):
-        reach = param_targets(cfg)
+        reach = param_targets(cfg, config)
         if reach is not None and reach.any:
             return 0.0
     return lo.lora_dropout

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fsdp_tune.config.run_folder import output_dir as run_output_dir
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import vision
 from fsdp_tune.decide.data import data_spec
@@ -24,7 +25,6 @@ from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
 BUILTIN = "builtin:"  # a model fsdp-tune builds: the ranks read the folder it is built into (launch/torchrun.py)
-DEFAULT_OUTPUT_DIR = "fsdp-tune-output"
 DEFAULT_TIMEOUT_S = 1800  # TrainingArguments' ddp_timeout default
 
 
@@ -37,7 +37,7 @@ def console_mode(verbose: bool, tty: bool) -> str:
 def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
     d = derive(cfg, machine)  # decide/derived.py, once: every decision below reads it
     on_cpu = d.on_cpu
-    output_dir = os.path.abspath(str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR))
+    output_dir = run_output_dir(cfg)  # config/run_folder.py: the one answer
     qlora_policy = fsdp2_qlora_policy(cfg, d)
     units = fsdp_config(cfg, d)  # the transformers path's fsdp_config
     loading = decide_loading(cfg, d, units, qlora_policy)  # decide/loading.py
@@ -56,7 +56,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         parallelism=mesh(cfg, on_cpu),
         fsdp_mixed_precision=qlora_policy,
         model=model_spec(cfg, d),
-        lora=lora_kwargs(cfg),
+        lora=lora_kwargs(cfg, d.model),
         data=data_spec(cfg, d),
         output_dir=output_dir,
         resume_from_checkpoint=resume,
@@ -170,8 +170,8 @@ def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:
             out["use_orig_params"] = False
     else:
         out["reshard_after_forward"] = f.reshard_after_forward
-    if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and vision.layer_classes(cfg):
-        out["transformer_layer_cls_to_wrap"] = list(vision.layer_classes(cfg))  # a vision model's: both towers
+    if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and vision.layer_classes(cfg, d.model):
+        out["transformer_layer_cls_to_wrap"] = list(vision.layer_classes(cfg, d.model))  # a vision model's: both towers
     if f.auto_wrap_policy == "SIZE_BASED_WRAP":
         out["min_num_params"] = f.min_num_params
     return out
@@ -208,15 +208,15 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
     if not args["fp16"]:
         args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
     args.setdefault("report_to", "none")
-    args = vision.trainer_args(cfg, args)  # a vision-language model's rows keep their images (decide/vision.py)
+    args = vision.trainer_args(d.model, args)  # a vision-language model's rows keep their images (decide/vision.py)
     return method_args(cfg, args)  # what the method's TRL config takes (decide/method.py)
 
 
-def attention(cfg: RunConfig) -> str | None:
+def attention(cfg: RunConfig, d: Derived) -> str | None:
     """The user's, else the model class's default (sdpa, or eager where the class cannot take sdpa); None for a
     model not on this machine: transformers then picks the same way when it loads it."""
     m = cfg.model
-    return chosen_attention(m.model_name_or_path, m.attn_implementation, m.use_flash_attn)
+    return chosen_attention(d.model.config, m.attn_implementation, m.use_flash_attn)
 
 
 def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
@@ -237,14 +237,15 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
         requested=name,
         revision=cfg.model.model_revision,
         dtype=d.model_dtype,
-        attn_implementation=attention(cfg),
+        attn_implementation=attention(cfg, d),
         trust_remote_code=cfg.model.trust_remote_code,
         quantization=quantization,
         chat_template=None if template == "none" else template,
         adapter=os.path.abspath(os.path.expanduser(cfg.model.adapter)) if cfg.model.adapter else None,
         reference=cfg.model.reference if cfg.model.adapter else "base",
-        kind=vision.model_kind(cfg),  # config/model_kinds.py: the Auto class, a processor or not
-        vision=vision.vision_spec(cfg),
+        kind=vision.model_kind(d.model),  # config/model_kinds.py: the Auto class, a processor or not
+        vision=vision.vision_spec(cfg, d.model),
+        facts=d.model,
     )
 
 

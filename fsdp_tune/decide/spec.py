@@ -19,6 +19,7 @@ from fsdp_tune.config.methods import DataKind, Head, Truncation
 from fsdp_tune.rewards.resolve import RewardSpec
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
 from fsdp_tune.sources.mixture import Source
+from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
 SPEC_VERSION = 4
@@ -72,6 +73,9 @@ class ModelSpec:
     # the model's kind (config/model_kinds.py): its Auto class, a processor or not
     kind: Literal["causal_lm", "vision_language"] = "causal_lm"
     vision: VisionSpec | None = None  # a vision-language model's decisions
+    # where the model's files are and its config.json, as the door found them once (sources/model.py); the
+    # pre-flight and the trace read them here, never the file again
+    facts: ModelFacts = field(default_factory=lambda: ModelFacts("absent"))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@
     trainer  the rows keep their image column to the collator (remove_unused_columns false)
     guard    every rank runs the vision tower every step (VisionSpec.guard)
 
-Pure: reads config.json where it is on this machine (sources/model.py); no torch.
+Pure: reads the model's config.json as the door found it (sources/model.py ModelFacts, in `Derived.model`); no torch.
 """
 
 from __future__ import annotations
@@ -23,25 +23,17 @@ from fsdp_tune.config.model_kinds import CAUSAL_LM, VISION_LANGUAGE, VisionFamil
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.spec import VisionSpec
 from fsdp_tune.sources import model as model_source
+from fsdp_tune.sources.model import ModelFacts
 
 
-def config_of(cfg: RunConfig) -> dict | None:
-    name = cfg.model.model_name_or_path
-    return model_source.model_config(name) if name else None
-
-
-def model_kind(cfg: RunConfig) -> str:
+def model_kind(model: ModelFacts) -> str:
     """The model's kind from its config.json; a model whose config is not on this machine is taken as a language
     model (a rank that finds a vision tower says so: worker/loading/build.py)."""
-    return kind_of(config_of(cfg))
+    return kind_of(model.config)
 
 
-def family(cfg: RunConfig) -> VisionFamily | None:
-    return family_of(config_of(cfg))
-
-
-def vision_spec(cfg: RunConfig) -> VisionSpec | None:
-    row = family(cfg)
+def vision_spec(cfg: RunConfig, model: ModelFacts) -> VisionSpec | None:
+    row = family_of(model.config)
     if row is None:
         return None
     m = cfg.model
@@ -67,20 +59,20 @@ def unit_classes(row: VisionFamily, config: dict) -> tuple[str, ...]:
     return tuple(c for c in (language, tower, row.projector_class) if c)
 
 
-def layer_classes(cfg: RunConfig) -> tuple[str, ...]:
+def layer_classes(cfg: RunConfig, model: ModelFacts) -> tuple[str, ...]:
     """TRANSFORMER_BASED_WRAP's classes: the user's (--fsdp_transformer_layer_cls_to_wrap), else a vision-language
     family's units, else none (accelerate takes the model's _no_split_modules)."""
     named = tuple(cfg.fsdp.transformer_layer_cls_to_wrap)
     if named or cfg.fsdp.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
         return named
-    row, config = family(cfg), config_of(cfg)
+    row, config = family_of(model.config), model.config
     return unit_classes(row, config) if row is not None and config is not None else ()
 
 
-def scoped_lora(cfg: RunConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
+def scoped_lora(cfg: RunConfig, model: ModelFacts, kwargs: dict[str, Any]) -> dict[str, Any]:
     """LoraConfig's arguments for a vision-language model: the frozen parts excluded, the tower's linear layers
     targeted when it trains, the projector in modules_to_save when it trains whole (see the module's docstring)."""
-    row = family(cfg)
+    row = family_of(model.config)
     if row is None:
         return kwargs
     m = cfg.model
@@ -106,10 +98,10 @@ def _excluded(paths: list[str], given: Any) -> str:
     return "|".join(f"(?:{p})" for p in parts)
 
 
-def trainer_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:
+def trainer_args(model: ModelFacts, args: dict[str, Any]) -> dict[str, Any]:
     """The trainer's arguments for a vision-language model: each row's images reach the collator (the Trainer would
     otherwise drop every column the model's forward does not name)."""
-    if model_kind(cfg) != VISION_LANGUAGE:
+    if model_kind(model) != VISION_LANGUAGE:
         return args
     return {**args, "remove_unused_columns": False}
 

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from fsdp_tune.config.run_folder import output_dir_as_given
 from fsdp_tune.errors import PreflightError, Severity, UsageError
 from fsdp_tune.schedulers import emitters, jobtext
 from fsdp_tune.schedulers import job as jobs
@@ -43,7 +44,7 @@ def emit(
         raise UsageError(f"--emit {kind}: unknown", f"one of: {', '.join(emitters.EMITTERS)}")
     cfg = check(config, args).config  # the job's size, before any scheduler says it
     nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, runs_on_cpu(cfg)  # as written
-    local_out = str(cfg.training.get("output_dir") or "output")
+    local_out = output_dir_as_given(cfg)  # config/run_folder.py: train's default when none is given
     origins = _refuse_controls(cfg, config, args, local_out, shared, image)  # before planning writes anything
     name = emitters.job_name(local_out)
     if refused := emitters.refusals(row, kind, cfg, args, image):

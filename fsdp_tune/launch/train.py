@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdp_tune import summary as run_summary
+from fsdp_tune.config.run_folder import output_dir as run_output_dir
+from fsdp_tune.config.run_folder import resume_request
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.env import secret_env as decided_secrets
 from fsdp_tune.decide.machine import Machine, probe
@@ -47,7 +49,7 @@ class Planned:
 
     @property
     def resuming(self) -> bool:
-        return bool(self.config.training.get("resume_from_checkpoint"))
+        return resume_request(self.config) is not None
 
 
 def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
@@ -57,11 +59,11 @@ def resolve_resume(cfg: RunConfig, echo: Echo) -> str | None:
 
 
 def _resume_point(cfg: RunConfig, echo: Echo) -> str | None:
-    wanted = cfg.training.get("resume_from_checkpoint")
-    if not wanted:
+    wanted = resume_request(cfg)
+    if wanted is None:
         return None
-    output_dir = cfg.training.get("output_dir") or ""
-    if str(wanted).lower() == "latest":
+    output_dir = run_output_dir(cfg)  # the folder the rank spec writes to (config/run_folder.py)
+    if wanted.lower() == "latest":
         return _latest(output_dir, echo)
     path = Path(str(wanted)).expanduser()
     if not path.is_dir():
@@ -164,7 +166,7 @@ def plan_run(
     spec, findings = check_data(decide(cfg, machine, resume, console))
     spec = settle_generation(cfg, spec, machine)  # GRPO: gathered once per generation, or sharded (planner/grpo.py)
     secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file
-    resuming = bool(cfg.training.get("resume_from_checkpoint"))
+    resuming = resume_request(cfg) is not None
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)
     findings += machine_findings(cfg, machine, checked.findings)  # the config's rules on this machine's decisions
     findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg) + schedule_findings(resume, spec)

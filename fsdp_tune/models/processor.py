@@ -55,7 +55,9 @@ def processor_class(name_or_path: str) -> type:
             continue
         if named:
             return processor_class_from_name(named)
-    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    from fsdp_tune.sources.model import model_config
+
+    model_type = (model_config(str(folder)) or {})["model_type"]
     return processor_class_from_name(PROCESSOR_MAPPING_NAMES[model_type])
 
 

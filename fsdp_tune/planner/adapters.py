@@ -18,18 +18,18 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
-from fsdp_tune.sources.model import find_config
+from fsdp_tune.sources.model import model_config, model_facts
 from fsdp_tune.sources.moe import param_targets
 
 
 def counted_by_peft(cfg: RunConfig) -> bool:
     """The run's targets reach parameters (the arithmetic over nn.Linear would miss them)."""
-    reach = param_targets(cfg)
+    reach = param_targets(cfg, model_config(cfg.model.model_name_or_path))
     return reach is not None and reach.any
 
 
 def peft_trainable(cfg: RunConfig) -> int:
-    kwargs = dict(lora_kwargs(cfg) or {})
+    kwargs = dict(lora_kwargs(cfg, model_facts(cfg.model.model_name_or_path, cfg.model.model_revision)) or {})
     kwargs["init_lora_weights"] = False  # shapes only: no initialisation runs on the meta device
     # what PEFT's ParamWrapper refuses (FT066 refuses the run) is left out, so such a config is still planned
     kwargs.update(lora_dropout=0.0, use_dora=False, lora_bias=False, fan_in_fan_out=False)
@@ -44,7 +44,9 @@ def _count(name: str, kwargs_json: str) -> int:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    _, data = find_config(name)
+    data = model_config(name)
+    if data is None:
+        raise FileNotFoundError(name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**data))
     with warnings.catch_warnings():  # PEFT's notes on the patterns it writes for fused experts
@@ -59,7 +61,7 @@ def expert_copy_bytes(cfg: RunConfig, shape: ModelShape, st: Stack) -> float:
     layer's whole gathered expert stack, and the grouped matmul saves it for backward, beside FSDP's gathered
     weights (measured on CPU: tests/dist/test_architectures.py). Held from a layer's forward to its backward:
     every MoE layer's without checkpointing, the recomputed layer's with it."""
-    reach = param_targets(cfg)
+    reach = param_targets(cfg, model_config(cfg.model.model_name_or_path))
     if reach is None or not reach.experts:
         return 0.0
     return float(sum(n for leaf, n in shape.expert_tensors if leaf in reach.experts) * st.compute_bytes)

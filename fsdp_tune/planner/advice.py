@@ -28,6 +28,7 @@ from fsdp_tune.planner.memory import GiB, estimate
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 from fsdp_tune.planner.steptime import Gpu, step_time
+from fsdp_tune.sources.model import model_facts
 
 SHOWN = 5  # options listed
 SAME, MORE_GPUS, OTHER_TRAINING = 0, 1, 2  # the tiers, in the order they are listed
@@ -92,7 +93,11 @@ def sharded_change(cfg: RunConfig, loading: str) -> Change | None:
         loading = "sharded" if c.model.loading == "transformers" else c.model.loading
         return replace(c, fsdp=replace(c.fsdp, version=2), model=replace(c.model, loading=loading))
 
-    return Change("sharded loading", SAME, apply) if why_not_sharded(apply(cfg)) is None else None
+    return (
+        Change("sharded loading", SAME, apply)
+        if why_not_sharded(apply(cfg), model_facts(cfg.model.model_name_or_path)) is None
+        else None
+    )
 
 
 def _more_gpus(k: int) -> Change:

@@ -13,10 +13,11 @@ from fsdp_tune.planner.advice import Target, search
 from fsdp_tune.planner.allocator import CUDA_CONTEXT_GIB, assumptions, device_memory
 from fsdp_tune.planner.grpo import generation_weights
 from fsdp_tune.planner.memory import LOADINGS, GiB, estimate
-from fsdp_tune.planner.shape import find_config, measure
+from fsdp_tune.planner.shape import measure
 from fsdp_tune.planner.stack import Stack, stack_of
 from fsdp_tune.planner.steptime import parse_memory, step_time
 from fsdp_tune.planner.vision import describe, image_load
+from fsdp_tune.sources.model import model_facts, not_found
 
 _CTX = CUDA_CONTEXT_GIB[1]  # the CUDA context's upper bound, beside the gathered model (planner/grpo.py)
 
@@ -29,13 +30,9 @@ def _check(cfg: RunConfig, gpu_key: str, loading: str) -> str:
             "plan needs --model_name_or_path (a local folder, a config.json, or a known hub id)",
             "e.g. --model_name_or_path meta-llama/Llama-2-70b-hf (reference configs: fsdp_tune/sources/reference)",
         )
-    try:
-        find_config(name)
-    except FileNotFoundError:
-        raise UsageError(
-            f"no config for {name}: not a local folder and not among the reference configs",
-            "download its config.json and pass the file, or point at a local model folder",
-        ) from None
+    facts = model_facts(name, cfg.model.model_revision)  # the model door: a folder, the cache, a reference config
+    if facts.config is None:
+        raise UsageError(*not_found(name, facts))
     if gpu_key not in GPUS:
         raise UsageError(f"--gpu {gpu_key}: unknown", f"one of: {', '.join(GPUS)}")
     if loading not in LOADINGS:
@@ -57,7 +54,7 @@ def memory_plan(
     plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS): by default
     the path the run takes (decide/loading.py, as the rank spec decides it); `host_gib`: the RAM of the machine
     the plan is for, when it is this one (host_fits judges the node's peak against it; None: not judged)."""
-    loading, note = (loading, None) if loading else loading_path(cfg)
+    loading, note = (loading, None) if loading else loading_path(cfg, model_facts(cfg.model.model_name_or_path))
     name = _check(cfg, gpu_key, loading)
     gpu = GPUS[gpu_key]
     budget = parse_memory(gpu_memory) if gpu_memory else gpu.memory_gib

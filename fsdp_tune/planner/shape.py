@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from functools import cache
 
 from fsdp_tune.config.model_kinds import KINDS, family_of, kind_of
-from fsdp_tune.sources.model import find_config
+from fsdp_tune.sources.model import model_facts
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,10 @@ def measure(name: str) -> ModelShape:
     import transformers
     from transformers import AutoConfig
 
-    source, data = find_config(name)
+    facts = model_facts(name)
+    source, data = facts.describe(name), facts.config
+    if data is None:
+        raise FileNotFoundError(name)
     config = AutoConfig.for_model(**data)
     with torch.device("meta"):
         model = getattr(transformers, KINDS[kind_of(data)].auto_class).from_config(config)

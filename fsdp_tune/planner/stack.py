@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import compute_precision, gradient_checkpointing
 from fsdp_tune.sources.classes import chosen_attention
+from fsdp_tune.sources.model import model_config
 
 # Bytes per logit (T x V) at the end of the forward and at the start of the backward, for the loss paths
 # that materialise full logits; c is the compute dtype's size. Derivations (read, and the installed ones
@@ -69,7 +70,7 @@ def stack_of(cfg: RunConfig, on_cpu: bool = False) -> Stack:
     """fsdp-tune's own path for this config."""
     label_smoothing = float(cfg.training.get("label_smoothing_factor") or 0)
     m = cfg.model  # the attention the ranks load (eager where the class has no SDPA: Gemma 2)
-    attn = chosen_attention(m.model_name_or_path, m.attn_implementation, m.use_flash_attn) or "sdpa"
+    attn = chosen_attention(model_config(m.model_name_or_path), m.attn_implementation, m.use_flash_attn) or "sdpa"
     attn = "flash" if attn.startswith("flash") else attn if attn in ATTENTION else "sdpa"
     checkpointing = cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg)
     return Stack(

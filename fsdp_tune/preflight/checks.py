@@ -21,7 +21,7 @@ from fsdp_tune.preflight.memory import check_memory
 from fsdp_tune.preflight.vision import vision_data_findings
 from fsdp_tune.rundir import outdir, ownership
 from fsdp_tune.runfiles import links_in
-from fsdp_tune.sources.model import hub_cached, offline
+from fsdp_tune.sources.model import ModelFacts, hub_cached, offline
 from fsdp_tune.sources.modelcheck import check_model_folder
 from fsdp_tune.sources.weights import check_weights
 
@@ -42,7 +42,7 @@ def _looks_like_path(name: str) -> bool:
 
 def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_requested: bool) -> list[Finding]:
     findings: list[Finding] = []
-    findings += _model(cfg)
+    findings += _model(cfg, spec.model.facts)
     findings += _libraries(cfg, spec, machine)
     findings += reach.port_findings(spec)
     findings += _output_dir(cfg, spec, resume_requested)
@@ -50,7 +50,32 @@ def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_reque
     return findings
 
 
-def _model(cfg: RunConfig) -> list[Finding]:
+def check_files(cfg: RunConfig) -> list[Finding]:
+    """What `validate-config` can see of a launch's files, without torch and without the network: a local model
+    folder (PF002, PF005-PF007) and every local data source, located, read and its format detected
+    (preflight/data.py settle, as train's pre-flight, without tokenizing). What the launch would find missing or
+    unreadable here is an error here too (#48). Hub ids (models, datasets) are left to train's pre-flight: a config
+    is often checked on a machine other than the one that runs it; and what the config does not name (an
+    Accelerate YAML alone has no model and no data) is not asked for."""
+    from fsdp_tune.decide.data import data_spec
+    from fsdp_tune.decide.derived import derive
+    from fsdp_tune.preflight.data import settle
+    from fsdp_tune.sources.data import locate
+
+    d = derive(cfg)
+    name = cfg.model.model_name_or_path
+    findings = _model(cfg, d.model) if name and _looks_like_path(name) else []  # builtin: FT085
+    data = data_spec(cfg, d)
+    local = tuple(s for s in data.sources if locate(s).is_local)
+    if not local:
+        return findings
+    eval_wanted = d.evaluation and not data.test_split_size
+    _, found = settle(local, data.text_field, data.peft_text_field, eval_wanted, None, cfg.run.method)
+    return findings + found
+
+
+def _model(cfg: RunConfig, facts: ModelFacts) -> list[Finding]:
+    """The model's files, as the door found them when the run was decided (`ModelSpec.facts`)."""
     name = cfg.model.model_name_or_path
     if not name:
         return [
@@ -75,21 +100,21 @@ def _model(cfg: RunConfig) -> list[Finding]:
             ]
         return []
     if _looks_like_path(name):
-        path = Path(name).expanduser()
-        if not path.is_dir():
+        path = Path(facts.path or name)
+        if facts.where != "local" or not path.is_dir():
             return [_err("PF002", "--model_name_or_path", f"{name} does not exist", "check the path")]
-        if not (path / "config.json").exists():
+        if facts.config is None and facts.problem is None:
             return [
                 _err("PF002", "--model_name_or_path", f"{name} has no config.json: not a Transformers model folder")
             ]
         found = check_weights(path, name)
-        return found + check_model_folder(path, name, cfg.model.trust_remote_code, shapes=not found)
-    return _hub_model(name)
+        return found + check_model_folder(path, name, cfg.model.trust_remote_code, shapes=not found, facts=facts)
+    return _hub_model(name, facts)
 
 
-def _hub_model(name: str) -> list[Finding]:
+def _hub_model(name: str, facts: ModelFacts) -> list[Finding]:
     """A hub id: in the local cache, or a Hub that answers (offline: it must be in the cache)."""
-    if hub_cached(name, "models"):
+    if facts.where == "cache" or hub_cached(name, "models"):
         return []
     if _offline():
         return [
@@ -210,8 +235,6 @@ def _hub(cfg: RunConfig) -> list[Finding]:
 
 
 def _output_dir(cfg: RunConfig, spec: RankSpec, resume_requested: bool) -> list[Finding]:
-    if not cfg.training.get("output_dir"):
-        return [_err("PF030", "--output_dir", "no output dir given", "--output_dir runs/my-run")]
     out = Path(spec.output_dir)
     refused = outdir.no_run_folder(out)  # before the probe and the walk for links: `/` would walk everything
     if refused:

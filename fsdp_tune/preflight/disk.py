@@ -16,7 +16,6 @@ from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.planner.host import GiB
 from fsdp_tune.planner.weights import DTYPE_BYTES
-from fsdp_tune.sources.model import model_config
 
 LORA_PARAM_BYTES = 4  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype); a checkpoint saves them so
 ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32, in every checkpoint's optimizer state
@@ -71,7 +70,7 @@ def kept_checkpoints(spec: RankSpec) -> int:
 
 
 def check_disk(cfg: RunConfig, spec: RankSpec) -> list[Finding]:
-    config = model_config(spec.model.requested)
+    config = spec.model.facts.config
     if not config or not config.get("hidden_size") and not config.get("n_embd"):
         return []
     one, final = sizes(cfg, spec, config)

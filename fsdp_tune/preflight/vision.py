@@ -7,7 +7,6 @@ from __future__ import annotations
 from fsdp_tune.config.model_kinds import VISION_DATA_REFUSES, VISION_LANGUAGE
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.sources import model as model_source
 
 
 def with_images(spec: RankSpec) -> list[tuple[str, int]]:
@@ -44,7 +43,7 @@ def _value(spec: RankSpec, key: str):
 
 def _no_vision(spec: RankSpec, where: str, rows: int) -> Finding:
     name = spec.model.requested or spec.model.name_or_path
-    config = model_source.model_config(spec.model.name_or_path)
+    config = spec.model.facts.config
     if config is None:
         message = (
             f"{where} has {rows} rows with images, and {name}'s config.json is not on this machine: fsdp-tune cannot "

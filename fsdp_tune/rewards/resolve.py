@@ -28,6 +28,7 @@ from fsdp_tune.config.folders import FolderRefused, check_adapter
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.rewards.builtin import BUILTINS
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
+from fsdp_tune.sources.model import model_config
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,7 @@ def _folder(entry: str, folder: Path) -> RewardSpec:
         except FolderRefused as e:
             raise Unresolved(str(e), e.hint) from None
         return RewardSpec(name=folder.name, kind="reward_run", target=str(folder.resolve()), written=entry)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        config = None
+    config = model_config(str(folder))  # the model door (sources/model.py)
     archs = (config or {}).get("architectures") or []
     if not any(str(a).endswith("ForSequenceClassification") for a in archs):
         what = f"its architectures are {', '.join(archs)}" if archs else "it has no config.json with architectures"

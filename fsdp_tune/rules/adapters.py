@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from fsdp_tune.config.lora_fields import INIT_VALUES, VERDICTS
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 from fsdp_tune.sources.classes import tied_embeddings
@@ -101,9 +102,14 @@ def initialisation(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT066", "lora", "LoRA on parameters (MoE experts, routers, target_parameters): PEFT's ParamWrapper limits")
-def parameter_targets(cfg: RunConfig) -> Iterator[Finding]:
-    reach = param_targets(cfg)
+@rule(
+    "FT066",
+    "lora",
+    "LoRA on parameters (MoE experts, routers, target_parameters): PEFT's ParamWrapper limits",
+    decided=True,
+)
+def parameter_targets(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    reach = param_targets(cfg, d.model.config)
     if reach is None:
         return
     lo = cfg.lora
@@ -166,13 +172,13 @@ def _moe_notes(cfg: RunConfig, reach) -> Iterator[Finding]:
         )
 
 
-@rule("FT067", "lora", "training embeddings under FSDP2: modules_to_save and trainable tokens")
-def embeddings(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT067", "lora", "training embeddings under FSDP2: modules_to_save and trainable tokens", decided=True)
+def embeddings(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     if not cfg.lora.use_peft_lora:
         return
     saved = [m for m in cfg.peft.get("modules_to_save") or () if m.split(".")[-1] in EMBEDDINGS]
     tokens = cfg.peft.get("trainable_token_indices")
-    tied = tied_embeddings(cfg.model.model_name_or_path) if saved or tokens is not None else None
+    tied = tied_embeddings(d.model.config) if saved or tokens is not None else None
     if saved and tied and not cfg.peft.get("ensure_weight_tying"):
         yield error(
             cfg,

@@ -8,6 +8,7 @@ import difflib
 from collections.abc import Iterator
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
 from fsdp_tune.sources import model as model_source
@@ -38,12 +39,12 @@ def builtin_model(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT080", "model", "layer classes to wrap must exist in the model")
-def layer_classes(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT080", "model", "layer classes to wrap must exist in the model", decided=True)
+def layer_classes(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     wanted = cfg.fsdp.transformer_layer_cls_to_wrap
     if cfg.fsdp.auto_wrap_policy != "TRANSFORMER_BASED_WRAP":
         return
-    src = model_source.for_model(cfg.model.model_name_or_path)
+    src = model_source.for_config(d.model.config)
     if src is None:
         return
     if not wanted:
@@ -78,12 +79,12 @@ def layer_classes(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT081", "model", "LoRA target modules must exist in the model")
-def lora_targets(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT081", "model", "LoRA target modules must exist in the model", decided=True)
+def lora_targets(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     targets = cfg.lora.lora_target_modules
     if not cfg.lora.use_peft_lora or not targets or targets == ("all-linear",):
         return
-    src = model_source.for_model(cfg.model.model_name_or_path)
+    src = model_source.for_config(d.model.config)
     if src is None:
         return
     from fsdp_tune.config.lora_fields import moe_tables
@@ -135,12 +136,12 @@ def flash_attention_dtype(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT083", "model", "trust_remote_code runs the model's own Python code on every rank")
-def remote_code(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT083", "model", "trust_remote_code runs the model's own Python code on every rank", decided=True)
+def remote_code(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     if not cfg.model.trust_remote_code:
         return
     name = cfg.model.model_name_or_path or "the model"
-    files = model_source.code_files(name) if cfg.model.model_name_or_path else None
+    files = model_source.code_files(d.model)
     if files:
         what = f"its code files {', '.join(files)}"
     elif files is None:
@@ -156,14 +157,14 @@ def remote_code(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT084", "model", "the attention implementation must be one the model's class supports")
-def attention_support(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT084", "model", "the attention implementation must be one the model's class supports", decided=True)
+def attention_support(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     from fsdp_tune.sources.classes import FLAGS, attention_support
 
     m = cfg.model
     requested = "flash_attention_2" if m.use_flash_attn else m.attn_implementation
     flag = FLAGS.get(requested or "")
-    support = attention_support(m.model_name_or_path) if flag else None
+    support = attention_support(d.model.config) if flag else None
     if support is None or support.supports[flag]:
         return
     why = support.why_not.get(flag)
@@ -177,13 +178,13 @@ def attention_support(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT036", "model", "--loading sharded where sharded loading cannot take the run")
-def sharded_loading(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT036", "model", "--loading sharded where sharded loading cannot take the run", decided=True)
+def sharded_loading(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     from fsdp_tune.decide.loading import why_not_sharded
 
     if cfg.model.loading != "sharded":
         return
-    why = why_not_sharded(cfg)
+    why = why_not_sharded(cfg, d.model)
     if why:
         yield error(
             cfg,

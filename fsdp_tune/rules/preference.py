@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from fsdp_tune.config.methods import DPO, row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.method import compares, loss_types
 from fsdp_tune.rules.registry import error, rule, warning
@@ -105,15 +106,13 @@ def reference_base(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT123", "method", "router_aux_loss_coef on a model without experts")
-def router_aux(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT123", "method", "router_aux_loss_coef on a model without experts", decided=True)
+def router_aux(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     if not compares(cfg) or cfg.training.get("router_aux_loss_coef") is None:
         return
-    from fsdp_tune.sources.model import model_config
     from fsdp_tune.sources.moe import has_experts
 
-    name = cfg.model.model_name_or_path
-    config = model_config(name) if name else None
+    config = d.model.config
     if config is not None and not has_experts(config) and not has_experts(config.get("text_config") or {}):
         yield error(
             cfg,

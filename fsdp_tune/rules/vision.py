@@ -9,21 +9,21 @@ from collections.abc import Iterator
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.model_kinds import FAMILIES, VISION_LANGUAGE, family_of, kind_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
-from fsdp_tune.sources import model as model_source
 
 FREEZE = ("model.freeze_vision_tower", "model.freeze_multi_modal_projector")
 
 
-def _config(cfg: RunConfig) -> dict | None:
-    name = cfg.model.model_name_or_path
-    return model_source.model_config(name) if name else None
+def _config(d: Derived) -> dict | None:
+    """The model's config.json as the door found it (decide/derived.py `Derived.model`)."""
+    return d.model.config
 
 
-@rule("FT125", "model", "a vision-language model must be a family fsdp-tune knows")
-def known_family(cfg: RunConfig) -> Iterator[Finding]:
-    config = _config(cfg)
+@rule("FT125", "model", "a vision-language model must be a family fsdp-tune knows", decided=True)
+def known_family(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    config = _config(d)
     if kind_of(config) != VISION_LANGUAGE or family_of(config) is not None:
         return
     known = ", ".join(f"{row.model_type} ({row.title})" for row in FAMILIES.values())
@@ -38,9 +38,9 @@ def known_family(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT126", "model", "vision-language models train on SFT data")
-def vision_method(cfg: RunConfig) -> Iterator[Finding]:
-    if row_of(cfg.run.method).data == "sft" or kind_of(_config(cfg)) != VISION_LANGUAGE:
+@rule("FT126", "model", "vision-language models train on SFT data", decided=True)
+def vision_method(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    if row_of(cfg.run.method).data == "sft" or kind_of(_config(d)) != VISION_LANGUAGE:
         return
     yield error(
         cfg,
@@ -52,9 +52,9 @@ def vision_method(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT127", "model", "a vision-language model keeps its processor's chat template")
-def vision_template(cfg: RunConfig) -> Iterator[Finding]:
-    if cfg.data.chat_template_format == "none" or kind_of(_config(cfg)) != VISION_LANGUAGE:
+@rule("FT127", "model", "a vision-language model keeps its processor's chat template", decided=True)
+def vision_template(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    if cfg.data.chat_template_format == "none" or kind_of(_config(d)) != VISION_LANGUAGE:
         return
     yield error(
         cfg,
@@ -67,9 +67,9 @@ def vision_template(cfg: RunConfig) -> Iterator[Finding]:
     )
 
 
-@rule("FT128", "model", "vision settings on a model without a vision tower have no effect")
-def freeze_without_vision(cfg: RunConfig) -> Iterator[Finding]:
-    config = _config(cfg)
+@rule("FT128", "model", "vision settings on a model without a vision tower have no effect", decided=True)
+def freeze_without_vision(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    config = _config(d)
     if kind_of(config) == VISION_LANGUAGE:
         return
     name = cfg.model.model_name_or_path or "the model"
@@ -89,11 +89,11 @@ def freeze_without_vision(cfg: RunConfig) -> Iterator[Finding]:
             )
 
 
-@rule("FT129", "model", "a vision-language run keeps every column for its collator")
-def unused_columns(cfg: RunConfig) -> Iterator[Finding]:
+@rule("FT129", "model", "a vision-language run keeps every column for its collator", decided=True)
+def unused_columns(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     if not cfg.training.get("remove_unused_columns") or not cfg.training.is_set("remove_unused_columns"):
         return
-    if kind_of(_config(cfg)) != VISION_LANGUAGE:
+    if kind_of(_config(d)) != VISION_LANGUAGE:
         return
     yield warning(
         cfg,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from fsdp_tune.config.run_folder import resume_request
 from fsdp_tune.errors import Finding, PreflightError, Severity
 from fsdp_tune.schedulers import job as jobs
 from fsdp_tune.schedulers import kubeflow, skypilot, slurm
@@ -82,8 +83,8 @@ def refusals(row: Emitter, kind: str, cfg, args: list[str], image: str | None) -
         found.append(
             pf085("--hub_token", "a token in a job file is readable by whoever reads the file", token_hint(kind))
         )
-    resume = cfg.training.get("resume_from_checkpoint")
-    if resume and str(resume).lower() != "latest":
+    resume = resume_request(cfg)
+    if resume and resume.lower() != "latest":
         found.append(
             pf085(
                 "--resume_from_checkpoint",

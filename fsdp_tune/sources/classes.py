@@ -41,10 +41,10 @@ class AttentionSupport:
         return "sdpa" if self.supports["sdpa"] else "eager"
 
 
-def attention_support(name: str | None) -> AttentionSupport | None:
-    """For a model whose config.json is on this machine; None when it is not, or its code is not transformers'."""
-    config = model_source.model_config(name) if name else None
-    src = model_source.for_model(name) if config else None
+def attention_support(config: dict | None) -> AttentionSupport | None:
+    """For a model whose config.json is on this machine (`config`, as the door found it); None when it is not, or
+    its code is not transformers'."""
+    src = model_source.for_config(config) if config else None
     if src is None:
         return None
     classes = _classes(src.modeling_file)
@@ -63,26 +63,25 @@ def attention_support(name: str | None) -> AttentionSupport | None:
     return AttentionSupport(start, {f: supports.get(f, False) for f in ("sdpa", "flash_attn", "flex_attn")}, why)
 
 
-def chosen_attention(name: str | None, requested: str | None, use_flash_attn: bool) -> str | None:
+def chosen_attention(config: dict | None, requested: str | None, use_flash_attn: bool) -> str | None:
     """The attention the ranks load: the user's, else the class's default; None (transformers decides, the same
     way) for a model that is not on this machine."""
     if use_flash_attn:
         return "flash_attention_2"
     if requested:
         return requested
-    support = attention_support(name)
+    support = attention_support(config)
     return support.default if support else None
 
 
-def tied_embeddings(name: str | None) -> bool | None:
-    """Whether the model's input and output embeddings share one weight: config.json, else its config class's
-    default (Gemma ties by default, Llama does not); None when unknown."""
-    config = model_source.model_config(name) if name else None
+def tied_embeddings(config: dict | None) -> bool | None:
+    """Whether the model's input and output embeddings share one weight: config.json (`config`, as the door found
+    it), else its config class's default (Gemma ties by default, Llama does not); None when unknown."""
     if not config:
         return None
     if isinstance(config.get("tie_word_embeddings"), bool):
         return config["tie_word_embeddings"]
-    src = model_source.for_model(name)
+    src = model_source.for_config(config)
     if src is None:
         return None
     path = Path(src.modeling_file).with_name(Path(src.modeling_file).name.replace("modeling_", "configuration_"))

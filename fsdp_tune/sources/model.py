@@ -10,14 +10,18 @@ check rather than guess (remote-code models, an uncached hub id).
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import importlib.util
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any, Literal
+
+from fsdp_tune.config import folders
 
 # Reference config.json files of common models, shipped as package data (no download, no torch)
 REFERENCE = "fsdp_tune.sources.reference"
@@ -38,16 +42,20 @@ class ModelSource:
 
 
 def hf_home() -> Path:
-    return Path(os.environ.get("HF_HOME", "~/.cache/huggingface"))
+    """huggingface_hub's HF_HOME: $HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+    return Path(os.environ.get("HF_HOME") or default).expanduser()
 
 
 def hub_cache() -> Path:
-    return Path(os.environ.get("HF_HUB_CACHE") or hf_home() / "hub")
+    """huggingface_hub's HF_HUB_CACHE (its constants.py, read at each call rather than at its import)."""
+    given = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    return Path(given).expanduser() if given else hf_home() / "hub"
 
 
 def hub_cached(repo_id: str, kind: str) -> bool:
     """A repository of `kind` ("models", "datasets") in the Hub cache."""
-    return (hub_cache().expanduser() / f"{kind}--{repo_id.replace('/', '--')}").is_dir()
+    return (hub_cache() / f"{kind}--{repo_id.replace('/', '--')}").is_dir()
 
 
 def offline(*variables: str) -> bool:
@@ -55,56 +63,178 @@ def offline(*variables: str) -> bool:
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in variables)
 
 
-def find_config(name: str) -> tuple[str, dict]:
-    """(where from, config dict) for a local dir, a config.json path, a hub id we ship, or builtin:NAME."""
-    if name.startswith("builtin:"):
-        from fsdp_tune.sources.builtin import PRESETS
+# The model door. Where a model's files are, and its config.json, are found here and nowhere else
+# (tests/unit/test_model_door.py): decide/derived.py resolves them once into `Derived.model`, the rank spec carries
+# them (`ModelSpec.facts`), and the rules, the pre-flight and the trace read that value.
+CONFIG = "config.json"
+Where = Literal["builtin", "local", "cache", "reference", "absent"]
 
-        preset = PRESETS.get(name.removeprefix("builtin:"))
-        if preset is None:
-            raise FileNotFoundError(name)  # not a builtin (rule FT085 says so)
-        return name, {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "tie_word_embeddings": False,
-            "max_position_embeddings": 2048,
-            **preset,
-        }
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Where a model's files are on this machine and its config.json as read there.
+
+    `where`: "local" (a folder or a config.json file the user named), "cache" (the Hugging Face cache, by hub id),
+    "reference" (a config fsdp-tune ships for a hub id not on this machine), "builtin" (builtin:NAME) or "absent".
+    """
+
+    where: Where
+    path: str | None = None  # absolute: the local folder or file, the cache's snapshot folder, the reference file
+    config: dict[str, Any] | None = None  # its config.json; None when absent or unreadable (`problem`)
+    problem: str | None = None  # a config.json that is there but unreadable: "is not valid JSON (line 1, ...)"
+
+    @property
+    def found(self) -> bool:
+        return self.config is not None
+
+    @property
+    def config_file(self) -> str | None:
+        """The config.json read (a local or cached model's)."""
+        if self.path is None or self.where not in ("local", "cache"):
+            return None
+        return self.path if self.path.endswith(".json") else str(Path(self.path) / CONFIG)
+
+    def describe(self, name: str) -> str:
+        """Where the config came from, for a plan's header."""
+        if self.where == "reference":
+            return f"{Path(self.path or '').name} (fsdp-tune's reference config for {name})"
+        if self.where == "cache":
+            return f"{name} in the Hugging Face cache ({self.path})"
+        return self.config_file or name
+
+
+def model_facts(name: str | None, revision: str | None = None) -> ModelFacts:
+    """The door: a model's files and config.json, from a local folder or file, the Hugging Face cache (by hub id,
+    at `revision` or refs/main, as `hf download` leaves it), a reference config fsdp-tune ships, or builtin:NAME.
+    Never the network. Each config.json is parsed once per version of the file (read_json)."""
+    if not name:
+        return ModelFacts("absent")
+    if name.startswith("builtin:"):
+        return _builtin(name)
     path = Path(name).expanduser()
-    if path.is_dir() and (path / "config.json").exists():
-        path = path / "config.json"
-    if path.is_file():
-        return str(path), read_json(path)
+    if path.is_dir() or path.is_file():
+        path = path.resolve()
+        file = path / CONFIG if path.is_dir() else path
+        return _with_config(ModelFacts("local", str(path)), file)
+    snapshot = _snapshot(name, revision)
+    if snapshot is not None:
+        return _with_config(ModelFacts("cache", str(snapshot)), snapshot / CONFIG)
     index = _reference("index.json")
     if name in index:
-        return f"{index[name]} (fsdp-tune's reference config for {name})", _reference(index[name])
-    raise FileNotFoundError(name)
+        return ModelFacts("reference", str(resources.files(REFERENCE).joinpath(index[name])), _reference(index[name]))
+    return ModelFacts("absent")
 
 
-def model_config(name: str) -> dict | None:
+def reference_names() -> list[str]:
+    """The hub ids fsdp-tune ships a config for."""
+    return sorted(_reference("index.json"))
+
+
+def not_found(name: str, facts: ModelFacts) -> tuple[str, str]:
+    """(what is missing, how to get it) for a model whose config the door did not find, as `plan` and `--emit` say
+    it: a hub id names the cache it looked in, the nearest reference configs (else all of them) and the download."""
+    if facts.problem:
+        return f"{facts.config_file} {facts.problem}", "restore the config.json the model came with"
+    if facts.where == "local":
+        return (
+            f"{name} has no config.json: not a Transformers model folder",
+            "point at the folder save_pretrained wrote",
+        )
+    if name.startswith("builtin:"):
+        return f"unknown builtin model {name}", "see fsdp-tune train --help for the builtin models"
+    known = reference_names()
+    near = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    listed = f"the nearest: {', '.join(near)}" if near else f"they are: {', '.join(known)}"
+    return (
+        f"no config for {name}: not a local folder, not in the Hugging Face cache ({hub_cache()}), and not among "
+        f"fsdp-tune's reference configs ({listed})",
+        f"hf download {name} --include config.json (then read from the cache), or point at a local model folder",
+    )
+
+
+def fetch_config(name: str, revision: str | None = None) -> dict[str, Any] | None:
+    """A model's config.json from this machine, else downloaded from the Hub (the after-run tools: `merge` and
+    `chat` on a base they may have to fetch anyway); None when neither answers."""
+    facts = model_facts(name, revision)
+    if facts.found or facts.where == "local":
+        return facts.config
     try:
-        return find_config(name)[1]
-    except (FileNotFoundError, KeyError, ValueError, OSError):
-        pass
-    snapshots = hub_cache().expanduser() / f"models--{name.replace('/', '--')}" / "snapshots"
-    for cfg in sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        try:
-            return read_json(cfg)
-        except (OSError, ValueError):
-            continue
-    return None
+        from huggingface_hub import hf_hub_download
+
+        return read_json(Path(hf_hub_download(name, CONFIG, revision=revision)))
+    except Exception:  # noqa: BLE001 - offline, unknown repository, gated: no config
+        return None
+
+
+def _builtin(name: str) -> ModelFacts:
+    from fsdp_tune.sources.builtin import PRESETS
+
+    preset = PRESETS.get(name.removeprefix("builtin:"))
+    if preset is None:
+        return ModelFacts("absent")  # not a builtin (rule FT085 says so)
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 2048,
+        **preset,
+    }
+    return ModelFacts("builtin", None, config)
+
+
+def _with_config(facts: ModelFacts, file: Path) -> ModelFacts:
+    """`facts` with its config.json read, or the reason it cannot be."""
+    if not file.is_file():
+        return facts
+    try:
+        config = read_json(file)
+    except folders.FolderRefused as refused:
+        e = refused.__cause__
+        if isinstance(e, json.JSONDecodeError):
+            return replace(facts, problem=f"is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})")
+        return replace(facts, problem=str(refused).removeprefix(f"{file}: "))
+    except OSError as e:
+        return replace(facts, problem=f"cannot be read ({e.strerror or e})")
+    if not isinstance(config, dict):
+        return replace(facts, problem="is not a JSON object")
+    return replace(facts, config=config)
+
+
+def _snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The cache's snapshot folder for `repo_id` (huggingface_hub's layout: models--org--name/refs/<revision> holds
+    a commit hash, snapshots/<hash>/ the files), as try_to_load_from_cache finds it; else the newest snapshot with
+    a config.json. None when the model is not in the cache."""
+    if repo_id.count("/") > 1 or repo_id.startswith((".", "/", "~")):
+        return None
+    repo = hub_cache() / f"models--{repo_id.replace('/', '--')}"
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / (revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    if commit and (snapshots / commit / CONFIG).is_file():
+        return snapshots / commit
+    if revision:
+        return None  # that revision is not cached: not another one in its place
+    found = sorted(snapshots.glob(f"*/{CONFIG}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return found[0].parent if found else None
+
+
+def model_config(name: str | None) -> dict | None:
+    """The model's config.json as the door finds it (None: not on this machine)."""
+    return model_facts(name).config
 
 
 # One command asks for the same config.json many times (the rules, the rank spec, every variant the planner
 # tries): each file is parsed once per version of it, and every caller gets its own copy.
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> Any:
     stat = path.stat()
     return copy.deepcopy(_parsed(str(path), stat.st_mtime_ns, stat.st_size))
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed(path: str, mtime_ns: int, size: int) -> dict:
-    return json.loads(Path(path).read_text())
+def _parsed(path: str, mtime_ns: int, size: int) -> Any:
+    return folders.read_json(Path(path))  # the loader door's reader: bounded in size and depth
 
 
 def _reference(file: str) -> dict:
@@ -117,21 +247,18 @@ def _reference_parsed(file: str) -> dict:
     return json.loads(resources.files(REFERENCE).joinpath(file).read_text())
 
 
-def code_files(name: str) -> list[str] | None:
+def code_files(facts: ModelFacts) -> list[str] | None:
     """The Python files that come with a model (what trust_remote_code imports on every rank): *.py in its
     local folder or newest cached snapshot, and the modules its config.json's auto_map names (`repo--module`
     for code in another repository). None when the model is not on this machine."""
-    folder = Path(name).expanduser()
+    if facts.where not in ("local", "cache") or facts.path is None:
+        return None
+    folder = Path(facts.path)
     if not folder.is_dir():
-        snapshots = hub_cache().expanduser() / f"models--{name.replace('/', '--')}" / "snapshots"
-        found = sorted(snapshots.glob("*"), key=lambda p: p.stat().st_mtime, reverse=True) if snapshots.is_dir() else []
-        if not found:
-            return None
-        folder = found[0]
+        return None
     files = sorted(p.name for p in folder.glob("*.py"))
-    try:
-        auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
-    except (OSError, ValueError, AttributeError):
+    auto_map = (facts.config or {}).get("auto_map") or {}
+    if not isinstance(auto_map, dict):
         auto_map = {}
     for ref in auto_map.values():
         for target in ref if isinstance(ref, list) else [ref]:
@@ -143,11 +270,14 @@ def code_files(name: str) -> list[str] | None:
 
 
 def for_model(name: str | None) -> ModelSource | None:
-    """The model's classes and submodules; a composite model's (a vision-language model: its own modeling file,
-    and those of its text and vision sub-configs' types, as LLaVA builds a Llama and a CLIP inside) together."""
-    if not name:
-        return None
-    config = model_config(name)
+    """The model's classes and submodules (see for_config)."""
+    return for_config(model_config(name))
+
+
+def for_config(config: dict | None) -> ModelSource | None:
+    """The classes and submodules of the model a config.json describes; a composite model's (a vision-language
+    model: its own modeling file, and those of its text and vision sub-configs' types, as LLaVA builds a Llama and
+    a CLIP inside) together."""
     if not config or not isinstance(config.get("model_type"), str):
         return None
     main = _read(config["model_type"])

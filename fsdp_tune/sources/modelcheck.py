@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from fsdp_tune.errors import Finding, Severity
+from fsdp_tune.sources.model import ModelFacts, model_facts
 
 # Any of these makes a tokenizer AutoTokenizer can load (fast JSON, sentencepiece, BPE/WordPiece vocabularies, tiktoken)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt")
@@ -29,10 +30,13 @@ def _error(rule: str, message: str, hint: str) -> Finding:
     return Finding(rule, Severity.ERROR, _KEY, "command line", message, hint)
 
 
-def check_model_folder(folder: Path, name: str, trust_remote_code: bool, shapes: bool = True) -> list[Finding]:
+def check_model_folder(
+    folder: Path, name: str, trust_remote_code: bool, shapes: bool = True, facts: ModelFacts | None = None
+) -> list[Finding]:
     """PF005 config.json, PF006 tokenizer, PF007 shapes (`shapes`: the weights files are whole): the first
-    problem of each kind, one line each."""
-    config, found = _config(folder, name, trust_remote_code)
+    problem of each kind, one line each. `facts`: the folder as the model door found it (the rank spec's
+    `ModelSpec.facts`; else the door is asked)."""
+    config, found = _config(facts or model_facts(str(folder)), trust_remote_code)
     if not any((folder / f).is_file() for f in TOKENIZER_FILES) and not list(folder.glob("*.tiktoken")):
         found.append(
             _error(
@@ -47,17 +51,11 @@ def check_model_folder(folder: Path, name: str, trust_remote_code: bool, shapes:
     return found
 
 
-def _config(folder: Path, name: str, trust_remote_code: bool) -> tuple[dict | None, list[Finding]]:
-    path = folder / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        where = f" (line {e.lineno}, column {e.colno}: {e.msg})" if isinstance(e, json.JSONDecodeError) else ""
-        return None, [_error("PF005", f"{path} is not valid JSON{where}", _RESTORE)]
-    except OSError as e:
-        return None, [_error("PF005", f"{path} cannot be read ({e.strerror or e})", "check the file's permissions")]
-    if not isinstance(config, dict):
-        return None, [_error("PF005", f"{path} is not a JSON object", _RESTORE)]
+def _config(facts: ModelFacts, trust_remote_code: bool) -> tuple[dict | None, list[Finding]]:
+    path, config = facts.config_file, facts.config
+    if facts.problem or config is None:
+        hint = "check the file's permissions" if (facts.problem or "").startswith("cannot") else _RESTORE
+        return None, [_error("PF005", f"{path} {facts.problem or 'is missing'}", hint)]
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         return None, [_error("PF005", f"{path} has no model_type", _RESTORE)]

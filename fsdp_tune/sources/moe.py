@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from fsdp_tune.config.lora_fields import moe_tables
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.sources import model as model_source
 
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 ROUTER = "gate.weight"
@@ -42,12 +41,12 @@ class ParamTargets:
         return bool(self.experts or self.router or self.explicit)
 
 
-def param_targets(cfg: RunConfig) -> ParamTargets | None:
-    """None when LoRA is off or the model's config is not on this machine."""
+def param_targets(cfg: RunConfig, config: dict | None) -> ParamTargets | None:
+    """None when LoRA is off or the model's config (`config`: its config.json as the door found it, `Derived.model`)
+    is not on this machine."""
     if not cfg.lora.use_peft_lora:
         return None
     explicit = tuple(cfg.peft.get("target_parameters") or ())
-    config = model_source.model_config(cfg.model.model_name_or_path) if cfg.model.model_name_or_path else None
     if config is None:
         return ParamTargets(False, None, (), False, explicit, ()) if explicit else None
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config

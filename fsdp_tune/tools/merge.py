@@ -73,9 +73,10 @@ def own_dtype(base: str) -> tuple[str, str]:
     """The base model's own dtype and where it was read: config.json's `dtype` (`torch_dtype` before
     transformers 4.56), else the dtype most of its safetensors weights have (their headers read through the
     bounded reader); float32 when neither tells. `base`: the folder locate() found."""
+    from fsdp_tune.sources.model import fetch_config
+
     folder = Path(base)
-    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    config = config if isinstance(config, dict) else {}
+    config = fetch_config(base) or {}
     name = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
     if name in DTYPES:
         return DTYPES[name], "the base's own, from config.json"

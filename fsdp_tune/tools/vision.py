@@ -13,12 +13,9 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 def kind_of_base(base: str) -> str:
     """The base model's kind, from its config.json (a local folder, or the Hub cache)."""
-    from fsdp_tune.config.folders import read_json
-    from fsdp_tune.worker.loading.door import local_folder
+    from fsdp_tune.sources.model import fetch_config
 
-    folder = local_folder(base)
-    config = read_json(folder / "config.json") if folder is not None and (folder / "config.json").is_file() else None
-    return kind_of(config if isinstance(config, dict) else None)
+    return kind_of(fetch_config(base))
 
 
 def reads_images(base: str) -> bool:

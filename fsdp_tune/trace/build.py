@@ -18,7 +18,6 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import derive
 from fsdp_tune.decide.loading import sharded_plan
 from fsdp_tune.decide.spec import RankSpec, ShardedPlan
-from fsdp_tune.sources.model import find_config
 from fsdp_tune.sources.moe import has_experts
 from fsdp_tune.trace.guard import refusal
 
@@ -36,20 +35,29 @@ class Built:
     notes: list[str] = field(default_factory=list)  # what the build stood in for
 
 
-def depth(name: str) -> int:
-    """Decoder layers of the model (its config's num_hidden_layers)."""
-    return int(_text(find_config(name)[1])["num_hidden_layers"])
+def depth(spec: RankSpec) -> int:
+    """Decoder layers of the model (its config's num_hidden_layers, as the rank spec carries it)."""
+    return int(_text(_config(spec))["num_hidden_layers"])
+
+
+def _config(spec: RankSpec) -> dict:
+    """The model's config.json as the door found it at decide time (`ModelSpec.facts`); `plan --trace` plans first,
+    and the plan refuses a model whose config is not on this machine (planner/plan.py) before this is read."""
+    config = spec.model.facts.config
+    if config is None:
+        raise FileNotFoundError(spec.model.requested)
+    return copy.deepcopy(config)
 
 
 def _text(data: dict) -> dict:
     return data["text_config"] if isinstance(data.get("text_config"), dict) else data
 
 
-def truncated_config(name: str, layers: int):
+def truncated_config(spec: RankSpec, layers: int):
     """The model's config with `layers` decoder layers (per-layer lists cut to match)."""
     from transformers import AutoConfig
 
-    data = copy.deepcopy(find_config(name)[1])
+    data = _config(spec)
     text = _text(data)
     text["num_hidden_layers"] = layers
     for key, value in list(text.items()):
@@ -80,13 +88,13 @@ def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:
     if attention and attention.startswith("flash"):  # flash-attn is a CUDA package: SDPA's flash kernel saves alike
         spec = replace(spec, model=replace(spec.model, attn_implementation="sdpa"))
         notes.append(f"{attention} stood in by SDPA (both save q, k, v, the output and the fp32 logsumexp)")
-    if has_experts(_text(find_config(spec.model.name_or_path)[1])):
+    if has_experts(_text(_config(spec))):
         notes.append(
             "mixture of experts: transformers' grouped_mm experts run every token's top-k rows (tokens x top_k) "
             "through the stacked experts; how routing splits them among experts is data the trace has not, and no "
             "tensor's size depends on it"
         )
-    model, packed = _meta_model(spec, truncated_config(spec.model.name_or_path, layers))
+    model, packed = _meta_model(spec, truncated_config(spec, layers))
     quantized = bool(packed)
     if spec.lora is not None:
         model = sharded_load._with_lora(model, spec, quantized, plan.upcast_trainable, 42)

@@ -51,7 +51,7 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
     guard.check_versions(cfg.quantization.use_4bit_quantization)
     started = time.time()
     spec = rank_spec(cfg)
-    full = builder.depth(spec.model.name_or_path)
+    full = builder.depth(spec)
     depths = tuple(d for d in (depths or DEPTHS) if d < full) or (full,)
     if len(depths) == 1:
         depths = (full,)

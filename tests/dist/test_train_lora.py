@@ -62,7 +62,8 @@ def test_metrics_and_summary_files(reference_run) -> None:
 
 def test_the_dry_runs_rank_spec_is_what_the_ranks_read(reference_run, model_cache) -> None:
     """`train --dry_run --json` with the run's own flags prints exactly the spec the ranks executed (the builtin
-    model's folder included: decided, not patched at launch; nothing secret in either)."""
+    model's folder included: decided, not patched at launch; nothing secret in either). Into the finished run's
+    own folder the launch would be refused (PF031, a previous run), so the dry run exits 2 and still prints it."""
     import subprocess
     import sys
 
@@ -72,7 +73,9 @@ def test_the_dry_runs_rank_spec_is_what_the_ranks_read(reference_run, model_cach
     out = reference_run.output_dir
     cmd = [sys.executable, "-m", "fsdp_tune", "train", "--config", str(BASE), "--output_dir", str(out), *REFERENCE]
     dry = subprocess.run([*cmd, "--dry_run", "--json"], capture_output=True, text=True, env=offline_env(model_cache))
-    assert dry.returncode == 0, dry.stderr
+    assert dry.returncode == 2, dry.stderr
+    refused = [f["rule"] for f in json.loads(dry.stdout)["preflight"] if f["severity"] == "error"]
+    assert refused == ["PF031"], dry.stdout
     ranks = json.loads((out / "fsdp_tune_resolved.json").read_text())["spec"]
     assert json.loads(dry.stdout)["spec"] == ranks
     assert not ranks["model"]["name_or_path"].startswith("builtin:")  # the folder the ranks read

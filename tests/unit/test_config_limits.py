@@ -61,6 +61,7 @@ def test_trust_remote_code_names_the_code_every_rank_runs(tmp_path) -> None:
     auto_map = {"AutoModelForCausalLM": "modeling_custom.CustomLM", "AutoTokenizer": ["other/repo--tok.Tok", None]}
     (model / "config.json").write_text(json.dumps({"model_type": "custom", "auto_map": auto_map}))
     (model / "modeling_custom.py").write_text("import os\n")
+    (model / "tokenizer.json").write_text("{}")  # validate-config reads the folder as train would (PF006 without)
     flags = ["--model_name_or_path", str(model), "--trust_remote_code", "true"]
     r = runner.invoke(app, ["validate-config", BASE, *flags])
     assert r.exit_code == 0 and "FT083" in r.output, r.output

@@ -59,7 +59,8 @@ LAYERS = (
     ("fsdp_tune", "assets", "errors", "printable", "redact", "runfiles", "typed"),  # plain data, file names, escapes
     ("summary",),  # the typed run summary
     ("config",),  # files and flags -> the typed RunConfig
-    ("sources", "schedulers", "rewards"),  # a model's config, the data's rows; a scheduler's topology; GRPO's rewards
+    ("sources", "schedulers"),  # a model's config (the model door), the data's rows; a scheduler's topology
+    ("rewards",),  # GRPO's rewards (a reward model's config through the model door)
     ("models",),  # the builtin models fsdp-tune builds
     ("decide",),  # every decision: the machine, derived settings, the rank spec
     ("rules",),  # findings on the config and its decisions

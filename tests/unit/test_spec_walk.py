@@ -139,6 +139,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "reference": (RANK, "worker/recipe.py"),  # --reference base: the reference adapter reset to the base
         "kind": (RANK, "worker/loading/pretrained.py"),  # the Auto class (and a processor: loading/processor.py)
         "vision": (RANK, "worker/loading/pretrained.py"),  # freeze_vision; the collator reads its guard
+        "facts": (PREFLIGHT, "preflight/disk.py"),  # the model door's find (the trace and preflight/vision.py too)
     },
     VisionSpec: {
         "family": (PLAN, PLAN_TEXT),  # the row's title on the plan's vision line

@@ -3,6 +3,7 @@ default targets for the model type, not PEFT's FSDP example's r 64 / alpha 16 / 
 
 from __future__ import annotations
 
+from fsdp_tune.decide.derived import derive
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.validate import check
 
@@ -12,7 +13,7 @@ LLAMA = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B"]  # a shipped refe
 def _lora(*flags: str):
     checked = check(None, list(flags))
     assert not checked.errors, checked.findings
-    return checked, lora_kwargs(checked.config)
+    return checked, lora_kwargs(checked.config, derive(checked.config).model)
 
 
 def test_use_peft_alone_takes_trls_defaults() -> None:
