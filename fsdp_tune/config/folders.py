@@ -40,7 +40,9 @@ MAX_FREE_REPEATS = 3  # unbounded quantifiers (*, +, {n,}) in one regex; none in
 DTYPES = frozenset(
     "BOOL U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 F4 F6_E2M3 F6_E3M2 I16 U16 F16 BF16 I32 U32 F32 I64 U64 F64 C64".split()
 )
-CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+# the files beside a model's config.json that may name code of the folder's (config.json itself: the model door's,
+# sources/model.py, read once and passed in)
+CODE_FILES = ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
 
 
 class FolderRefused(UsageError):
@@ -127,15 +129,16 @@ def tensor_names(path: Path) -> tuple[str, ...]:
 # --- code that comes with a folder -------------------------------------------------------------------------------
 
 
-def code_configs(folder: Path) -> list[str]:
-    """The files of `folder` whose auto_map names classes of the folder's (or another repository's) own code."""
-    found = []
+def code_configs(folder: Path, config: dict | None = None, config_name: str = "") -> dict[str, dict]:
+    """{file name: its JSON} of the files of `folder` whose auto_map names classes of the folder's (or another
+    repository's) own code; `config`: the folder's config.json as the model door read it, named `config_name`."""
+    found = {config_name: config} if isinstance(config, dict) and config.get("auto_map") else {}
     for name in CODE_FILES:
         path = folder / name
         if path.is_file():
             data = read_json(path)
             if isinstance(data, dict) and data.get("auto_map"):
-                found.append(name)
+                found[name] = data
     return found
 
 

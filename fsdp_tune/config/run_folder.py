@@ -19,6 +19,12 @@ def output_dir_as_given(cfg: RunConfig) -> str:
     return str(cfg.training.get("output_dir") or DEFAULT_OUTPUT_DIR)
 
 
+def output_dir_origin(cfg: RunConfig) -> tuple[str, str]:
+    """(the key as the user wrote it, where it came from) of --output_dir, for a message about its value."""
+    out = cfg.origin("training.output_dir")
+    return (out.key, out.source) if out else ("--output_dir", "command line")
+
+
 def output_dir(cfg: RunConfig) -> str:
     """The run's output folder, absolute: the one answer the rank spec, the pre-flight and a resume's `latest`
     read (a run without --output_dir writes to ./fsdp-tune-output, and its plan says so)."""

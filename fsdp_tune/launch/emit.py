@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from fsdp_tune.config.run_folder import output_dir_as_given
+from fsdp_tune.config.run_folder import output_dir_as_given, output_dir_origin
 from fsdp_tune.errors import PreflightError, Severity, UsageError
 from fsdp_tune.schedulers import emitters, jobtext
 from fsdp_tune.schedulers import job as jobs
@@ -129,13 +129,12 @@ def _refuse_controls(cfg, config, args, output_dir: str, shared, image) -> dict[
     """PF096 (jobtext) for any value bound for the job file that holds a control character, before the plan
     touches the output folder; where the job's own fields came from, as the user wrote them (field -> (key,
     source): jobtext names them when it refuses one)."""
-    out = cfg.origin("training.output_dir")
-    origins = {"output_dir": (out.key, out.source)} if out else {}
+    out = output_dir_origin(cfg)
     values = [("--config", "command line", config), ("--shared", "command line", shared)]
     values += [("--image", "command line", image), ("the folder emitted from", "cwd", str(Path.cwd()))]
-    values += [(*origins.get("output_dir", ("--output_dir", "command line")), output_dir)]
+    values += [(*out, output_dir)]
     jobtext.refuse_controls([*values, *jobtext.flag_values(args)])
-    return origins
+    return {"output_dir": out}
 
 
 def _plan(planned, key: str, on_cpu: bool, echo: Echo) -> dict:

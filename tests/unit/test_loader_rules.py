@@ -131,10 +131,12 @@ def test_an_adapter_folder_is_checked_whole(tmp_path) -> None:
 
 
 def test_the_files_that_ask_for_code_are_found(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    assert code_configs(tmp_path) == []
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["t.Tok", None]}}))
-    assert code_configs(tmp_path) == ["tokenizer_config.json"]
+    assert code_configs(tmp_path, {"model_type": "llama"}, "config.json") == {}
+    tokenizer = {"auto_map": {"AutoTokenizer": ["t.Tok", None]}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    assert code_configs(tmp_path, {"model_type": "llama"}, "config.json") == {"tokenizer_config.json": tokenizer}
+    config = {"model_type": "mine", "auto_map": {"AutoModel": "m.Model"}}  # the model door's read of config.json
+    assert list(code_configs(tmp_path, config, "config.json")) == ["config.json", "tokenizer_config.json"]
 
 
 def test_a_reward_runs_adapter_is_bounded_before_the_ranks_read_it(tmp_path) -> None:

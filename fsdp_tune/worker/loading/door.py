@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fsdp_tune.config.folders import FolderRefused, check_adapter, code_configs, read_json
+from fsdp_tune.config.folders import FolderRefused, check_adapter, code_configs
+from fsdp_tune.sources.model import CONFIG, model_facts
 
 WARNED: set[str] = set()
 
@@ -30,21 +31,10 @@ def no_prompt() -> None:
 
 
 def local_folder(name: str) -> Path | None:
-    """The folder `name` loads from on this machine: a local folder, or its newest snapshot in the Hub cache."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        from fsdp_tune.sources.model import hub_cache
-
-        found = try_to_load_from_cache(name, "config.json", cache_dir=str(hub_cache().expanduser()))
-    except Exception:  # noqa: BLE001 - not a valid repo id: not in the cache
-        return None
-    return Path(found).parent if isinstance(found, str) else None
+    """The folder `name` loads from on this machine (the model door, sources/model.py: a local folder, or its
+    snapshot in the Hub cache); None when it is neither."""
+    facts = model_facts(name)
+    return Path(facts.path) if facts.where in ("local", "cache") and Path(facts.path or "").is_dir() else None
 
 
 def _native(file: str, data: dict) -> bool:
@@ -55,7 +45,7 @@ def _native(file: str, data: dict) -> bool:
 
     from fsdp_tune.sources.modelcheck import known_model_types
 
-    if file == "config.json":
+    if file == CONFIG:
         return data.get("model_type") in known_model_types()
     named = data.get("tokenizer_class") or data.get("processor_class") or data.get("image_processor_type")
     return isinstance(named, str) and named.removesuffix("Fast") in dir(transformers)
@@ -68,7 +58,11 @@ def prepared(name: str, trust_remote_code: bool, what: str = "the model") -> Non
     folder = local_folder(name)
     if folder is None:
         return
-    asking = [f for f in code_configs(folder) if trust_remote_code or not _native(f, read_json(folder / f))]
+    facts = model_facts(name)
+    if facts.problem:  # a config.json that is there and cannot be read: the loader's answer, not transformers'
+        raise FolderRefused(f"{facts.config_file}: {facts.problem}", "restore the config.json the model came with")
+    configs = code_configs(folder, facts.config, CONFIG)
+    asking = [f for f, data in configs.items() if trust_remote_code or not _native(f, data)]
     if asking and not trust_remote_code:
         raise FolderRefused(
             f"{folder / asking[0]}: {what} needs its own Python code (auto_map), which runs only when you allow it",
@@ -79,19 +73,18 @@ def prepared(name: str, trust_remote_code: bool, what: str = "the model") -> Non
         WARNED.add(str(folder))
         files = ", ".join(sorted(p.name for p in folder.glob("*.py"))) or f"the modules {asking[0]}'s auto_map names"
         print(f"warning: trust_remote_code: {what}'s own code runs from {folder}: {files}", file=sys.stderr)
-    _known_type(folder)
+    _known_type(facts)
 
 
-def _known_type(folder: Path) -> None:
+def _known_type(facts) -> None:
     """config.json's model_type one transformers knows, or code of the folder's (auto_map); else one line naming
-    the file (transformers' own error lists every type it knows: 9 KB)."""
+    the file (transformers' own error lists every type it knows: 9 KB). `facts`: the model door's."""
     from fsdp_tune.sources.modelcheck import known_model_types
 
-    path = folder / "config.json"
+    path, config = facts.config_file, facts.config
     known = known_model_types()
-    if not path.is_file() or not known:  # no config (a tokenizer's folder), or transformers' layout not read
+    if path is None or config is None or not known:  # no config (a tokenizer's folder), or transformers' not read
         return
-    config = read_json(path)
     if not isinstance(config, dict):
         raise FolderRefused(f"{path}: not a JSON object", "a model's config.json")
     model_type = config.get("model_type")
