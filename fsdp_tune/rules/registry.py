@@ -45,6 +45,10 @@ READER_RULES = {
         "config",
         "a name only TRL's scripts read: `env:` of TRL's config file refused, ignore_bias_buffers dropped",
     ),
+    "FT018": (
+        "config",
+        "a model named apart from the config file keeps its own chat template over the file's (a note)",
+    ),
     "FT121": ("method", "--adapter: a starting adapter that cannot be read, or settings that contradict its shape"),
 }
 
