@@ -49,7 +49,7 @@ def settle(
     for source in sources:
         one, found = settle_source(source, text_field, peft_text_field, eval_wanted, tokens, method)
         settled.append(one)
-        findings += found
+        findings += [f for f in found if f not in findings]  # one file in two entries (train[:50%], train[50%:])
     mixable = not (row_of(method).preference or row_of(method).generates)
     if not mixable and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
         findings.append(_error("PF077", "datasets", settled[0].path, why, "train on one kind of source"))
