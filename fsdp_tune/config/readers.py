@@ -289,6 +289,19 @@ class _Reader:
                     )
                 )
                 continue
+            if key in keys.RECIPE_SECTIONS and isinstance(value, dict):
+                self.findings.append(
+                    Finding(
+                        "FT001",
+                        Severity.ERROR,
+                        key,
+                        self.origin((key,)).source,
+                        f"a recipe section `{key}:` beside flat keys: the file is read as TRL's config file (one flat "
+                        "mapping) because of its top-level keys",
+                        f"move the top-level keys into `training:` (a recipe), or `{key}:`'s keys to the top level",
+                    )
+                )
+                continue
             self.flag_key((key,), value, "TRL config")
 
 

@@ -101,3 +101,10 @@ def test_a_hub_dataset_not_on_this_machine_is_refused_with_the_download(tmp_path
     assert r.exit_code == 2, r.output
     assert "PF015" in r.output and "trl-lib/Capybara is a Hub dataset that is not in this machine's cache" in r.output
     assert "hf download trl-lib/Capybara --repo-type dataset" in r.output
+
+
+def test_a_recipe_section_beside_flat_keys_says_how_to_fix_it(tmp_path) -> None:
+    path = tmp_path / "mixed.yaml"
+    path.write_text("learning_rate: 0.001\ntraining:\n  max_steps: 3\n")
+    r = CliRunner().invoke(app, ["validate-config", str(path)])
+    assert r.exit_code == 2 and "FT001 training" in r.output and "move the top-level keys into `training:`" in r.output
