@@ -108,3 +108,22 @@ def test_a_recipe_section_beside_flat_keys_says_how_to_fix_it(tmp_path) -> None:
     path.write_text("learning_rate: 0.001\ntraining:\n  max_steps: 3\n")
     r = CliRunner().invoke(app, ["validate-config", str(path)])
     assert r.exit_code == 2 and "FT001 training" in r.output and "move the top-level keys into `training:`" in r.output
+
+
+def test_a_hub_dataset_with_the_hub_not_answering_is_refused_too(tmp_path, monkeypatch) -> None:
+    """Not offline by the environment, but no Hub: refused before launch (rank 0 would retry, then a traceback)."""
+    from fsdp_tune.preflight import reach
+    from fsdp_tune.preflight.data import settle
+    from fsdp_tune.sources.mixture import Source
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    asked = []
+    monkeypatch.setattr(reach, "unreachable", lambda url: asked.append(url) or "no answer within 3 s")
+    _, (finding,) = settle((Source("trl-lib/Capybara"),), "text", None, False)
+    assert finding.rule == "PF015" and "cannot be reached: no answer within 3 s" in finding.message
+    assert asked == ["https://huggingface.co/api/datasets/trl-lib/Capybara"]
+    monkeypatch.setattr(reach, "unreachable", lambda url: None)  # the Hub answers: rank 0 downloads it
+    assert settle((Source("trl-lib/Capybara"),), "text", None, False)[1] == []
