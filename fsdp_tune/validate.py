@@ -14,6 +14,7 @@ from fsdp_tune.config.normalize import build_config
 from fsdp_tune.config.readers import read_file
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.method_defaults import apply_method_defaults
+from fsdp_tune.decide.template_defaults import apply_template_default
 from fsdp_tune.decide.trl_defaults import apply_trl_defaults
 from fsdp_tune.errors import ConfigError, Finding, Severity
 from fsdp_tune.rules.catalog import run_rules
@@ -64,6 +65,8 @@ def check(
         findings += version_findings
     cfg, start_findings = apply_adapter_start(cfg)  # --adapter: its base model and LoRA shape
     findings += start_findings
+    cfg, template_findings = apply_template_default(cfg)  # a model named apart from the file keeps its template
+    findings += template_findings
     cfg, trl_findings = apply_trl_defaults(cfg)  # --use_peft: TRL's LoRA defaults, said in one note
     findings += trl_findings
     cfg, method_findings = apply_method_defaults(cfg)  # DPO/KTO: FSDP's activation checkpointing for TRL's default

@@ -6,8 +6,7 @@ The flag set is data: the fields of fsdp-tune's sections, accelerate's launch fl
 
 from __future__ import annotations
 
-from fsdp_tune.config import keys
-from fsdp_tune.config.names import flag_table, retired
+from fsdp_tune.config.names import flag_table, other_name
 from fsdp_tune.config.schema import Assignment, Origin
 from fsdp_tune.config.suggest import did_you_mean
 from fsdp_tune.config.values import kind_of
@@ -49,8 +48,9 @@ def _flag(token: str, words: list[str]) -> tuple[Assignment | None, list[Finding
     name = raw_name.replace("-", "_")
     origin = Origin(f"--{raw_name}", "command line")
     path = flag_table().get(name)
-    if path is None and name in keys.RETIRED_ARGS:
-        assignment, finding = retired(name, words[0] if words else True, origin)
+    read = other_name(name, words[0] if words else True, origin) if path is None else None
+    if read is not None:
+        assignment, finding = read
         return assignment, [finding, *(_stray(w) for w in words[1:])]
     if path is None:
         hint = did_you_mean(name, flag_table(), prefix="--") or "`fsdp-tune flags WORD` lists flags by name"

@@ -140,7 +140,19 @@ FLAG_ALIASES: dict[str, str] = {
     "bnb_4bit_use_double_quant": "quantization.use_nested_quant",
     "use_parallelism_config": "parallelism.enabled",
     "attn_implementation": "model.attn_implementation",
+    "streaming": "data.dataset_streaming",  # TRL's DatasetMixtureConfig: stream every dataset (rules/data.py)
 }
+
+# Names only TRL's scripts read (trl/scripts/utils.py ScriptArguments, TrlParser): name -> why it has no effect on an
+# fsdp-tune run. Dropped with a warning (FT017), on the command line and in a TRL config file alike.
+TRL_SCRIPT_ONLY: dict[str, str] = {
+    "ignore_bias_buffers": "TRL's dpo.py fix for DDP (it hides bool buffers from DDP's broadcast); FSDP runs "
+    "broadcast no buffers that way",
+}
+
+# TRL's `--config` file (TrlParser.parse_args_and_config): its `env:` mapping is set in TRL's own process. fsdp-tune
+# does not change its environment from a file (FT017 refuses it); the shell or the job file sets those variables.
+TRL_ENV_KEY = "env"
 
 # Recipe sections are the RunConfig sections; `training` takes the method's TRL config fields.
 RECIPE_SECTIONS = ("launch", "fsdp", "parallelism", "model", "data", "lora", "quantization", "run", "training")

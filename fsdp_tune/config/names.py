@@ -56,6 +56,33 @@ def section_keys(section: str) -> dict[str, str]:
     return keys_
 
 
+@cache
+def trl_file_names() -> frozenset[str]:
+    """The names that mark TRL's flat `--config` YAML (`trl sft --config sft.yaml`): the script's arguments
+    (ScriptArguments, ModelConfig, the method's config, DatasetMixtureConfig) at the top level. Names an Accelerate
+    YAML or a Transformers fsdp_config also uses (`debug`, `use_cpu`, `fsdp_config`, FSDP keys) mark nothing."""
+    shared = {*keys.ACCELERATE_TOP, "fsdp", "fsdp_config"}
+    names = {
+        name
+        for name, path in flag_table().items()
+        if not path.startswith(("launch.", "fsdp.", "parallelism."))
+        and name.removeprefix("fsdp_") not in keys.FSDP_KEYS
+    }
+    return frozenset((names | set(keys.RETIRED_ARGS) | set(keys.TRL_SCRIPT_ONLY)) - shared)
+
+
+def other_name(name: str, value: object, origin: Origin) -> tuple[Assignment | None, Finding] | None:
+    """A name that is not a setting but is still read, with a warning: a TrainingArguments name transformers 5
+    retired (FT012), or one only TRL's scripts read (FT017); None for any other name."""
+    if name in keys.RETIRED_ARGS:
+        return retired(name, value, origin)
+    if name in keys.TRL_SCRIPT_ONLY:
+        why = keys.TRL_SCRIPT_ONLY[name]
+        message = f"`{name}` is {why}; ignored"
+        return None, Finding("FT017", Severity.WARNING, origin.key, origin.source, message, f"drop `{name}`")
+    return None
+
+
 def retired(name: str, value: object, origin: Origin) -> tuple[Assignment | None, Finding]:
     """A TrainingArguments name transformers 5 retired: read under its new name, or dropped, with a warning."""
     path, mapping, why = keys.RETIRED_ARGS[name]

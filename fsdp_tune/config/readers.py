@@ -1,8 +1,10 @@
-"""Read a config file of any of the three formats into assignments (canonical path, raw value, origin).
+"""Read a config file of any of the four formats into assignments (canonical path, raw value, origin).
 
 Formats are told apart by content, not by file extension: an Accelerate YAML has `distributed_type`
-or `fsdp_config`; a recipe has fsdp-tune's sections; a Transformers `fsdp_config` (JSON, or YAML)
-has FSDP keys at the top level. Values stay raw here; `normalize.py` coerces and checks them.
+or `fsdp_config`; a recipe has fsdp-tune's sections; TRL's `--config` YAML (`trl sft --config sft.yaml`) is one
+flat mapping of the script's argument names (`model_name_or_path`, `dataset_name`, `use_peft`, `lora_r`, any
+SFTConfig field), read as `train`'s flags are; a Transformers `fsdp_config` (JSON, or YAML) has FSDP keys at the top
+level. Values stay raw here; `normalize.py` coerces and checks them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from fsdp_tune.config import keys, limits
 from fsdp_tune.config.envvars import expand
 from fsdp_tune.config.fsdp2 import ACCELERATE_DEFAULT
-from fsdp_tune.config.names import flag_table, retired, section_keys
+from fsdp_tune.config.names import flag_table, other_name, section_keys, trl_file_names
 from fsdp_tune.config.parse import line_map, parse
 from fsdp_tune.config.schema import SECTIONS, Assignment, Origin
 from fsdp_tune.config.suggest import did_you_mean
@@ -23,6 +25,7 @@ from fsdp_tune.errors import Finding, Severity, UsageError
 ACCELERATE = "accelerate"
 TRANSFORMERS = "transformers"
 RECIPE = "recipe"
+TRL = "trl"
 MANIFEST = "manifest"
 
 
@@ -36,7 +39,7 @@ class FileConfig:
 def detect_format(data: dict[str, Any]) -> str | None:
     if "fsdp_tune_manifest" in data:
         return MANIFEST
-    if "distributed_type" in data or "fsdp_config" in data or "compute_environment" in data:
+    if "distributed_type" in data or "compute_environment" in data:
         return ACCELERATE
     # TRL's mixture list and the training method may sit at the top
     sections = {k: v for k, v in data.items() if k not in keys.RECIPE_TOP_KEYS}
@@ -44,6 +47,10 @@ def detect_format(data: dict[str, Any]) -> str | None:
         isinstance(v, dict) or v is None for v in sections.values()
     ):
         return RECIPE
+    if set(data) & trl_file_names():  # before `fsdp_config`: SFTConfig has that field too
+        return TRL
+    if "fsdp_config" in data:
+        return ACCELERATE
     stripped = {k.removeprefix("fsdp_") for k in data}
     if stripped & set(keys.FSDP_KEYS):
         return TRANSFORMERS
@@ -72,7 +79,8 @@ def read_file(path_str: str) -> FileConfig:
         raise UsageError(
             f"{path_str}: cannot tell which kind of config this is (keys: {', '.join(list(data)[:6])})",
             "an Accelerate YAML has `distributed_type`, a Transformers fsdp_config has FSDP keys such as "
-            "`reshard_after_forward`, a recipe has sections such as `fsdp:` and `training:`",
+            "`reshard_after_forward`, a recipe has sections such as `fsdp:` and `training:`, TRL's config file "
+            "has its script's arguments such as `model_name_or_path` and `dataset_name`",
         )
     reader = _Reader(path_str, line_map(text))
     if fmt != MANIFEST:  # a manifest records expanded values: read as written
@@ -83,6 +91,8 @@ def read_file(path_str: str) -> FileConfig:
         reader.fsdp_section(data, (), default_version=2)
     elif fmt == MANIFEST:
         reader.recipe(data.get("resolved_config", {}))
+    elif fmt == TRL:
+        reader.trl_file(data)
     else:
         reader.recipe(data)
     return FileConfig(fmt, reader.assignments, reader.findings)
@@ -235,17 +245,8 @@ class _Reader:
                 continue
             if section == "training":
                 # `training:` takes anything `train` takes as a flag, so a whole run fits in one file
-                table = flag_table()
                 for key, value in body.items():
-                    if key in table:
-                        self.set(table[key], value, (section, key))
-                    elif key in keys.RETIRED_ARGS:
-                        assignment, finding = retired(key, value, self.origin((section, key)))
-                        self.findings.append(finding)
-                        if assignment is not None:
-                            self.assignments.append(assignment)
-                    else:
-                        self.unknown((section, key), list(table), "`training`")
+                    self.flag_key((section, key), value, "`training`")
                 continue
             known = section_keys(section)
             for key, value in body.items():
@@ -254,6 +255,54 @@ class _Reader:
                     self.set(known[key], value, path)
                 else:
                     self.unknown(path, list(known), f"`{section}`")
+
+    def flag_key(self, path: tuple[str, ...], value: Any, what: str) -> None:
+        """A key named as `train`'s flag is (a recipe's `training:`, TRL's config file)."""
+        key, table = path[-1], flag_table()
+        if key in table:
+            self.set(table[key], value, path)
+        elif (read := other_name(key, value, self.origin(path))) is not None:
+            assignment, finding = read
+            self.findings.append(finding)
+            if assignment is not None:
+                self.assignments.append(assignment)
+        else:
+            self.unknown(path, list(table), what)
+
+    def trl_file(self, data: dict[str, Any]) -> None:
+        """TRL's `--config` YAML: what TrlParser sets as the script's argument defaults, read as `train`'s flags
+        (TRL's names are flags: names.flag_table); its `env:` mapping is refused (FT017)."""
+        for key, value in data.items():
+            if key == keys.TRL_ENV_KEY:
+                if not value:
+                    continue  # `env: {}` sets nothing
+                names = ", ".join(map(str, value)) if isinstance(value, dict) else "not a mapping"  # no values: tokens
+                self.findings.append(
+                    Finding(
+                        "FT017",
+                        Severity.ERROR,
+                        key,
+                        self.origin((key,)).source,
+                        f"`env:` ({names}): TRL sets these in its own process; fsdp-tune does not change its "
+                        "environment from a config file",
+                        "drop `env:` and set the variables in the shell or the job file (export NAME=value)",
+                    )
+                )
+                continue
+            if key in keys.RECIPE_SECTIONS and isinstance(value, dict):
+                self.findings.append(
+                    Finding(
+                        "FT001",
+                        Severity.ERROR,
+                        key,
+                        self.origin((key,)).source,
+                        f"a recipe section `{key}:` beside flat keys: the file is read as TRL's config file (one flat "
+                        "mapping) because of its top-level keys",
+                        f"move the top-level keys into `training:` (a recipe), or `{key}:`'s keys to the top level",
+                    )
+                )
+                continue
+            self.flag_key((key,), value, "TRL config")
 
 
 assert set(SECTIONS) | {"training"} == set(keys.RECIPE_SECTIONS)

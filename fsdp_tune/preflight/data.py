@@ -15,6 +15,7 @@ from fsdp_tune.config.methods import row_of
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight import images as image_check
 from fsdp_tune.preflight import prompts as prompt_check
+from fsdp_tune.preflight import reach
 from fsdp_tune.preflight.rows import COUNTED_ROWS, DETECT_ROWS, Kind, settle_kind, sliced
 from fsdp_tune.preflight.rows import row_findings as _row_findings
 from fsdp_tune.preflight.tokens import TokenCheck, token_findings
@@ -48,11 +49,29 @@ def settle(
     for source in sources:
         one, found = settle_source(source, text_field, peft_text_field, eval_wanted, tokens, method)
         settled.append(one)
-        findings += found
+        findings += [f for f in found if f not in findings]  # one file in two entries (train[:50%], train[50%:])
     mixable = not (row_of(method).preference or row_of(method).generates)
     if not mixable and (why := preference_check.mixed_kinds([s.detected for s in settled if s.detected])):
         findings.append(_error("PF077", "datasets", settled[0].path, why, "train on one kind of source"))
     return tuple(settled), findings
+
+
+def _hub_dataset(name: str) -> list[Finding]:
+    """PF015: a Hub dataset that is not cached, with the Hub offline or not answering, would end rank 0 in
+    `datasets`' retries and a traceback; the fix is a download where the Hub answers, into this machine's cache."""
+    if dataset_cached(name):
+        return []
+    if offline("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        why = "the Hub is offline here (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)"
+    elif reason := reach.unreachable(f"{reach.hub_endpoint()}/api/datasets/{name}"):
+        why = f"the Hub ({reach.hub_endpoint()}) cannot be reached: {reason}"
+    else:
+        return []
+    message = f"{name} is a Hub dataset that is not in this machine's cache, and {why}"
+    hint = (
+        f"`hf download {name} --repo-type dataset` where the Hub answers (into this cache), or a local file or folder"
+    )
+    return [_error("PF015", "--dataset_name", "command line", message, hint)]
 
 
 def _error(rule: str, key: str, where: str, message: str, hint: str = "") -> Finding:
@@ -71,10 +90,7 @@ def settle_source(
     consistent, which format, which rows."""
     located = locate(source)
     if not located.is_local:
-        if offline("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not dataset_cached(source.path):
-            message = f"{source.path} is a Hub dataset, the Hub is offline (HF_HUB_OFFLINE) and it is not cached"
-            return source, [_error("PF015", "--dataset_name", "command line", message, "use local files")]
-        return source, []
+        return source, _hub_dataset(source.path)
     if located.problem:
         rule = "PF019" if located.files else "PF010"
         return source, [_error(rule, "--dataset_name", source.path, located.problem, located.hint)]

@@ -88,11 +88,15 @@ def _tls(err: OSError) -> bool:
     return isinstance(err, ssl.SSLError)
 
 
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+
+
 def hub_findings(name: str) -> list[Finding]:
     """PF003 when not offline: a Hub model that is not cached, with a Hub that does not answer, would have every
     rank retry the download for a minute and fail with a long traceback."""
-    endpoint = os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT
-    why = unreachable(f"{endpoint.rstrip('/')}/api/models/{name}")
+    endpoint = hub_endpoint()
+    why = unreachable(f"{endpoint}/api/models/{name}")
     if why is None:
         return []
     return [

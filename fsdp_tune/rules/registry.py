@@ -41,6 +41,14 @@ READER_RULES = {
     "FT013": ("config", "--fsdp option strings and --fsdp_config files (the Transformers idiom), read as settings"),
     "FT014": ("config", "two spellings of one setting (--use_peft, --use_peft_lora) given different values"),
     "FT015": ("config", "LoRA turned on by TRL's --use_peft: TRL's defaults for the LoRA settings left unset (a note)"),
+    "FT017": (
+        "config",
+        "a name only TRL's scripts read: `env:` of TRL's config file refused, ignore_bias_buffers dropped",
+    ),
+    "FT018": (
+        "config",
+        "a model named apart from the config file keeps its own chat template over the file's (a note)",
+    ),
     "FT121": ("method", "--adapter: a starting adapter that cannot be read, or settings that contradict its shape"),
 }
 

@@ -158,7 +158,7 @@ def detect_format(
     """The format of a dataset from its column names and a few rows (values are looked at: a `messages`
     column of strings is not a chat). `forced` (--dataset_format) skips the guessing but still checks the
     columns; `column_map` (--dataset_columns logical=column) and `text_field` (--dataset_text_field) rename."""
-    columns = set(columns)
+    ordered, columns = list(dict.fromkeys(columns)), set(columns)
     column_map = dict(column_map or {})
     _check_map(columns, column_map)
     if text_field != "text":
@@ -188,7 +188,7 @@ def detect_format(
         elif why_not:
             rejected.append(why_not)
     if not candidates:
-        raise no_match(columns, rejected)
+        raise no_match(ordered, rejected, rows)
     chosen = candidates[0]
     if len(candidates) > 1:
         others = ", ".join(c.kind for c in candidates[1:])
@@ -255,8 +255,11 @@ def _check_turns(kind: str, found: dict[str, str], rows: list[Mapping]) -> tuple
     return Format(SHAREGPT, found, role_key=keys[0], content_key=keys[1], notes=notes), None
 
 
-def no_match(columns: set[str], rejected: list[str]) -> FormatError:
-    """Refusal naming the columns, each format with the columns it needs, and the closest names."""
+def no_match(ordered: Iterable[str], rejected: list[str], rows: list[Mapping] = ()) -> FormatError:
+    """Refusal naming the columns, each format with the columns it needs, and the closest names (or a mapping of
+    the data's own columns: column_example)."""
+    ordered = list(ordered)
+    columns = set(ordered)
     known = "; ".join(f"{kind} ({', '.join(FIELDS[kind][f][0] for f in REQUIRED[kind])})" for kind in KINDS)
     message = f"the columns {_names(columns)} match no format; known formats: {known}"
     if rejected:
@@ -266,7 +269,32 @@ def no_match(columns: set[str], rejected: list[str]) -> FormatError:
     if close:
         pairs = ",".join(f"{_logical(target)}={column}" for column, target in close.items())
         return FormatError(message, f"--dataset_columns {pairs} (or rename the columns)")
-    return FormatError(message, "map your columns, e.g. --dataset_columns prompt=question,completion=answer")
+    example = column_example(ordered, rows)
+    if example:
+        return FormatError(message, f"map your columns, e.g. --dataset_columns {example} (or rename the columns)")
+    return FormatError(
+        message, "map your columns: --dataset_columns prompt=YOUR_PROMPT_COLUMN,completion=YOUR_ANSWER_COLUMN"
+    )
+
+
+def column_example(
+    columns: Iterable[str], rows: list[Mapping], fields: tuple[str, ...] = ("prompt", "completion")
+) -> str:
+    """`field=column,...` for --dataset_columns, built from the data's own columns in their order: a column of
+    turns as `messages` (`conversations` for from/value turns); else its text columns as `fields` in turn (the
+    last ones dropped when there are fewer, down to two; one text column is `text`); '' when nothing fits."""
+    columns = list(columns)
+    for column in columns:
+        keys = turn_keys(_first_value(rows, column), ROLE_KEYS, CONTENT_KEYS)
+        if keys is not None and len(fields) == 2:
+            return f"{'messages' if keys == ('role', 'content') else 'conversations'}={column}"
+    texts = [c for c in columns if isinstance(_first_value(rows, c), str)] if rows else columns
+    if len(texts) >= 2:
+        named = fields if len(texts) >= len(fields) else fields[len(fields) - 2 :]
+        return ",".join(f"{f}={c}" for f, c in zip(named, texts, strict=False))
+    if len(texts) == 1 and len(fields) == 2:
+        return f"text={texts[0]}"
+    return ""
 
 
 def _logical(column: str) -> str:

@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fsdp_tune.sources.formats import PREFERENCE_FIELDS, PREFERENCE_KINDS, Format, FormatError, decode_json
+from fsdp_tune.sources.formats import (
+    PREFERENCE_FIELDS,
+    PREFERENCE_KINDS,
+    Format,
+    FormatError,
+    column_example,
+    decode_json,
+)
 from fsdp_tune.sources.rowcheck import KindProblem
 
 PREFERENCE, IMPLICIT, UNPAIRED, RANKED = PREFERENCE_KINDS
@@ -102,7 +109,7 @@ def detect_preference(
 ) -> Format:
     """The preference format of a dataset from its column names and a few rows; `forced` (--dataset_format) skips
     the guess but still checks the columns; `column_map` (--dataset_columns field=column) renames."""
-    columns, column_map = set(columns), dict(column_map or {})
+    ordered, columns, column_map = list(dict.fromkeys(columns)), set(columns), dict(column_map or {})
     forced = None if forced in (None, "auto") else forced
     if forced and forced not in PREFERENCE_KINDS:
         raise FormatError(
@@ -122,7 +129,7 @@ def detect_preference(
     if prompt and ranked and forced in (None, RANKED):
         conversational = _turns(_value(rows, prompt))
         return Format(RANKED, {"prompt": prompt, **ranked}, conversational=conversational)
-    raise _no_match(columns, forced)
+    raise _no_match(columns, forced, rows, ordered)
 
 
 def _pairs(prompt, chosen, rejected, extras: dict, rows: list[Mapping], forced: str | None) -> Format:
@@ -153,7 +160,7 @@ def _pairs(prompt, chosen, rejected, extras: dict, rows: list[Mapping], forced: 
     return Format(IMPLICIT, found, conversational=turns, notes=notes)
 
 
-def _no_match(columns: set[str], forced: str | None) -> FormatError:
+def _no_match(columns: set[str], forced: str | None, rows: list[Mapping], ordered: list[str]) -> FormatError:
     shapes = (
         "preference (prompt, chosen, rejected); preference_implicit (chosen, rejected); unpaired (prompt, "
         "completion, label); ranked (prompt, response_0/response_1 + better_response_id, or response_a/response_b "
@@ -162,7 +169,9 @@ def _no_match(columns: set[str], forced: str | None) -> FormatError:
     what = f"format {forced} needs other columns" if forced else "match no preference format"
     return FormatError(
         f"the columns {', '.join(sorted(columns)) or '(none)'} {what}; preference formats: {shapes}",
-        "map your columns: --dataset_columns chosen=good,rejected=bad (fields: "
+        "map your columns: --dataset_columns "
+        + (column_example(ordered, rows, ("prompt", "chosen", "rejected")) or "chosen=COLUMN,rejected=COLUMN")
+        + " (fields: "
         + ", ".join(sorted(PREFERENCE_FIELDS))
         + ")",
     )

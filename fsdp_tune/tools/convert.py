@@ -1,4 +1,4 @@
-"""`fsdp-tune convert`: between the three formats through the typed config, and FSDP1 -> FSDP2."""
+"""`fsdp-tune convert`: between the formats through the typed config, and FSDP1 -> FSDP2."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from pathlib import Path
 
 from fsdp_tune.config.fsdp2 import adopt_fsdp2, implicit_fsdp1, migrate_to_fsdp2
 from fsdp_tune.config.readers import ACCELERATE as ACCEL_IN
-from fsdp_tune.config.readers import MANIFEST
+from fsdp_tune.config.readers import MANIFEST, TRL
 from fsdp_tune.config.schema import SECTIONS, RunConfig
 from fsdp_tune.config.writers import ACCELERATE, FORMATS, RECIPE, TRANSFORMERS, render, yaml_comments
-from fsdp_tune.errors import ConfigError, UsageError
+from fsdp_tune.errors import ConfigError, Finding, UsageError
 from fsdp_tune.output.files import write_out
+from fsdp_tune.rules.catalog import run_rules
+from fsdp_tune.rules.registry import REGISTRY
 from fsdp_tune.validate import check
 
 
@@ -42,9 +44,9 @@ def convert(
 ) -> tuple[Path, list[str], list[str]]:
     """Returns (written file, notes, settings diff). Refuses to overwrite without force."""
     checked = check(src, [], adopt_fsdp2=False)  # as written: the migration below is said and diffed
-    if checked.errors:
-        raise ConfigError(src, checked.findings)
     cfg = checked.config
+    if blocking := _blocking(checked.errors, cfg, fsdp2):
+        raise ConfigError(src, [f for f in checked.findings if f not in checked.errors or f in blocking])
     fmt = to or _same_format(checked.format)
     if fmt not in FORMATS:
         raise UsageError(f"--to {fmt}: unknown format", f"one of: {', '.join(FORMATS)}")
@@ -86,6 +88,16 @@ def convert(
     return out, notes, settings_diff(cfg, new)
 
 
+def _blocking(errors: list[Finding], cfg: RunConfig, fsdp2: bool) -> list[Finding]:
+    """The errors that stop the conversion: with --fsdp2, not those a rule raises only on the FSDP1 file (FT022,
+    FSDP1 on CPU: the conversion is its fix, and the file written is checked again)."""
+    if not fsdp2 or not errors:
+        return errors
+    migrated, _ = migrate_to_fsdp2(cfg)
+    still = {f.rule for f in run_rules(migrated)}
+    return [e for e in errors if e.rule not in REGISTRY or e.rule in still]
+
+
 def _has_settings(cfg: RunConfig, section: str) -> bool:
     if section == "training":
         return bool(cfg.training.args)
@@ -93,9 +105,10 @@ def _has_settings(cfg: RunConfig, section: str) -> bool:
 
 
 def _same_format(read_as: str | None) -> str:
-    """The format to write when --to is not given: the input's own; a run manifest becomes a recipe."""
+    """The format to write when --to is not given: the input's own; a run manifest and TRL's flat config file
+    become a recipe (fsdp-tune writes no TRL file)."""
     if read_as == ACCEL_IN:
         return ACCELERATE
-    if read_as == MANIFEST:
+    if read_as in (MANIFEST, TRL):
         return RECIPE
     return read_as or RECIPE

@@ -95,3 +95,29 @@ def test_accelerate_output_has_the_keys_accelerate_requires(tmp_path) -> None:
     out, _, _ = convert(str(REPO / "configs" / "fsdp2.json"), "accelerate", False, str(tmp_path / "o.yaml"), False)
     data = yaml.safe_load(out.read_text())
     assert {"compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug"} <= set(data)
+
+
+def test_fsdp2_converts_a_cpu_accelerate_yaml_that_fsdp1_cannot_run(tmp_path) -> None:
+    """FSDP1 cannot run on CPU (FT022, whose hint is `convert --fsdp2 FILE`): that command converts it, rather than
+    answering with the same hint."""
+    src = tmp_path / "cpu.yaml"
+    src.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nuse_cpu: true\nnum_processes: 2\n"
+        "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+    )
+    plain = runner.invoke(app, ["convert", str(src)])
+    assert plain.exit_code == 2 and "FT022" in plain.output and f"convert --fsdp2 {src}" in plain.output
+    r = runner.invoke(app, ["convert", "--fsdp2", str(src)])
+    assert r.exit_code == 0 and "FT022" not in r.output, r.output
+    out = tmp_path / "cpu.fsdp2.accelerate.yaml"
+    cfg = check(str(out), []).config
+    assert cfg.fsdp.version == 2 and cfg.fsdp.reshard_after_forward is True and not check(str(out), []).errors
+
+
+def test_a_trl_config_file_converts_to_a_recipe(tmp_path) -> None:
+    src = tmp_path / "sft.yaml"
+    src.write_text("model_name_or_path: builtin:tiny-llama\nuse_peft: true\nlora_r: 8\nlearning_rate: 1.0e-4\n")
+    out, _, _ = convert(str(src), None, False, None, False)
+    assert out.name == "sft.recipe.yaml"
+    again = check(str(out), []).config
+    assert again.lora.lora_r == 8 and again.training.get("learning_rate") == 1e-4 and again.lora.use_peft_lora

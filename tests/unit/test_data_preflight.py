@@ -232,3 +232,33 @@ def test_no_format_is_refused_before_launch(tmp_path) -> None:
     assert not (tmp_path / "o").exists()
     text = _plan(tmp_path, "--dataset_name", str(path), "--dataset_columns", "prompt=question,completion=answer")
     assert "prompt_completion [prompt=question, completion=answer]" in text
+
+
+def test_the_columns_example_is_built_from_the_users_columns(tmp_path) -> None:
+    """#48: odd columns get a --dataset_columns example of their own names (text columns in the data's order; an
+    id column of numbers left out), and that example, run as printed, trains."""
+    path = jsonl(tmp_path / "odd.jsonl", [{"id": i, "query": f"what is {i}", "reply": f"it is {i}"} for i in range(4)])
+    args = ["train", "--config", BASE, "--output_dir", str(tmp_path / "o"), "--dataset_name", str(path)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "PF014" in r.output
+    assert "hint: map your columns, e.g. --dataset_columns prompt=query,completion=reply" in r.output
+    text = _plan(tmp_path, "--dataset_name", str(path), "--dataset_columns", "prompt=query,completion=reply")
+    assert "prompt_completion [prompt=query, completion=reply]" in text
+    turns = jsonl(
+        tmp_path / "t.jsonl", [{"dialog": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    )
+    r = runner.invoke(app, [*args[:-1], str(turns)])
+    assert "--dataset_columns messages=dialog" in r.output
+    pairs = jsonl(tmp_path / "p.jsonl", [{"question": "q", "good": "a", "bad": "b"}])
+    r = runner.invoke(app, [*args[:-1], str(pairs), "--method", "dpo"])
+    assert "--dataset_columns prompt=question,chosen=good,rejected=bad" in r.output, r.output
+
+
+def test_a_refusal_is_said_once_for_one_file_in_two_entries(tmp_path) -> None:
+    """PF014 for a file two `datasets:` entries read (train[:50%], train[50%:]) is one problem, said once."""
+    from fsdp_tune.launch.train import plan_run
+
+    path = jsonl(tmp_path / "odd.jsonl", [{"query": "q", "reply": "r", "id": 1}] * 4)
+    mixture = json.dumps([{"path": str(path), "split": "train[:50%]"}, {"path": str(path), "split": "train[50%:]"}])
+    planned = plan_run(BASE, ["--output_dir", str(tmp_path / "o"), "--datasets", mixture], print)
+    assert [f.rule for f in planned.machine_findings if f.rule.startswith("PF01")] == ["PF014"]
