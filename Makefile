@@ -14,6 +14,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) -e ".[dev]"
 	@touch $@
 
+# the lowest supported set (constraints-low.txt; fsdp_tune/sources/versions.py RANGES): the version-specific tests
+# run there too (test-low); the same source tree, installed editable into a second venv
+VENV_LOW := .venv-low
+PY_LOW := $(VENV_LOW)/bin/python
+PIP_LOW := $(PY_LOW) -m pip install -q -c constraints-low.txt
+
+$(VENV_LOW)/.installed: pyproject.toml constraints-low.txt
+	$(PYTHON) -m venv $(VENV_LOW)
+	$(PIP_LOW) torch==2.13.0
+	$(PIP_LOW) -e ".[dev]"
+	@touch $@
+
 demo: setup
 	$(VENV)/bin/fsdp-tune train --config configs/demo_cpu.yaml
 

@@ -251,6 +251,7 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.rewards.builtin",  # the built-in rewards, the user's imported, every result checked: the callables
     "fsdp_tune.rewards.guard",
     "fsdp_tune.rewards.load",
+    "fsdp_tune.sources.versions",  # the version-specific paths (FACTS), read where a rank takes them: a table
 }
 
 
