@@ -130,3 +130,23 @@ def install_hint(name: str) -> str:
 
 def fact_hint(name: str) -> str:
     return install_hint(FACTS[name].library)  # the tested range: inside the fact's own in every row
+
+
+def matches(constraints: str) -> list[str]:
+    """Each library whose installed version differs from its pin in a constraints file (one line each)."""
+    pins = {}
+    for line in open(constraints, encoding="utf-8"):
+        name, sep, pin = line.partition("==")
+        if sep and not line.startswith("#"):
+            pins[name.strip().lower().replace("_", "-")] = pin.strip()
+    found = {name: installed(name) for name in RANGES}
+    return [f"{n} {found[n]} (pinned {pins.get(n)})" for n in RANGES if (found[n] or "").split("+")[0] != pins.get(n)]
+
+
+if __name__ == "__main__":  # `python -m fsdp_tune.sources.versions constraints-low.txt`: make test-low's first check
+    off = matches(sys.argv[1])
+    print(f"{sys.argv[1]}: " + ", ".join(f"{n} {installed(n)}" for n in RANGES))
+    if off:
+        sys.exit(
+            f"error: {', '.join(off)} in this venv, not {sys.argv[1]}'s; hint: rm -rf .venv-low and run make again"
+        )

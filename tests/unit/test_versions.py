@@ -112,3 +112,11 @@ def test_env_lists_each_version_in_range_or_not(monkeypatch) -> None:
     assert "transformers           5.26.0  (tested 5.17 to 5.25: OUTSIDE the tested range)" in text, text
     assert "accelerate             1.15.0  (tested 1.15 to 1.16: in range)" in text, text
     json.dumps(info)
+
+
+def test_make_test_low_refuses_a_venv_off_its_constraints(monkeypatch) -> None:
+    """make test-low's first line (python -m fsdp_tune.sources.versions constraints-low.txt): the low tests never
+    pass on the wrong set."""
+    _installed(monkeypatch)  # constraints.txt's set
+    assert versions.matches(str(REPO / "constraints.txt")) == []
+    assert versions.matches(str(REPO / "constraints-low.txt")) == ["transformers 5.24.0 (pinned 5.17.0)"]
