@@ -33,13 +33,13 @@ RESUME = "LoRA FSDP2 + cpu_offload: FULL_STATE_DICT checkpoint then resume"
 GPU_TINY = "tiny LoRA in fp32 on the GPU (the CPU run is its reference)"
 CPU_RUN = "one-process CPU run on this GPU machine"
 GRPO = "GRPO QLoRA bf16, one rank (generation, the rewards, the adapter-disabled reference)"
-VISION = "vision LoRA on a tiny Qwen2.5-VL, one rank (images, mm_token_type_ids, M-RoPE)"
+VISION = "vision LoRA on a tiny Qwen2-VL, one rank (images, mm_token_type_ids, M-RoPE)"
 # GRPO on the flagship's 1B in 4-bit: 4 completions of 16 tokens a prompt, the built-in length reward, beta > 0 (the
 # reference is the base with the adapter disabled); packing is SFT's
 GRPO_FLAGS = ("--method", "grpo", "--num_generations", "4", "--per_device_train_batch_size", "4", "--packing", "False")
 GRPO_FLAGS += ("--max_completion_length", "16", "--max_seq_len", "128")
 GRPO_FLAGS += ("--beta", "0.01", "--learning_rate", "0.02")
-VISION_FAMILY = "qwen2_5_vl"  # the one whose positions transformers 5.17 got wrong without mm_token_type_ids
+VISION_FAMILY = "qwen2_vl"  # its forward refuses a batch without mm_token_type_ids (Qwen2.5-VL trains wrong)
 FSDP1_CPU = "FSDP1 is GPU only (refused on CPU)"
 # the throughput run: NeMo AutoModel's shape (gpu_measures.NEMO_LLAMA3_8B_LORA), 5 warm-up steps as theirs, 20 timed
 THROUGHPUT_SHAPE = {"seq": 4096, "micro_batch": 2, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.1}
