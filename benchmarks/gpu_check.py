@@ -277,7 +277,8 @@ def main(argv: list[str]) -> int:
     if mode.device == "cuda" and not _cuda_ready(out):
         return 2
     runnable = [s for s in plan if not skip_reason(s, mode, opts["only"])]
-    if any(s.model == "vlm" for s in runnable):  # a folder, not a builtin: there before its spec is decided
+    if any(s.model == "vlm" for s in plan):  # a folder, not a builtin: there before its spec is decided (decide()
+        # decides every scenario's, --only or not)
         started = time.time()
         ok, said = build_vlm(sys.executable)
         timing["vlm_build_s"] = round(time.time() - started, 1)
