@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: setup demo test test-unit test-lib test-dist test-gpu lint bench gpu-check gpu-wheels clean
+.PHONY: setup demo test test-low test-unit test-lib test-dist test-gpu lint bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -14,14 +14,43 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) -e ".[dev]"
 	@touch $@
 
+# The lowest supported set (constraints-low.txt; fsdp_tune/sources/versions.py RANGES), for the version-specific
+# tests (test-low). A venv layered on .venv: its own site-packages holds only the pins that differ from
+# constraints.txt (transformers 5.17 and the huggingface_hub, tokenizers, httpx it needs), first on the path, and a
+# .pth adds .venv's site-packages (torch, PEFT, TRL, accelerate, fsdp-tune editable: the same pins in both files)
+# after them; ~15 s instead of a second torch install (~60 s). `make test-low` prints what it imports.
+VENV_LOW := .venv-low
+PY_LOW := $(VENV_LOW)/bin/python
+LOW_ONLY = $(shell grep -vxFf constraints.txt constraints-low.txt | grep -v '^\#')
+
+$(VENV_LOW)/.installed: $(VENV)/.installed constraints-low.txt
+	rm -rf $(VENV_LOW) && $(PYTHON) -m venv $(VENV_LOW)
+	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
+	  > "$$($(PY_LOW) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_fsdp_tune_base.pth"
+	$(PY_LOW) -m pip install -q -c constraints-low.txt $(LOW_ONLY) 2>&1 | grep -v "^Not uninstalling\|^Can't uninstall\|outside environment" || true
+	@touch $@
+
 demo: setup
 	$(VENV)/bin/fsdp-tune train --config configs/demo_cpu.yaml
 
 # every layer (CI runs this), in TEST_WORKERS processes at once (tests/workers.py: the units of work); each layer
 # alone below (tests/conftest.py says what each runs)
 TEST_WORKERS ?= 2
-test: setup
+test: setup $(VENV_LOW)/.installed
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	@$(MAKE) --no-print-directory test-low
+
+# the version-specific tests again on the lowest supported set (.venv-low above): vision (the collator's
+# mm_token_type_ids, M-RoPE positions, the 2-rank launch of every family), GRPO's launch (LoRA, QLoRA, a resume,
+# the self-check), the CPU shim, and the versions `env` reads; first, each library as the venv imports it against
+# constraints-low.txt (a stale .venv-low is an error, not a pass on the wrong set)
+LOW_TESTS := tests/lib/test_vision_pieces.py tests/lib/test_env.py \
+  tests/lib/test_worker_pieces.py::test_shim_turns_cpu_fsdp_plugin_into_fsdp_state tests/dist/test_vision.py \
+  tests/dist/test_grpo.py::test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch
+test-low: $(VENV_LOW)/.installed
+	@$(PY_LOW) -m fsdp_tune.sources.versions constraints-low.txt
+	HF_HUB_OFFLINE=1 $(PY_LOW) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -p no:cacheprovider \
+	  $(LOW_TESTS)
 
 test-unit: setup  # no torch, no processes: seconds
 	$(PY) -m pytest -q tests/unit
@@ -69,4 +98,4 @@ gpu-wheels:
 	test $$total -lt $$((60 * 1048576)) || { echo "error: tree + wheels over 60 MiB: the device tool would refuse them"; exit 1; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV_LOW) build *.egg-info

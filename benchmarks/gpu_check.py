@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benchmarks import gpu_budget, gpu_runs, gpu_verdict
 from benchmarks.gpu_builds import Builds
-from benchmarks.gpu_scenarios import REPO, Mode, Scenario, args_for, scenarios, with_flags
+from benchmarks.gpu_scenarios import REPO, Mode, Scenario, args_for, build_vlm, scenarios, with_flags
 
 TRAINS = ("train", "resume", "throughput")  # the kinds of scenario that train a model (and wait for its build)
 
@@ -276,8 +276,14 @@ def main(argv: list[str]) -> int:
     ctx["probe_ok"], ctx["imports_s"] = found["ok"], found["parts"]["imports_s"]
     if mode.device == "cuda" and not _cuda_ready(out):
         return 2
-    ctx["deciding"] = ThreadPoolExecutor(1).submit(decide, mode, plan)
     runnable = [s for s in plan if not skip_reason(s, mode, opts["only"])]
+    if any(s.model == "vlm" for s in plan):  # a folder, not a builtin: there before its spec is decided (decide()
+        # decides every scenario's, --only or not)
+        started = time.time()
+        ok, said = build_vlm(sys.executable)
+        timing["vlm_build_s"] = round(time.time() - started, 1)
+        out.log(f"vision model {'ok' if ok else 'FAILED'} in {timing['vlm_build_s']} s: {said}")
+    ctx["deciding"] = ThreadPoolExecutor(1).submit(decide, mode, plan)
     wanted = [mode.model(s) for s in runnable if s.kind in TRAINS]
     ctx["builds"] = Builds(list(dict.fromkeys(wanted)), out.log, mode.device == "cuda")
     if mode.device == "cpu":  # the rehearsal's tiny build, timed (the estimates scale it)

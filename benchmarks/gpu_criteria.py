@@ -148,3 +148,38 @@ def steady(times: list[float], device: str) -> tuple[bool, str]:
         f"steady: {len(times)} timed steps of {mean:.3f} s (min {min(times):.3f}, max {max(times):.3f}), "
         f"variation {cv:.1%} (limit {STEADY_CV:.0%}): {_verdict(ok)}"
     )
+
+
+def grpo_steps(rows: list[dict], steps: int) -> tuple[bool, str]:
+    """Every step of a GRPO run generated completions and scored them: a finite reward and a completion length
+    above 0 logged at each of `steps` steps (a generation that hangs, returns nothing or a reward that never
+    reaches the loss fails here)."""
+    import math
+
+    scored = [r for r in rows if "reward" in r]
+    finite = [r for r in scored if isinstance(r["reward"], int | float) and math.isfinite(r["reward"])]
+    lengths = [r.get("completions/mean_length") or 0 for r in scored]
+    ok = len(finite) == len(scored) == steps and all(n > 0 for n in lengths)
+    shown = ", ".join(f"{r['reward']:.3f}" for r in finite[:8])
+    return ok, (
+        f"GRPO: {len(scored)} of {steps} steps scored, {len(finite)} finite (rewards {shown}), completion lengths "
+        f"{min(lengths, default=0):.1f} to {max(lengths, default=0):.1f}: {_verdict(ok)}"
+    )
+
+
+def images_trained(summary: dict, resolved: dict) -> tuple[bool, str]:
+    """A vision run trained on its images: the spec took the vision path (its processor and collator) and the data
+    report counts rows with images, every step's loss finite (a batch whose images failed to reach the model, or an
+    mm_token_type_ids the model refused, fails before or here)."""
+    import math
+
+    vision = ((resolved.get("spec") or {}).get("model") or {}).get("vision")
+    images = ((summary.get("data") or {}).get("images") or {}).get("train") or {}
+    rows, tokens = images.get("image_sequences") or 0, images.get("image_tokens") or 0
+    losses = summary.get("losses") or []
+    finite = bool(losses) and all(math.isfinite(v) for v in losses)
+    ok = bool(vision) and rows > 0 and tokens > rows and finite  # more tokens than images: grids M-RoPE places
+    return ok, (
+        f"vision: spec's vision path {'on' if vision else 'OFF'}, {rows} rows with images ({tokens} image tokens) "
+        f"in the training data, {len(losses)} losses{' all finite' if finite else ' NOT all finite'}: {_verdict(ok)}"
+    )

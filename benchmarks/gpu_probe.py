@@ -196,8 +196,10 @@ def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tu
     (name, train flags, expected, simulated) with expected "run" or "refused" (by the memory pre-flight);
     simulated: decided for a simulated H200 (a GPU scenario's flags checked from a CPU machine). The third value:
     name -> the rules that refused the scenario on this machine, for each scenario the pre-flight refused."""
+    import trl
     from trl import SFTConfig
 
+    from fsdp_tune.config.methods import row_of
     from fsdp_tune.decide.machine import Machine, probe
     from fsdp_tune.errors import FsdpTuneError
     from fsdp_tune.launch.train import plan_run
@@ -221,7 +223,8 @@ def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tu
                 if "PF050" not in found:
                     failures.append(f"{name}: not refused by the memory pre-flight")
                 continue
-            installed_names(dict(planned.spec.trainer_args), SFTConfig)  # the installed trl/transformers take them
+            config_class = getattr(trl, row_of(planned.spec.method.name).config_class, SFTConfig)  # SFT's, GRPO's
+            installed_names(dict(planned.spec.trainer_args), config_class)  # the installed trl/transformers take them
             torchrun_takes(planned.spec)
             lines.append(f"  {name}: {_decided(planned.spec)}" + (" (on a simulated H200)" if simulated else ""))
         except Exception as err:  # noqa: BLE001 - whatever stops the decision is the finding

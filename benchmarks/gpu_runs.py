@@ -147,6 +147,10 @@ def train(s: Scenario, mode: Mode, work: Path, clock: Clock, done: dict, extra=(
     if not got["ok"]:
         return failed(got, "trained")
     record = {**measures(s, mode, got), "reference_of": s.reference}
+    if s.data == "prompts":
+        add(record, "GRPO: every step generated and scored", crit.grpo_steps(got["metrics"], mode.steps_of(s)[0]))
+    if s.data == "images":
+        add(record, "vision: trained on its images", crit.images_trained(got["summary"], got["resolved"]))
     if s.cpu_run:  # what the GPU saw, from outside the run
         watch = got["watch"]
         counted = mode.device == "cuda"

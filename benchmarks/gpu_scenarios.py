@@ -32,6 +32,14 @@ THROUGHPUT = "LoRA FSDP2 throughput on builtin:llama3-8b (NeMo's shape)"
 RESUME = "LoRA FSDP2 + cpu_offload: FULL_STATE_DICT checkpoint then resume"
 GPU_TINY = "tiny LoRA in fp32 on the GPU (the CPU run is its reference)"
 CPU_RUN = "one-process CPU run on this GPU machine"
+GRPO = "GRPO QLoRA bf16, one rank (generation, the rewards, the adapter-disabled reference)"
+VISION = "vision LoRA on a tiny Qwen2-VL, one rank (images, mm_token_type_ids, M-RoPE)"
+# GRPO on the flagship's 1B in 4-bit: 4 completions of 16 tokens a prompt, the built-in length reward, beta > 0 (the
+# reference is the base with the adapter disabled); packing is SFT's
+GRPO_FLAGS = ("--method", "grpo", "--num_generations", "4", "--per_device_train_batch_size", "4", "--packing", "False")
+GRPO_FLAGS += ("--max_completion_length", "16", "--max_seq_len", "128")
+GRPO_FLAGS += ("--beta", "0.01", "--learning_rate", "0.02")
+VISION_FAMILY = "qwen2_vl"  # its forward refuses a batch without mm_token_type_ids (Qwen2.5-VL trains wrong)
 FSDP1_CPU = "FSDP1 is GPU only (refused on CPU)"
 # the throughput run: NeMo AutoModel's shape (gpu_measures.NEMO_LLAMA3_8B_LORA), 5 warm-up steps as theirs, 20 timed
 THROUGHPUT_SHAPE = {"seq": 4096, "micro_batch": 2, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.1}
@@ -54,6 +62,7 @@ class Scenario:
     processes: int | None = None  # None: every GPU (2 ranks in --cpu-smoke)
     cpu_run: bool = False  # --use_cpu true, on the GPU machine too
     like: str | None = None  # a GPU-only scenario's estimate comes from this one's rehearsal
+    data: str | None = None  # "prompts" (GRPO) | "images" (vision): a dataset the check writes (no torch, no PIL)
     if_refused: tuple[str, ...] = ()  # flags added when the memory pre-flight refuses it on this machine
     matters: bool = True  # counted in "everything that matters" (gpu_budget.py: inside the budget)
 
@@ -74,6 +83,18 @@ def scenarios(gpus: int) -> list[Scenario]:
     return [
         Scenario(PATHS, why="torch/PEFT/bitsandbytes alone: NCCL + gloo, offloaded gather, 4-bit", kind="paths"),
         Scenario(FLAGSHIP, (*QLORA_BF16, *OFFLOAD), "the seed's path", loading="sharded", needs=BNB),
+        # the paths transformers 5.17 (the image's) could break without a word: minutes answer them, so early
+        Scenario(
+            GRPO, (*GRPO_FLAGS, *QLORA_BF16), "GRPO's generation and loss", needs=BNB, processes=1, data="prompts"
+        ),
+        Scenario(
+            VISION,
+            ("--bf16", "True", "--packing", "False"),
+            "images and M-RoPE on the image's transformers",
+            model="vlm",
+            processes=1,
+            data="images",
+        ),
         Scenario(
             THROUGHPUT,
             ("--bf16", "True", *lora, *NO_RECOMPUTE),
@@ -150,6 +171,8 @@ class Mode:
     env: dict = field(default_factory=dict)
 
     def model(self, s: Scenario) -> str:
+        if s.model == "vlm":  # built by the check before the decisions (gpu_check.py main), on every device
+            return str(check_folder() / f"tiny-{VISION_FAMILY}")
         if (self.device == "cpu" and s.kind != "refuse") or s.model == "tiny":
             return "builtin:tiny-llama"  # the refusal plans the GPU model: nothing is built
         return os.environ.get("GPU_CHECK_MODEL" if s.model == "big" else "GPU_CHECK_SMALL_MODEL") or (
@@ -170,7 +193,7 @@ def args_for(s: Scenario, mode: Mode, steps: int | None = None) -> list[str]:
     on_cpu = (mode.device == "cpu" and s.kind != "refuse") or s.cpu_run
     tiny = on_cpu or s.model == "tiny"
     size = {"tiny": ("128", "2"), "small": ("2048", "4"), "big": (str(THROUGHPUT_SHAPE["seq"]), "2")}
-    seq, batch = size["tiny" if tiny else s.model]
+    seq, batch = size["tiny" if tiny or s.model == "vlm" else s.model]
     defaults = {
         "--model_name_or_path": mode.model(s),
         "--num_processes": str(mode.world(s)),
@@ -188,6 +211,11 @@ def args_for(s: Scenario, mode: Mode, steps: int | None = None) -> list[str]:
     }
     if s.kind == "throughput":  # full rows of text, as NeMo's mock rows are full
         defaults.update({"--dataset_name": str(throughput_data()), "--splits": "train"})
+    if s.data:
+        written = prompts_data() if s.data == "prompts" else image_data()
+        defaults.update({"--dataset_name": str(written), "--splits": "train", "--chat_template_format": "none"})
+    if s.data == "prompts":
+        defaults["--reward_funcs"] = f"{reward_file()}:fewer_chars"
     out = ["--config", str(BASE_CONFIG)]
     for key, value in defaults.items():
         if key not in s.flags:
@@ -219,3 +247,89 @@ def throughput_data(rows: int = 64, words: int = 6000) -> Path:
         tmp.write_text("".join(json.dumps({"text": t}) + "\n" for t in text))
         tmp.replace(path)
     return path
+
+
+def check_folder() -> Path:
+    return Path(tempfile.gettempdir()) / "fsdp-tune-gpu-check"
+
+
+def _write_once(path: Path, rows: list[dict]) -> Path:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)
+    return path
+
+
+def prompts_data(rows: int = 32) -> Path:
+    """GRPO's prompt rows (the length reward needs no answer column)."""
+    words = "cats dogs suns trees rivers houses cars moons".split()
+    return _write_once(
+        check_folder() / f"grpo-prompts-{rows}.jsonl",
+        [{"prompt": f"Tell me about {words[i % 8]}."} for i in range(rows)],
+    )
+
+
+REWARD = """def fewer_chars(completions, **kwargs):
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [-len(t) / 100 for t in texts]
+"""
+
+
+def reward_file() -> Path:
+    """GRPO's reward: fewer characters score higher. A random model's completions run to max_completion_length in
+    tokens (the built-in length reward gives them all 0: no advantage, no gradient), but differ in characters."""
+    path = check_folder() / "gpu_check_rewards.py"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(REWARD)
+    return path
+
+
+def image_data(rows: int = 16) -> Path:
+    """Rows with an image each (solid-colour PNGs of two sizes, written without PIL) and, every fourth, text only:
+    the model's processor turns each image into a grid of tokens that M-RoPE places."""
+    folder = check_folder() / f"images-{rows}"
+    colors = {"red": (220, 30, 30), "green": (30, 190, 40), "blue": (30, 40, 220)}
+    out = []
+    for i in range(rows):
+        if i % 4 == 3:
+            text = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there."}]
+            out.append({"messages": text, "images": []})
+            continue
+        name, rgb = list(colors.items())[i % 3]
+        path = folder / "img" / f"{i}.png"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(solid_png(*((56, 56) if i % 2 else (84, 56)), rgb))
+        question = [{"type": "image"}, {"type": "text", "text": "What color is this?"}]
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": f"It is {name}."}]
+        out.append({"messages": messages, "images": [f"img/{i}.png"]})
+    return _write_once(folder / "train.jsonl", out)
+
+
+def solid_png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A solid-colour RGB PNG (the format's own chunks: no PIL needed to write the check's data)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def build_vlm(python: str, env: dict | None = None, timeout: float = 300.0) -> tuple[bool, str]:
+    """The vision scenario's tiny Qwen2.5-VL (fsdp_tune/models/tiny_vlm.py), once per machine: (ok, what happened)."""
+    import subprocess
+
+    folder = check_folder() / f"tiny-{VISION_FAMILY}"
+    if (folder / "config.json").exists():
+        return True, f"{folder}: built before"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [python, "-m", "fsdp_tune.models.tiny_vlm", VISION_FAMILY, str(folder)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    return proc.returncode == 0, f"{folder}: " + ("built" if proc.returncode == 0 else proc.stderr[-800:])

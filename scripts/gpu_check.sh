@@ -32,7 +32,7 @@ mkdir -p "$out_dir" || exit 2
 log=$out_dir/gpu_check.log
 : > "$log"
 say() { echo "$*" | tee -a "$log"; }
-if [ $cpu_smoke = 1 ]; then budget=${GPU_CHECK_BUDGET_S:-3600}; else budget=${GPU_CHECK_BUDGET_S:-420}; fi
+if [ $cpu_smoke = 1 ]; then budget=${GPU_CHECK_BUDGET_S:-3600}; else budget=${GPU_CHECK_BUDGET_S:-450}; fi
 say "GPU check$([ $cpu_smoke = 1 ] && echo ' (--cpu-smoke)'): time budget ${budget} s in all (wheels, probe, models, scenarios); results in $out_dir"
 
 if [ -z "${PY:-}" ]; then

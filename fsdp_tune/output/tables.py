@@ -36,8 +36,15 @@ def _method(row: dict) -> str:
     return f"  {row['method']}: " + ", ".join(shown)
 
 
+def _in_range(tested: dict | None) -> str:
+    if tested is None:
+        return ""
+    return f"  (tested {tested['range']}: {'in range' if tested['in_range'] else 'OUTSIDE the tested range'})"
+
+
 def format_info(info: dict) -> str:
-    lines = [f"{k:<22} {v}" for k, v in info["versions"].items()]
+    tested = info.get("tested") or {}
+    lines = [f"{k:<22} {v}{_in_range(tested.get(k))}" for k, v in info["versions"].items()]
     for key in (
         "platform",
         "cpu_count",

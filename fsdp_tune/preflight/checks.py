@@ -21,6 +21,7 @@ from fsdp_tune.preflight.memory import check_memory
 from fsdp_tune.preflight.vision import vision_data_findings
 from fsdp_tune.rundir import outdir, ownership
 from fsdp_tune.runfiles import links_in
+from fsdp_tune.sources import versions
 from fsdp_tune.sources.model import ModelFacts, hub_cached, offline
 from fsdp_tune.sources.modelcheck import check_model_folder
 from fsdp_tune.sources.weights import check_weights
@@ -152,7 +153,28 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
 
 def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
     trackers = reach.tracker_findings(cfg)
-    return [*_attention(cfg, spec), *_quantization(cfg), *_gpus(cfg, spec, machine), *trackers, *_hub(cfg)]
+    found = [*_versions(spec), *_attention(cfg, spec), *_quantization(cfg), *_gpus(cfg, spec, machine)]
+    return [*found, *trackers, *_hub(cfg)]
+
+
+def _versions(spec: RankSpec) -> list[Finding]:
+    """PF029: each installed library outside the versions fsdp-tune is tested with (sources/versions.py RANGES), a
+    warning; a refusal where the run takes a path that was checked against a narrower range (FACTS: the CPU shim)."""
+    source = "the installed libraries"
+    findings = [
+        Finding(
+            "PF029", Severity.WARNING, name, source, versions.range_message(name, found), versions.install_hint(name)
+        )
+        for name, found, _ in versions.outside()
+    ]
+    if spec.cpu_fsdp_shim:
+        holds, found = versions.fact_holds("cpu_shim")
+        if not holds:
+            library = versions.FACTS["cpu_shim"].library
+            message = versions.fact_message("cpu_shim", found)
+            findings = [f for f in findings if f.key != library]
+            findings.append(_err("PF029", library, message, versions.fact_hint("cpu_shim"), source))
+    return findings
 
 
 def _attention(cfg: RunConfig, spec: RankSpec) -> list[Finding]:

@@ -11,26 +11,15 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
 
-from fsdp_tune import __version__
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.redact import drop_secrets, redact, redact_argv
 from fsdp_tune.runfiles import MANIFEST_NAME, write_atomic
+from fsdp_tune.sources.versions import RANGES, versions
 
-PACKAGES = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "datasets")
-
-
-def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"fsdp-tune": __version__, "python": sys.version.split()[0]}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+PACKAGES = tuple(RANGES)  # the stack a run records (sources/versions.py: the libraries with a tested range)
 
 
 def git_commit(cwd: str | None = None) -> str | None:

@@ -7,11 +7,14 @@ import os
 import platform
 
 from fsdp_tune.decide.machine import ram_gib
-from fsdp_tune.rundir.manifest import versions
+from fsdp_tune.sources.versions import tested, versions
 
 
 def collect() -> dict:
-    info: dict = {"versions": versions(), "platform": platform.platform(), "cpu_count": os.cpu_count()}
+    found = versions()
+    info: dict = {"versions": found, "platform": platform.platform(), "cpu_count": os.cpu_count()}
+    # each library against the versions fsdp-tune is tested with (sources/versions.py): the pre-flight warns (PF029)
+    info["tested"] = tested(found)
     total = ram_gib("MemTotal")
     info["ram_gib"] = None if total is None else round(total, 1)
     info["flash_attn_installed"] = importlib.util.find_spec("flash_attn") is not None

@@ -4,7 +4,8 @@ torch's FSDP2 (`fully_shard`) runs on CPU over gloo, but accelerate's `Accelerat
 only for accelerator device types: on CPU it keeps `DistributedType.MULTI_CPU` and drops the plugin,
 so Trainer would silently train unsharded. This module re-applies, after the original `__init__`, the
 same three assignments accelerate makes for GPUs (state.py, the MULTI_GPU/... branch). It is installed
-only for CPU runs, only on accelerate versions it was checked against, and only once.
+only for CPU runs, only on accelerate versions it was checked against (sources/versions.py FACTS["cpu_shim"]: the
+pre-flight refuses any other before a rank starts, PF029), and only once.
 
 It also makes fully_shard's default device mesh (used when no mesh is given: one process, where accelerate builds
 none because every size is 1) a CPU mesh: torch builds it on `torch._C._get_accelerator()`, which on a CUDA
@@ -16,33 +17,19 @@ from __future__ import annotations
 
 import functools
 
-# Checked against accelerate 1.12 .. 1.15 (the branch it mirrors has not changed across these).
-SUPPORTED = ((1, 12), (1, 15))
-
-
-def _version_tuple(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
-def is_supported(version: str) -> bool:
-    low, high = SUPPORTED
-    return low <= _version_tuple(version) <= high
+from fsdp_tune.sources.versions import fact_hint, fact_holds, fact_message
 
 
 def install() -> bool:
     """Patch AcceleratorState so a CPU run with an FSDP plugin becomes an FSDP run. Returns True if active."""
-    import accelerate
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
     if getattr(AcceleratorState.__init__, "_fsdp_tune_cpu_shim", False):
         return True
-    if not is_supported(accelerate.__version__):
-        raise RuntimeError(
-            f"fsdp-tune's CPU FSDP shim was checked against accelerate {SUPPORTED[0]}..{SUPPORTED[1]}, "
-            f"found {accelerate.__version__}; install the version in constraints.txt to train on CPU"
-        )
+    holds, found = fact_holds("cpu_shim")
+    if not holds:  # the pre-flight refused it already (PF029); a rank spec run by hand gets the same words
+        raise RuntimeError(f"{fact_message('cpu_shim', found)}: {fact_hint('cpu_shim')}")
     original = AcceleratorState.__init__
 
     @functools.wraps(original)

@@ -13,3 +13,6 @@ def test_env_json() -> None:
     )
     info = json.loads(r.stdout)
     assert info["versions"]["torch"] and info["cpu_count"] >= 1 and "cuda_available" in info
+    # each library beside its tested range (sources/versions.py); this venv's are all inside
+    assert set(info["tested"]) >= {"torch", "transformers", "accelerate", "peft", "trl"}, info["tested"]
+    assert all(t["in_range"] for t in info["tested"].values()), info["tested"]

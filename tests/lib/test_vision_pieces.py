@@ -146,3 +146,41 @@ def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
         plan = memory_plan(cfg.config, on_cpu=True, image_size=size)
         want = processor._get_num_multimodal_tokens(image_sizes=[(size[1], size[0])]).num_image_tokens[0]
         assert plan["vision"]["tokens_per_image"] == want, (size, plan["vision"])
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+def test_image_tokens_get_mrope_positions(vlms, tmp_path, family: str) -> None:
+    """The positions the language model receives for a collated batch are M-RoPE's: an image's tokens share one
+    temporal position and spread over its height x width grid, and the text after it resumes past the grid's
+    largest position. Without `mm_token_type_ids` in the batch transformers 5.17's Qwen2.5-VL passes None (every
+    token a plain text position) and its Qwen2-VL raises (worker/data/vision_collate.py wants_mm_token_type_ids)."""
+    from transformers import AutoModelForImageTextToText
+
+    from fsdp_tune.worker.data.vision_collate import VisionCollator
+
+    write_images(tmp_path, 2)
+    processor = _processor(vlms, family)
+    model = AutoModelForImageTextToText.from_pretrained(str(vlms[family]), dtype=torch.float32).eval()
+    batch = VisionCollator(processor, pad_token_id=processor.tokenizer.pad_token_id)(
+        [_example(processor, 1, True, tmp_path), _example(processor, 2, False, tmp_path)]
+    )
+    seen = {}
+
+    def record(module, args, kwargs):
+        seen["position_ids"] = kwargs.get("position_ids")
+
+    hook = model.model.language_model.register_forward_pre_hook(record, with_kwargs=True)
+    with torch.no_grad():
+        model(**batch)
+    hook.remove()
+    positions = seen["position_ids"]
+    assert positions is not None, "the language model got no positions: text positions for the image tokens"
+    t, h, w = positions[-3:, 0]  # (temporal, height, width) of row 0 (a leading text row when packed)
+    image = (batch["input_ids"][0] == processor.image_token_id).nonzero().flatten()
+    grid = batch["image_grid_thw"][0].tolist()
+    assert len(image) == grid[1] * grid[2] // 4 > 1  # merged 2x2: several tokens, so a grid to place
+    assert len(set(t[image].tolist())) == 1, t[image]  # one frame
+    assert len(set(h[image].tolist())) == grid[1] // 2 and len(set(w[image].tolist())) == grid[2] // 2
+    after = int(image[-1]) + 1
+    assert t[after] == h[after] == w[after] == int(max(t[image].max(), h[image].max(), w[image].max())) + 1
+    assert t[after] < after  # behind the plain text position: the image's tokens take fewer positions than ids

@@ -30,11 +30,6 @@ def test_generated_tables_match_installed_trl_and_peft() -> None:
     assert json.loads(lora.MODEL_OUT.read_text()) == model, "stale: run scripts/gen_lora_fields.py"
 
 
-@pytest.mark.parametrize("version,ok", [("1.12.0", True), ("1.15.0.dev0", True), ("1.11.2", False), ("2.0.0", False)])
-def test_shim_version_guard(version: str, ok: bool) -> None:
-    assert cpu_fsdp.is_supported(version) is ok
-
-
 def test_shim_turns_cpu_fsdp_plugin_into_fsdp_state(monkeypatch) -> None:
     """Without the shim accelerate keeps MULTI_CPU and drops the plugin; with it, FSDP2 is on."""
     import os

@@ -156,3 +156,29 @@ def test_the_checkpoint_holds_what_the_spec_decided(tmp_path, decided, files, ex
         (folder / name).write_text("x")
     got = {"resolved": {"spec": {"save": {"checkpoint": decided}}}}
     assert checkpoint_files(tmp_path, 4, got)[0] is expected
+
+
+def test_grpo_steps_fail_on_a_step_unscored_a_nan_reward_or_empty_completions() -> None:
+    rows = [{"step": i, "reward": -0.3, "completions/mean_length": 16.0} for i in (1, 2, 3, 4)]
+    assert crit.grpo_steps(rows, 4)[0]
+    assert not crit.grpo_steps(rows[:3], 4)[0]  # a step that never scored
+    nan = copy.deepcopy(rows)
+    nan[2]["reward"] = float("nan")
+    assert not crit.grpo_steps(nan, 4)[0]
+    empty = copy.deepcopy(rows)
+    empty[0]["completions/mean_length"] = 0.0
+    ok, line = crit.grpo_steps(empty, 4)
+    assert not ok and "FAIL" in line
+
+
+def test_images_trained_fails_without_the_vision_path_images_or_finite_losses() -> None:
+    summary = {"losses": [6.2, 6.1], "data": {"images": {"train": {"image_sequences": 12, "image_tokens": 64}}}}
+    resolved = {"spec": {"model": {"vision": {"guard": "dummy_image"}}}}
+    assert crit.images_trained(summary, resolved)[0]
+    assert not crit.images_trained(summary, {"spec": {"model": {"vision": None}}})[0]  # trained as text
+    no_images = copy.deepcopy(summary)
+    no_images["data"]["images"]["train"] = {"image_sequences": 0, "image_tokens": 0}
+    assert not crit.images_trained(no_images, resolved)[0]
+    nan = {**summary, "losses": [6.2, float("nan")]}
+    ok, line = crit.images_trained(nan, resolved)
+    assert not ok and "NOT all finite" in line

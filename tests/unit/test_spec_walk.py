@@ -261,6 +261,7 @@ ALLOWED_IMPORTS = {
     "fsdp_tune.config.folders",  # the loader door's rules (bounded readers, remote code, adapter bounds): no decision
     "fsdp_tune.sources.modelcheck",  # the model types transformers knows, read from its text (the loader door)
     "fsdp_tune.sources.model",  # where the Hub cache is (the loader door finds a cached model's folder)
+    "fsdp_tune.sources.versions",  # the version-specific paths (FACTS), read where a rank takes them: a table
 }
 
 

@@ -67,10 +67,27 @@ class VisionCollator:
             "attention_mask": torch.tensor([[1] * len(ids) + [0] * (longest - len(ids)) for ids, _ in rows]),
             "labels": torch.tensor([labels + [IGNORE] * (longest - len(labels)) for _, labels in rows]),
         }
-        if getattr(self.processor, "return_mm_token_type_ids", False):  # Qwen2-VL's M-RoPE places images by them
+        if wants_mm_token_type_ids(self.processor):
             types = self.processor.create_mm_token_type_ids(batch["input_ids"].tolist())
             batch["mm_token_type_ids"] = torch.tensor(types)
         return {**batch, **pixels}
+
+
+def wants_mm_token_type_ids(processor) -> bool:
+    """Whether the model places image tokens by `mm_token_type_ids` (Qwen2-VL's and Qwen2.5-VL's M-RoPE: their
+    `get_rope_index` gives each image token its temporal/height/width position from them), decided here once, by
+    what the installed processor says, whatever transformers' version:
+    - transformers 5.24 (and 5.25): a class attribute, `Qwen2VLProcessor.return_mm_token_type_ids = True`;
+    - transformers 5.17: no such attribute; a default text kwarg of the processor's kwargs class
+      (`Qwen2VLProcessorKwargs._defaults["text_kwargs"]["return_mm_token_type_ids"]`).
+    Without them 5.17's Qwen2-VL raises in forward, and Qwen2.5-VL (5.17 and 5.24 alike) silently gives the image
+    tokens text positions (`compute_3d_position_ids` returns None). tests/lib/test_vision_pieces.py
+    (test_image_tokens_get_mrope_positions) checks the positions the language model receives are M-RoPE's."""
+    flag = getattr(processor, "return_mm_token_type_ids", None)
+    if flag is None:
+        kwargs = getattr(getattr(processor, "valid_processor_kwargs", None), "_defaults", None) or {}
+        flag = (kwargs.get("text_kwargs") or {}).get("return_mm_token_type_ids", False)
+    return bool(flag)
 
 
 def _labels(example: dict[str, Any]) -> list[int]:
