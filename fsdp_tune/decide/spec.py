@@ -188,7 +188,8 @@ class GrpoSpec:
     # how completions are generated: "transformers" (generate on the sharded policy, every rank stepping until all
     # are done) | "vllm" (TRL's vLLM backend, colocated, GPU only, never run here: by reading)
     generation: Literal["transformers", "vllm"] = "transformers"
-    synced: bool = True  # generate() keeps every rank stepping until all ranks finish (more than one rank)
+    # generate() keeps every rank stepping until all ranks finish: more than one rank, on the sharded path only
+    synced: bool = True
     # transformers' generation on the FSDP2 policy: "gathered" (the whole model all-gathered once per generation,
     # FSDPModule.unshard/reshard: worker/training/generation.py) | "sharded" (every unit all-gathered again per token);
     # --grpo_generation, its "auto" settled on the launcher by the memory plan (planner/grpo.py generation_weights)

@@ -92,7 +92,8 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
 def settle_generation(cfg: RunConfig, spec: RankSpec, machine: Machine) -> RankSpec:
     """GRPO's generation weights (--grpo_generation auto: gathered once per generation where the plan finds room,
     else sharded) decided on the GPUs the ranks use, by the plan `fsdp-tune plan` prints (planner/grpo.py
-    generation_weights), and written into the rank spec: the ranks read GrpoSpec.weights, never decide it."""
+    generation_weights), and written into the rank spec with whether the ranks step together while they generate
+    (GrpoSpec.synced: only on the sharded path): the ranks read both, never decide them."""
     from dataclasses import replace
 
     g = spec.grpo
@@ -108,4 +109,7 @@ def settle_generation(cfg: RunConfig, spec: RankSpec, machine: Machine) -> RankS
     except UsageError as err:  # a model the planner cannot measure: what was asked, else today's path
         weights = g.weights if g.weights != "auto" else "sharded"
         why = f"memory not planned ({err}): {weights}"
-    return replace(spec, grpo=replace(g, weights=weights, weights_why=why))
+    synced = (
+        g.synced and weights != "gathered"
+    )  # gathered, no forward calls a collective (worker/training/generation.py)
+    return replace(spec, grpo=replace(g, weights=weights, weights_why=why, synced=synced))

@@ -2,9 +2,10 @@
 zero (so the adapter changes the logits), in the units accelerate makes (worker/loading/units.py apply_fsdp2):
 transformers' generate() as today (every unit all-gathered again per token), then through
 worker/training/generation.py install(..., "gathered") (the model gathered once). Greedy decoding; each rank has its
-own prompts and rank 1 stops after 3 new tokens where rank 0 goes on to 8, so the ranks finish decoding apart and
-synced_gpus keeps them stepping together. FSDP2's all-gathers are counted (_fsdp_param_group.foreach_all_gather, the
-one call every unshard makes).
+own prompts and rank 1 stops after 3 new tokens where rank 0 goes on to 8, so the ranks finish decoding apart: on
+today's path synced_gpus keeps them stepping together (every forward all-gathers); gathered, no forward calls a
+collective, so each rank stops when its own completions end (GrpoSpec.synced is off there). FSDP2's all-gathers are
+counted (_fsdp_param_group.foreach_all_gather, the one call every unshard makes), and the forwards each rank ran.
 
 torchrun --standalone --nproc_per_node 2 tests/dist/generation_driver.py OUT_DIR   (writes OUT_DIR/rank-K.json)
 """
@@ -65,8 +66,12 @@ def main(out: Path) -> None:
         sharded = model.generate(**kwargs, synced_gpus=True)  # today's path
         per_token, gathers[0] = gathers[0], 0
         clock = GenerationClock()
-        install(model, "gathered", synced=True, clock=clock)
+        install(model, "gathered", synced=False, clock=clock)  # as the launcher decides it for the gathered path
+        forwards = [0]
+        counting = model.get_input_embeddings()  # every forward starts there
+        hook = counting.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         once = model.generate(**kwargs)
+        hook.remove()
         first, gathers[0] = gathers[0], 0
         again = model.generate(**kwargs)
         second = gathers[0]
@@ -77,6 +82,7 @@ def main(out: Path) -> None:
     result = {
         "equal": torch.equal(sharded, once) and torch.equal(once, again),
         "new_tokens": sharded.shape[1] - prompts.shape[1],
+        "gathered_forwards": forwards[0],
         "per_token_gathers": per_token,
         "gathered_gathers": [first, second],
         "units": len(units),

@@ -1,7 +1,8 @@
 """GRPO's generation gathered once per generation against today's path (every unit all-gathered per token), on 2 CPU
 ranks in one small torchrun launch (tests/dist/generation_driver.py: a sharded tiny Llama with a non-zero LoRA, no
-trainer): greedy completions equal, the gathers counted, the ranks finishing decoding apart, and training after it
-with FSDP's settings as they were. The whole GRPO run on the gathered path is tests/dist/test_grpo.py's."""
+trainer): greedy completions equal, the gathers counted, the ranks finishing decoding apart (in step on today's path,
+each on its own gathered), and training after it with FSDP's settings as they were. The whole GRPO run on the
+gathered path is tests/dist/test_grpo.py's."""
 
 from __future__ import annotations
 
@@ -30,5 +31,7 @@ def test_greedy_completions_are_the_same_gathered_once_or_per_token(tmp_path) ->
         assert rank["gathered_gathers"] == [4, 6], ranks
         assert rank["resharded"] and rank["layer_reshards_after_forward"] and rank["grads"], ranks
         assert rank["generations_timed"] == 2, ranks
-    # rank 1 stopped after 3 new tokens, rank 0 went on to 8, and rank 1 kept stepping (the same gathers): no hang
+    # rank 1 stopped after 3 new tokens, rank 0 went on to 8; today's path kept rank 1 stepping (the same gathers, no
+    # hang); gathered, each rank ran only its own forwards (no collective inside the phase to wait on)
     assert [r["new_tokens"] for r in ranks] == [8, 3], ranks
+    assert [r["gathered_forwards"] for r in ranks] == [8, 3], ranks

@@ -60,7 +60,8 @@ def test_the_launcher_writes_the_decision_into_the_rank_spec_and_dry_run_shows_i
 
 def test_the_launcher_settles_auto_as_the_plan_decides_it() -> None:
     """settle_generation (called by launch/train.py plan_run) writes the plan's decision into the rank spec: the
-    smallest GPU the ranks use, or the CPU ranks'; a forced path stays as asked, with the plan's figures."""
+    smallest GPU the ranks use, or the CPU ranks'; a forced path stays as asked, with the plan's figures; the ranks
+    step together while generating on the sharded path only."""
     from dataclasses import replace
 
     from fsdp_tune.decide.machine import Machine
@@ -72,8 +73,10 @@ def test_the_launcher_settles_auto_as_the_plan_decides_it() -> None:
     small = replace(big, gpu_memory_mib=(81559, 16384))  # the run is planned on the smaller card
     settled = settle_generation(cfg, decide(cfg, big, None, "lines"), big).grpo
     assert settled.weights == "gathered" and "fits 79.6 GiB" in settled.weights_why, settled
+    assert not settled.synced  # gathered: no collective inside the generation, each rank stops on its own
     settled = settle_generation(cfg, decide(cfg, small, None, "lines"), small).grpo
     assert settled.weights == "sharded" and "exceeds 16.0 GiB" in settled.weights_why, settled
+    assert settled.synced  # sharded: every forward all-gathers, the ranks step together
     forced = _lora_8b("--num_processes", "2", "--grpo_generation", "sharded")
     settled = settle_generation(forced, decide(forced, big, None, "lines"), big).grpo
     assert settled.weights == "sharded" and settled.weights_why.startswith("--grpo_generation sharded"), settled

@@ -20,8 +20,12 @@ pre-forward registers no post-backward hooks. Completions are those of the shard
 forward (tests/dist/test_grpo_generation.py compares greedy decoding on 2 ranks). On CUDA the all-gathers are the
 same collectives, issued once (by reading: not run on a GPU here).
 
-Either way the ranks keep stepping together until all finish (GrpoSpec.synced: transformers' synced_gpus), and the
-time each generation took is kept for the step's split (GenerationClock).
+On the sharded path the ranks keep stepping together until all finish (GrpoSpec.synced: transformers' synced_gpus):
+every forward all-gathers, and a rank that stopped would leave the others in a collective. Gathered, no forward
+inside the phase calls a collective (the units are unsharded: their pre-forward gathers nothing), so each rank stops
+when its own completions end (GrpoSpec.synced off, decided with the weights: preflight/memory.py settle_generation);
+the next collective is after the phase, issued in the same order on every rank. The time each generation took is
+kept for the step's split (GenerationClock).
 """
 
 from __future__ import annotations
@@ -96,8 +100,9 @@ class GenerationClock:
 
 
 def install(model, weights: str, synced: bool, clock: GenerationClock | None = None) -> None:
-    """The transformers model's generate() (which PEFT's generate() calls): synced_gpus=True when the ranks must
-    step together, inside `gathered(model)` when the spec gathers the weights once, timed on `clock`."""
+    """The transformers model's generate() (which PEFT's generate() calls): synced_gpus as the spec says (True when
+    the ranks must step together; False said explicitly, or transformers would turn it on by itself for an FSDP
+    model), inside `gathered(model)` when the spec gathers the weights once, timed on `clock`."""
     target = base(model)  # under PeftModel (FSDP2's fully_shard keeps the module object: set once, kept)
     original = target.generate
     if getattr(original, "fsdp_tune_generation", False):
@@ -107,8 +112,7 @@ def install(model, weights: str, synced: bool, clock: GenerationClock | None = N
 
     @functools.wraps(original)
     def generate(*args, **kwargs):
-        if synced:
-            kwargs["synced_gpus"] = True
+        kwargs["synced_gpus"] = synced
         started = time.perf_counter()
         with gathered(model) if weights == "gathered" else contextlib.nullcontext() as units:
             if units is not None and not getattr(generate, "said", False):  # the rank log: the path taken

@@ -8,10 +8,11 @@ manages "for Dynamo" (torch/distributed/fsdp/_fully_shard/_fully_shard.py), not 
 finished first goes on to TRL's gather of the completion lengths while the other is still all-gathering a unit: on
 gloo the run aborted ("Received data size doesn't match expected size. Is there a distributed collective
 mismatch", seen here with synced_gpus forced off and one rank stopped after 2 tokens); on NCCL, by reading, it waits
-until the collective timeout. So the rank spec says when to sync (GrpoSpec.synced: more than one rank) and the
-model's generate() is called with synced_gpus=True, whatever the libraries' marks. Where the launcher planned room
-for it (GrpoSpec.weights "gathered"), the model is all-gathered once around each generation instead of once per
-token (training/generation.py).
+until the collective timeout. So the rank spec says when to sync (GrpoSpec.synced: more than one rank, on the
+sharded path) and the model's generate() is called with synced_gpus as it says, whatever the libraries' marks. Where
+the launcher planned room for it (GrpoSpec.weights "gathered"), the model is all-gathered once around each generation
+instead of once per token, and no forward inside the phase calls a collective, so the ranks need not step together
+(training/generation.py).
 
 The reference, as the adapter switched off. Given a PEFT model (sharded loading applied LoRA before FSDP, or a
 starting adapter did) and beta > 0, GRPOTrainer adds an adapter "ref" and copies "default" into it: on a sharded
