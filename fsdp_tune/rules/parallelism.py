@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
-from fsdp_tune.decide.derived import Derived, evaluation, mesh_active, mesh_sizes
+from fsdp_tune.decide.derived import evaluation, mesh_active, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 
@@ -161,11 +161,12 @@ def unused_handlers(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT048", "parallelism", "context parallelism: SDPA attention, divisible lengths, loss-only eval")
+@rule("FT048", "parallelism", "context parallelism: SDPA attention, divisible lengths, loss-only eval, no packing")
 def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
     p = cfg.parallelism
     if not (p.enabled and p.cp_size > 1):
         return
+    yield from cp_packing(cfg)
     if cfg.model.use_flash_attn or (cfg.model.attn_implementation or "sdpa") != "sdpa":
         path = "model.use_flash_attn" if cfg.model.use_flash_attn else "model.attn_implementation"
         yield error(
@@ -214,18 +215,20 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT049", "parallelism", "context parallelism has no CPU implementation", decided=True)
-def cp_on_cpu(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
-    p = cfg.parallelism
-    if p.enabled and p.cp_size > 1 and d.on_cpu:
-        yield error(
-            cfg,
-            "FT049",
-            "parallelism.cp_size",
-            "context parallelism shards attention along the sequence through SDPA's CUDA kernels; torch 2.13 has no "
-            "sharding strategy for SDPA's CPU kernel, so a CPU run would fail at the first attention call",
-            "run context parallelism on GPUs (use_cpu: false), or set cp_size to 1",
-        )
+def cp_packing(cfg: RunConfig) -> Iterator[Finding]:
+    """Under context parallelism accelerate replaces every attention mask with plain causal attention
+    (big_modeling.py _attach_context_parallel_hooks: SDPA's ring takes no mask) and the Trainer shards position_ids
+    along with the tokens: packed rows, or padding-free batches of rows laid end to end, would let each document
+    attend to the ones before it (TRL#6843)."""
+    why = (
+        "under context parallelism attention is plain causal over the whole row (the ring attention takes no mask), "
+        "so documents {} would attend across their boundaries (TRL#6843)"
+    )
+    if cfg.data.packing:
+        yield error(cfg, "FT048", "data.packing", why.format("packed into one row"), "drop --packing")
+    elif cfg.training.get("padding_free"):
+        message = why.format("laid end to end by padding_free")
+        yield error(cfg, "FT048", "training.padding_free", message, "drop --padding_free")
 
 
 @rule("FT035", "parallelism", "tensor parallelism with FSDP and LoRA")
