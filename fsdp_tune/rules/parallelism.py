@@ -226,6 +226,8 @@ def cp_packing(cfg: RunConfig) -> Iterator[Finding]:
     )
     if cfg.data.packing:
         yield error(cfg, "FT048", "data.packing", why.format("packed into one row"), "drop --packing")
+    elif cfg.training.get("eval_packing"):
+        yield error(cfg, "FT048", "training.eval_packing", why.format("packed into one row"), "drop --eval_packing")
     elif cfg.training.get("padding_free"):
         message = why.format("laid end to end by padding_free")
         yield error(cfg, "FT048", "training.padding_free", message, "drop --padding_free")

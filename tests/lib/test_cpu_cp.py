@@ -71,3 +71,30 @@ def test_cpu_cp_refuses_what_the_ring_cannot_merge() -> None:
     with pytest.raises(NotImplementedError, match="dropout"):
         cpu_cp.ring_forward(None, None, None, None, dropout_p=0.1)
     assert cpu_cp.is_supported("2.13.0+cpu") and not cpu_cp.is_supported("2.14.0")
+
+
+def test_evaluation_under_context_parallelism_is_transformers_prediction_step(monkeypatch) -> None:
+    """TRL's SFTTrainer.prediction_step runs the forward outside CP's context (every rank the whole sequence); under
+    CP fsdp-tune's trainer takes transformers' own, which counts the tokens first and evaluates inside the context
+    (its eval_loss against one process's: tests/dist/test_train_variants.py)."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from fsdp_tune.worker.training.trainer import FsdpSaving
+
+    class MethodTrainer:  # stands for TRL's trainer class, which FsdpSaving is mixed into
+        def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+            return "trl"
+
+    class Mixed(FsdpSaving, MethodTrainer):
+        pass
+
+    monkeypatch.setattr(transformers.Trainer, "prediction_step", lambda self, *a, **k: "transformers")
+    trainer = Mixed.__new__(Mixed)
+    trainer.accelerator = SimpleNamespace(parallelism_config=SimpleNamespace(cp_enabled=True))
+    assert trainer.prediction_step(None, {}, True) == "transformers"
+    trainer.accelerator.parallelism_config.cp_enabled = False
+    assert trainer.prediction_step(None, {}, True) == "trl"
+    trainer.accelerator.parallelism_config = None
+    assert trainer.prediction_step(None, {}, True) == "trl"
