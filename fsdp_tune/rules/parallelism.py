@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 from fsdp_tune.decide.derived import evaluation, mesh_active, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
@@ -167,6 +168,7 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
     if not (p.enabled and p.cp_size > 1):
         return
     yield from cp_packing(cfg)
+    yield from cp_method(cfg)
     if cfg.model.use_flash_attn or (cfg.model.attn_implementation or "sdpa") != "sdpa":
         path = "model.use_flash_attn" if cfg.model.use_flash_attn else "model.attn_implementation"
         yield error(
@@ -212,6 +214,24 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
             Severity.NOTE,
             "training.eval_strategy",
             "under context parallelism evaluation reports eval_loss only",
+        )
+
+
+def cp_method(cfg: RunConfig) -> Iterator[Finding]:
+    """The Trainer shards only input_ids, labels, shift_labels, a 2-D attention_mask and position_ids along the
+    sequence (transformers trainer.py _prepare_context_parallel_inputs). SFT's loss is a sum over tokens, which the
+    ranks' slices add up to; the preference methods' and the reward model's are per sequence (log-probabilities
+    summed under a completion mask that is not sharded, a score read at the last token), which no rank's slice
+    holds. GRPO is refused by FT138."""
+    method = cfg.run.method
+    if method != SFT and not row_of(method).generates:
+        yield error(
+            cfg,
+            "FT048",
+            "parallelism.cp_size",
+            f"--method {method} scores whole sequences, and context parallelism gives each rank a slice of every "
+            "sequence (the Trainer shards only input_ids, labels and position_ids): only SFT trains under it",
+            "--parallelism_config_cp_size 1, or --method sft",
         )
 
 
