@@ -108,8 +108,7 @@ ROWS = [
             *("--use_parallelism_config", "--parallelism_config_cp_size", "2", "--parallelism_config_dp_shard_size"),
             "1",
         ],
-        expect_refused=("FT049",),
-    ),
+    ),  # trained since worker/cpu_cp.py (#51): was refused FT049; tests/dist/test_train_variants.py checks it
 ]
 
 

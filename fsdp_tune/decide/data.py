@@ -5,8 +5,10 @@ added on the launcher by preflight/data.py before the spec is written.
 
 from __future__ import annotations
 
+import math
+
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.derived import Derived
+from fsdp_tune.decide.derived import Derived, cp_degree
 from fsdp_tune.decide.spec import DataSpec
 from fsdp_tune.sources.mixture import Source, from_entry, mixture_problems
 
@@ -29,8 +31,20 @@ def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
         packing_strategy=cfg.training.get("packing_strategy") or "bfd",
         eos_token=cfg.training.get("eos_token"),
         num_proc=cfg.training.get("dataset_num_proc"),
-        pad_to_multiple_of=pad_multiple(cfg.training.get("pad_to_multiple_of")),
+        pad_to_multiple_of=batch_multiple(cfg),
     )
+
+
+def batch_multiple(cfg: RunConfig) -> int | None:
+    """What every batch's length is padded to a multiple of: the user's pad_to_multiple_of, and under context
+    parallelism 2 x cp_size as well (torch's head-tail load balancing cuts every sequence into 2 x cp chunks; a
+    length it cannot cut leaves the ranks with different shard lengths, and the ring's collectives then mismatch).
+    FT048 keeps max_seq_len a multiple of 2 x cp_size, so the padding never passes it."""
+    asked = pad_multiple(cfg.training.get("pad_to_multiple_of"))
+    cp = cp_degree(cfg)
+    if cp == 1:
+        return asked
+    return math.lcm(asked or 1, 2 * cp)
 
 
 def pad_multiple(value: object) -> int | None:

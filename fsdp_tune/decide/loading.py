@@ -73,8 +73,6 @@ def _setting_reason(cfg: RunConfig) -> str | None:
     sizes = mesh_sizes(cfg) if cfg.parallelism.enabled else {}
     if sizes.get("tp_size", 1) > 1 or sizes.get("sp_size", 1) > 1:
         return "tensor or sequence parallelism places the weights its own way"
-    if sizes.get("cp_size", 1) > 1:
-        return "context parallelism: not yet run with sharded loading (it needs GPUs)"
     if cfg.training.get("chat_template_path"):
         return "chat_template_path: SFTTrainer copies that template onto the loaded model, adding embedding rows"
     if cfg.launch.dynamo_backend.lower() != "no":

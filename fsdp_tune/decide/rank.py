@@ -13,7 +13,7 @@ from typing import Any
 from fsdp_tune.config.run_folder import output_dir as run_output_dir
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import vision
-from fsdp_tune.decide.data import data_spec
+from fsdp_tune.decide.data import batch_multiple, data_spec
 from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
@@ -205,6 +205,8 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, An
         args["activation_checkpointing_kwargs"] = {"use_reentrant": cfg.run.use_reentrant, **kwargs}
     if d.on_cpu:
         args["ddp_backend"] = "gloo"
+    if batch_multiple(cfg) is not None:  # context parallelism's chunks, as the spec's data (decide/data.py)
+        args["pad_to_multiple_of"] = batch_multiple(cfg)
     if not args["fp16"]:
         args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
     args.setdefault("report_to", "none")

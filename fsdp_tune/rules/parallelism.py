@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
-from fsdp_tune.decide.derived import Derived, evaluation, mesh_active, mesh_sizes
+from fsdp_tune.decide.derived import evaluation, mesh_active, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
 
@@ -161,11 +162,13 @@ def unused_handlers(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT048", "parallelism", "context parallelism: SDPA attention, divisible lengths, loss-only eval")
+@rule("FT048", "parallelism", "context parallelism: SDPA attention, divisible lengths, loss-only eval, no packing")
 def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
     p = cfg.parallelism
     if not (p.enabled and p.cp_size > 1):
         return
+    yield from cp_packing(cfg)
+    yield from cp_method(cfg)
     if cfg.model.use_flash_attn or (cfg.model.attn_implementation or "sdpa") != "sdpa":
         path = "model.use_flash_attn" if cfg.model.use_flash_attn else "model.attn_implementation"
         yield error(
@@ -214,18 +217,40 @@ def cp_runtime(cfg: RunConfig) -> Iterator[Finding]:
         )
 
 
-@rule("FT049", "parallelism", "context parallelism has no CPU implementation", decided=True)
-def cp_on_cpu(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
-    p = cfg.parallelism
-    if p.enabled and p.cp_size > 1 and d.on_cpu:
+def cp_method(cfg: RunConfig) -> Iterator[Finding]:
+    """The Trainer shards only input_ids, labels, shift_labels, a 2-D attention_mask and position_ids along the
+    sequence (transformers trainer.py _prepare_context_parallel_inputs). SFT's loss is a sum over tokens, which the
+    ranks' slices add up to; the preference methods' and the reward model's are per sequence (log-probabilities
+    summed under a completion mask that is not sharded, a score read at the last token), which no rank's slice
+    holds. GRPO is refused by FT138."""
+    method = cfg.run.method
+    if method != SFT and not row_of(method).generates:
         yield error(
             cfg,
-            "FT049",
+            "FT048",
             "parallelism.cp_size",
-            "context parallelism shards attention along the sequence through SDPA's CUDA kernels; torch 2.13 has no "
-            "sharding strategy for SDPA's CPU kernel, so a CPU run would fail at the first attention call",
-            "run context parallelism on GPUs (use_cpu: false), or set cp_size to 1",
+            f"--method {method} scores whole sequences, and context parallelism gives each rank a slice of every "
+            "sequence (the Trainer shards only input_ids, labels and position_ids): only SFT trains under it",
+            "--parallelism_config_cp_size 1, or --method sft",
         )
+
+
+def cp_packing(cfg: RunConfig) -> Iterator[Finding]:
+    """Under context parallelism accelerate replaces every attention mask with plain causal attention
+    (big_modeling.py _attach_context_parallel_hooks: SDPA's ring takes no mask) and the Trainer shards position_ids
+    along with the tokens: packed rows, or padding-free batches of rows laid end to end, would let each document
+    attend to the ones before it (TRL#6843)."""
+    why = (
+        "under context parallelism attention is plain causal over the whole row (the ring attention takes no mask), "
+        "so documents {} would attend across their boundaries (TRL#6843)"
+    )
+    if cfg.data.packing:
+        yield error(cfg, "FT048", "data.packing", why.format("packed into one row"), "drop --packing")
+    elif cfg.training.get("eval_packing"):
+        yield error(cfg, "FT048", "training.eval_packing", why.format("packed into one row"), "drop --eval_packing")
+    elif cfg.training.get("padding_free"):
+        message = why.format("laid end to end by padding_free")
+        yield error(cfg, "FT048", "training.padding_free", message, "drop --padding_free")
 
 
 @rule("FT035", "parallelism", "tensor parallelism with FSDP and LoRA")

@@ -1,5 +1,6 @@
 """The rank's process before any model: its environment (the spec's, as the launcher exported it), its log,
-the CPU shim when the spec asks, the test-only Hub stand-in, the Hub client's filter, and the process group."""
+the CPU shims when the spec asks (FSDP's, and context parallelism's attention), the test-only Hub stand-in, the
+Hub client's filter, and the process group."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_tune.decide.spec import RankSpec
-from fsdp_tune.worker import cpu_fsdp, faults
+from fsdp_tune.worker import cpu_cp, cpu_fsdp, faults
 from fsdp_tune.worker.logs import setup_rank_log
 from fsdp_tune.worker.rank import local_rank, rank, restart_count, world_size
 from fsdp_tune.worker.saving import hub
@@ -24,6 +25,8 @@ def start(spec: RankSpec) -> None:
     print(f"fsdp-tune: rank {rank()}/{world_size()} starting on {socket.gethostname()} (pid {os.getpid()})", flush=True)
     if spec.cpu_fsdp_shim:
         cpu_fsdp.install()
+        if (spec.parallelism or {}).get("cp_size", 1) > 1:
+            cpu_cp.install()  # SDPA's CPU kernel under context parallelism: torch's ring attention (cpu_cp.py)
     faults.install_fake_hub()  # test-only; nothing unless FSDP_TUNE_TEST_FAKE_HUB is set
     hub.exclude_bookkeeping()
     init_process_group(spec)

@@ -256,6 +256,13 @@ VARIANTS = {
 }
 
 
+# Context parallelism (cp 2 on 2 ranks: one data-parallel replica, a global batch of 8) against one process on the
+# same batches, both evaluated once on the same held-out rows (tests/dist/test_train_variants.py)
+EVAL_ONCE = ("--test_split_size", "0.2", "--eval_strategy", "steps", "--eval_steps", "6")
+EVAL_ONCE += ("--per_device_eval_batch_size", "8", "--per_device_train_batch_size", "8", "--max_steps", "6")
+CP2 = ("--use_parallelism_config", "--parallelism_config_cp_size", "2", "--parallelism_config_dp_shard_size", "1")
+
+
 def mixture(root: Path) -> Path:
     """The base recipe on a mixture of every format from every kind of source (tests/datafiles.py every_source),
     packed, evaluated on held-out rows every 2 steps with the best checkpoint kept (tests/dist/test_data_train.py)."""
@@ -284,10 +291,11 @@ def mixture(root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def variants(tmp_path_factory, model_cache) -> GroupLaunch:
-    """Read only, as the reference run. The mixture runs last (a run that fails stops those after it) and brings
-    its Hub dataset's cache (HF_DATASETS_CACHE: the others' local files cache there as well)."""
+    """Read only, as the reference run. The mixture and context parallelism run last (a run that fails stops those
+    after it); the mixture brings its Hub dataset's cache (HF_DATASETS_CACHE: the others' local files cache there as
+    well)."""
     root = tmp_path_factory.mktemp("variants")
-    runs = {**VARIANTS, "mixture": ()}
+    runs = {**VARIANTS, "mixture": (), "cp": (*CP2, *EVAL_ONCE)}
     configs = {"mixture": mixture(root)}
     return launch_group(root, model_cache, runs, configs=configs, env={"HF_DATASETS_CACHE": str(root / "data" / "hub")})
 
@@ -309,9 +317,10 @@ def constant_answer(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def one_rank(tmp_path_factory, model_cache) -> GroupLaunch:
-    """Runs on one rank, one group launch for the session: the one-process side of the parity test (a global batch
-    of 8, as the reference run's), QLoRA under FSDP activation checkpointing, and the loss-on-answers probe
-    (full fine-tuning, 40 steps, on the answers only and on everything)."""
+    """Runs on one rank, one group launch for the session: the one-process side of the parity tests (a global batch
+    of 8, as the reference run's; evaluated, as the context-parallel run's), QLoRA under FSDP activation
+    checkpointing, and the loss-on-answers probe (full fine-tuning, 40 steps, on the answers only and on
+    everything)."""
     root = tmp_path_factory.mktemp("one-rank")
     data = constant_answer(root / "constant.jsonl")
     probe = ("--dataset_name", str(data), "--num_processes", "1", "--use_peft_lora", "false", "--max_steps", "40")
@@ -319,6 +328,7 @@ def one_rank(tmp_path_factory, model_cache) -> GroupLaunch:
     probe += ("--logging_steps", "5")
     runs = {
         "one process": ("--max_steps", "6", "--num_processes", "1", "--per_device_train_batch_size", "8"),
+        "one process eval": ("--num_processes", "1", *EVAL_ONCE),  # the context-parallel run's reference
         "qlora fsdp-ac": ("--num_processes", "1", *QLORA, *FSDP_AC, *SAVE_EVERY_2_OF_4),
         "answers": probe,
         "everything": (*probe, "--train_on_inputs"),  # axolotl's spelling

@@ -79,6 +79,21 @@ def test_pad_to_multiple_of_reaches_the_spec_as_sftconfig_resolves_it(flags, pad
     assert spec.data.pad_to_multiple_of == padded
 
 
+CP2 = ("--num_processes", "2", "--use_parallelism_config", "--parallelism_config_cp_size", "2")
+CP2 += ("--parallelism_config_dp_shard_size", "1")
+
+
+@pytest.mark.parametrize(
+    "flags,padded", [((), 4), (("--pad_to_multiple_of", "3"), 12), (("--pad_to_multiple_of", "8"), 8)]
+)
+def test_context_parallelism_pads_every_batch_to_its_chunks(flags, padded) -> None:
+    """Under cp_size 2 torch's load balancer cuts every sequence into 2 x 2 chunks: batches are padded to a multiple
+    of 4 (with the user's multiple: their least common multiple), in the collator's SFTConfig and the spec's data."""
+    spec, _ = _spec(*CP2, *flags)
+    assert spec.data.pad_to_multiple_of == spec.trainer_args["pad_to_multiple_of"] == padded
+    assert spec.parallelism["cp_size"] == 2
+
+
 def _rules(*flags: str, config: str | None = None) -> list[tuple[str, str]]:
     return [(f.rule, f.severity.value) for f in check(config, [*BASE, *flags]).findings if f.rule.startswith("FT10")]
 

@@ -38,11 +38,6 @@ FALLBACKS = [
     ("a mixture of experts", ["--model_name_or_path", "mistralai/Mixtral-8x7B-v0.1"], "mixture of experts"),
     ("remote code not on this machine", ["--model_name_or_path", "acme/x", "--trust_remote_code", "True"], "remote"),
     ("chat_template_path", ["--chat_template_path", "acme/other-model"], "chat_template_path"),
-    (
-        "context parallelism",
-        ["--num_processes", "4", "--use_parallelism_config", "--parallelism_config_cp_size", "2"],
-        "context parallelism",
-    ),
 ]
 
 
@@ -52,6 +47,16 @@ def test_runs_sharded_loading_cannot_take_load_through_transformers_and_say_why(
     assert spec.loading.path == "transformers" and reason in spec.loading.why
     assert spec.loading.sharded is None and spec.loading.transformers_fsdp_config is None
     assert spec.fsdp_config["auto_wrap_policy"] != "NO_WRAP" or name == "NO_WRAP"  # accelerate wraps, as today
+
+
+@pytest.mark.parametrize("machine", [GPUS, CPU], ids=["gpus", "cpu"])
+def test_context_parallelism_loads_sharded_over_the_dp_shard_x_cp_mesh(machine) -> None:
+    """Run on CPU ranks (tests/dist/test_train_variants.py: cp 2, sharded loading, the losses of one process); on
+    GPUs the same builder, by reading."""
+    cp = ["--num_processes", "4", "--use_parallelism_config", "--parallelism_config_cp_size", "2"]
+    spec = spec_for(*LORA, *cp, machine=machine)
+    assert spec.loading.path == "sharded" and spec.loading.why is None
+    assert spec.parallelism["cp_size"] == 2 and spec.parallelism["dp_shard_size"] == 2
 
 
 def test_model_files_on_this_machine_decide_too(tmp_path) -> None:

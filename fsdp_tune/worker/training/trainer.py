@@ -10,6 +10,7 @@ import functools
 import os
 from dataclasses import dataclass
 
+from transformers import Trainer
 from transformers.trainer import rotate_checkpoints
 
 from fsdp_tune.worker import faults
@@ -32,7 +33,7 @@ class Saving:
 
 class FsdpSaving:
     """Mixed into a TRL trainer (FsdpSaving first): fsdp-tune's FULL_STATE_DICT save and load, checkpoint
-    completion markers, and the test-only loss fault."""
+    completion markers, evaluation inside context parallelism's context, and the test-only loss fault."""
 
     def __init__(self, *args, saving: Saving, **kwargs):
         self.saving = saving
@@ -86,6 +87,17 @@ class FsdpSaving:
                 raise RuntimeError(f"{best} holds no adapter_model.safetensors: the best model cannot be loaded")
             return
         super()._load_best_model()
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Under context parallelism, transformers' own Trainer.prediction_step, the seed's evaluation: the tokens
+        counted (num_items_in_batch) before the batch is sharded, the loss computed inside the context on each
+        rank's slice of the sequence (its sum over the whole count, times the ranks: their mean, eval_loss, is the
+        true loss). TRL's SFTTrainer replaces it with a forward outside the context: each rank would attend over
+        the whole sequence, so a sequence that needs CP to fit in training would not fit in evaluation."""
+        config = getattr(self.accelerator, "parallelism_config", None)
+        if config is not None and config.cp_enabled:
+            return Trainer.prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         loss = super().compute_loss(model, inputs, *args, **kwargs)
