@@ -55,6 +55,27 @@ def merge_cmd(
     guard(run, debug)
 
 
+def export_cmd(
+    checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="A sharded checkpoint: RUN/checkpoint-N."),
+    output: str = typer.Option(..., "-o", "--output", help="Folder for the adapter (chat and merge take it)."),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty output folder."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Export a sharded checkpoint's adapter as a PEFT adapter folder, to chat with, merge or compare."""
+
+    def run() -> None:
+        from fsdp_tune.tools.export import export
+
+        r = export(checkpoint, output, force)
+        step = f"step {r['step']}'s " if r["step"] is not None else ""
+        typer.echo(
+            style("ok:", fg="green", bold=True) + f" exported {step}adapter ({r['tensors']} tensors) from "
+            f"{checkpoint} -> {r['output']}; try it: fsdp-tune chat {r['output']}"
+        )
+
+    guard(run, debug)
+
+
 def chat_cmd(
     run_dir: str = typer.Argument(..., metavar="RUN", help="A finished run's output dir."),
     prompt: list[str] = typer.Option([], "--prompt", help="Answer this and exit (repeatable)."),

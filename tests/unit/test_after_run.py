@@ -36,6 +36,7 @@ def test_a_sharded_checkpoint_is_not_taken_for_an_adapter(tmp_path) -> None:
     (tmp_path / "pytorch_model_fsdp_0").mkdir()
     r = runner.invoke(app, ["chat", str(tmp_path), "--prompt", "Hi"])
     assert r.exit_code == 2 and "a sharded checkpoint keeps its adapter inside its FSDP shards" in r.output
+    assert f"hint: fsdp-tune export {tmp_path} -o" in r.output  # the command that turns it into an adapter
     with pytest.raises(UsageError, match="no adapter_model.safetensors"):
         merge(str(tmp_path), None, str(tmp_path.parent / "out"), None, "5GB", "cpu", False, None)
 
@@ -56,3 +57,26 @@ def test_merge_into_is_checked_before_anything_loads(tmp_path) -> None:
         merge(lora, None, str(tmp_path / "out"), None, "5GB", "cpu", False, "sideways")
     with pytest.raises(UsageError, match="--dtype fp8: unknown"):
         merge(lora, None, str(tmp_path / "out"), "fp8", "5GB", "cpu", False, None)
+
+
+def test_export_checks_the_checkpoint_and_the_folder_before_torch(tmp_path) -> None:
+    """`export` answers exit 2 for what it cannot export and for an -o it must not write into, at once."""
+    run = tmp_path / "run"
+    ckpt = run / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "no adapter_config.json: not a checkpoint of a LoRA run" in r.output
+    (ckpt / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "some/base"}))
+    r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "no pytorch_model_fsdp_0/.metadata: not a sharded checkpoint" in r.output
+    (ckpt / "pytorch_model_fsdp_0").mkdir()
+    (ckpt / "pytorch_model_fsdp_0" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a planted pickle
+    r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "export only checkpoints you wrote" in r.output, r.output
+    for target in (run, ckpt / "inside"):
+        r = runner.invoke(app, ["export", str(ckpt), "-o", str(target)])
+        assert r.exit_code == 2 and "the adapter would be written over it" in r.output, r.output
+    (ckpt / "adapter_model.safetensors").write_bytes(b"")  # a FULL_STATE_DICT checkpoint: already an adapter
+    r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and f"use it as it is: fsdp-tune chat {ckpt}" in r.output
+    assert not (tmp_path / "out").exists()
