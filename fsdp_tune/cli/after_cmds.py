@@ -77,7 +77,9 @@ def export_cmd(
 
 
 def chat_cmd(
-    run_dir: str = typer.Argument(..., metavar="RUN", help="A finished run's output dir."),
+    run_dir: str = typer.Argument(
+        ..., metavar="RUN", help="A finished run's output dir, an exported adapter, or a whole model's folder."
+    ),
     prompt: list[str] = typer.Option([], "--prompt", help="Answer this and exit (repeatable)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="A file of prompts, one per line."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message before each conversation."),
@@ -91,7 +93,8 @@ def chat_cmd(
     trust_remote_code: bool = typer.Option(False, "--trust_remote_code", help=TRUST_HELP),
     debug: bool = DebugOpt,
 ) -> None:
-    """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template.
+    """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template; or to a whole
+    model (what merge writes, any Transformers model folder) in its own dtype with its own chat template.
 
     Without --prompt/--prompts: type a message, read the streamed answer; an empty line or Ctrl-D ends.
     """

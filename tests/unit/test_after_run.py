@@ -80,3 +80,13 @@ def test_export_checks_the_checkpoint_and_the_folder_before_torch(tmp_path) -> N
     r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
     assert r.exit_code == 2 and f"use it as it is: fsdp-tune chat {ckpt}" in r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_chat_takes_a_whole_model_folder_without_base(tmp_path) -> None:
+    """A folder with config.json and no adapter_config.json is a whole model (merge's output): --base, which names
+    an adapter's base, is refused at once (tests/lib/test_loader_door.py loads one)."""
+    folder = tmp_path / "merged"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    r = runner.invoke(app, ["chat", str(folder), "--prompt", "Hi", "--base", "some/base"])
+    assert r.exit_code == 2 and "is a whole model (config.json, no adapter_config.json), not an adapter" in r.output
