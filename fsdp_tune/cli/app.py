@@ -29,6 +29,7 @@ app = typer.Typer(
 app.command("validate-config", context_settings=PASSTHROUGH, epilog=help_epilog())(check_cmds.validate_config)
 app.command("train", context_settings=PASSTHROUGH, epilog=help_epilog())(run_cmds.train)
 app.command("plan", context_settings=PASSTHROUGH, epilog=help_epilog())(run_cmds.plan_cmd)
+app.command("rows", context_settings=PASSTHROUGH)(run_cmds.rows_cmd)
 app.command("flags")(check_cmds.flags_cmd)
 app.command("convert")(check_cmds.convert_cmd)
 app.command("chat")(after_cmds.chat_cmd)
