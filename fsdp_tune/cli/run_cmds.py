@@ -244,7 +244,8 @@ def rows_cmd(
     count: int = typer.Option(2, "-n", "--rows", help="How many rows of the training split, from the first."),
     debug: bool = DebugOpt,
 ) -> None:
-    """Show the first training rows as rank 0 trains on them: rendered, tokenized, each token in the loss or not.
+    """Show the first training rows (of the first data source) as rank 0 trains on them: rendered, tokenized, each
+    token in the loss or not.
 
     Takes what train takes (a config and flags); runs train's pre-flight of the data and rank 0's encoder, without
     torch and without launching. On a terminal the tokens in the loss are green and the rest dimmed; elsewhere the

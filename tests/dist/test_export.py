@@ -34,7 +34,7 @@ def test_export_gives_each_checkpoint_its_adapter(reference_run, tmp_path) -> No
     assert again.exit_code == 0, again.output
     assert all(torch.equal(load_file(str(tmp_path / "step-2" / ADAPTER_WEIGHTS))[k], final[k]) for k in final)
 
-    # chat (and merge, through the same folder checks) takes the folder as it takes the run: the run's base, dtype
+    # chat takes the folder as it takes the run: the run's base, dtype
     # and chat template, and the checkpoint's weights in the model
     from fsdp_tune.tools.chat import answer, load
 
@@ -47,3 +47,9 @@ def test_export_gives_each_checkpoint_its_adapter(reference_run, tmp_path) -> No
     for key, tensor in step4.items():
         assert torch.equal(params[key.replace(".weight", ".default.weight")].detach(), tensor), key
     assert isinstance(answer(chat, [{"role": "user", "content": "Hi"}], 4, 0.0, stream=False), str)
+
+    # merge takes it too: its base found from the run's records, its logits checked against base + step 4's adapter
+    from fsdp_tune.tools.merge import merge
+
+    merged = merge(str(out), None, str(tmp_path / "step-4-merged"), "fp32", "5GB", "cpu", False)
+    assert merged["max_rel_logit_diff"] <= merged["tolerance"] and merged["into"] == "base"
