@@ -88,15 +88,21 @@ def load(run: str, base: str | None = None, device: str | None = None, trust_rem
 
 def model_folder(name: str) -> Path | None:
     """The folder of a whole model `name` names (a config.json and no adapter_config.json: `merge`'s output, a full
-    fine-tune's run, a model folder or a Hub id's snapshot in the cache); None for anything else (a run's adapter)."""
+    fine-tune's run, a model folder or a Hub id's snapshot in the cache), found by the model door
+    (sources/model.py); None for anything else (a run's adapter)."""
     from fsdp_tune.runfiles import ADAPTER_CONFIG
-    from fsdp_tune.worker.loading.door import local_folder
+    from fsdp_tune.sources.model import model_facts
 
     path = Path(name)
-    folder = path if path.is_dir() else local_folder(name) if not path.exists() else None
-    if folder is None or (folder / ADAPTER_CONFIG).exists() or not (folder / "config.json").is_file():
+    if (path / ADAPTER_CONFIG).exists() or (path.exists() and not path.is_dir()):
         return None
-    return folder
+    facts = model_facts(name)
+    if facts.where not in ("local", "cache") or not facts.path or not Path(facts.path).is_dir():
+        return None
+    if not (facts.found or facts.problem):  # no config.json (an unreadable one: the loader door names it)
+        return None
+    folder = Path(facts.path)
+    return None if (folder / ADAPTER_CONFIG).exists() else folder
 
 
 def load_model(folder: Path, name: str, base: str | None, device: str | None, trust_remote_code: bool) -> Chat:

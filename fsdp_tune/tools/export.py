@@ -59,7 +59,7 @@ def export(checkpoint: str, output: str, force: bool) -> dict:
     write_out(out / ADAPTER_CONFIG, json.dumps(config, indent=2, sort_keys=True) + "\n", force)
     data = safetensors.torch.save(tensors, metadata={"format": "pt"})
     write_out(out / ADAPTER_WEIGHTS, data, force)
-    carried = [name for name in CARRIED if (folder.parent / name).is_file()]
+    carried = [name for name in CARRIED if (folder.parent / name).is_file() and not (folder.parent / name).is_symlink()]
     for name in carried:
         write_out(out / name, (folder.parent / name).read_bytes(), force)
     return {"output": str(out), "tensors": len(tensors), "carried": carried, "step": _step(folder)}
@@ -114,6 +114,7 @@ def _checked(folder: Path, out: Path, force: bool) -> Path:
         )
     check_adapter(folder)
     _check_output(folder, out, force)
+    _check_complete(folder)
     unsafe = check_checkpoint(shards)
     if unsafe is not None:
         raise FolderRefused(
@@ -121,6 +122,30 @@ def _checked(folder: Path, out: Path, force: bool) -> Path:
             "export only checkpoints you wrote",
         )
     return shards
+
+
+def _check_complete(folder: Path) -> None:
+    """The checkpoint finished (its completion marker), and the model's files it lists still there, as long: the
+    optimizer's and the RNG's may be gone (deleted to save space) without harm to the adapter."""
+    from fsdp_tune.rundir.checkpoints import read_marker
+    from fsdp_tune.runfiles import COMPLETE_MARKER
+
+    marker = read_marker(folder)
+    files = marker.get("files") if marker else None
+    if not isinstance(files, dict):
+        raise UsageError(
+            f"{folder} has no readable completion marker ({COMPLETE_MARKER}): it was never finished (or is being "
+            "written now)",
+            "export a finished checkpoint: one with fsdp_tune_complete in it",
+        )
+    for rel, record in files.items():
+        if not rel.startswith(f"{SHARDS}/") or ".." in Path(rel).parts:
+            continue
+        path = folder / rel
+        size = path.stat().st_size if path.is_file() else None
+        if not isinstance(record, dict) or size != record.get("size"):
+            state = "is missing" if size is None else f"is {size} bytes, {record.get('size')} when written"
+            raise UsageError(f"{folder}: {rel} {state} (listed in its completion marker)", "export another checkpoint")
 
 
 def _check_output(folder: Path, out: Path, force: bool) -> None:

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
 from fsdp_tune.errors import UsageError
+from fsdp_tune.rundir.checkpoints import write_marker
 from fsdp_tune.tools.chat import prompts_from
 from fsdp_tune.tools.merge import merge
 
@@ -72,7 +73,14 @@ def test_export_checks_the_checkpoint_and_the_folder_before_torch(tmp_path) -> N
     (ckpt / "pytorch_model_fsdp_0").mkdir()
     (ckpt / "pytorch_model_fsdp_0" / ".metadata").write_bytes(b"\x80\x04cos\nsystem\n.")  # a planted pickle
     r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "no readable completion marker (fsdp_tune_complete)" in r.output, r.output
+    (ckpt / "pytorch_model_fsdp_0" / "__0_0.distcp").write_bytes(b"shard")
+    write_marker(ckpt, 2, None)
+    r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
     assert r.exit_code == 2 and "export only checkpoints you wrote" in r.output, r.output
+    (ckpt / "pytorch_model_fsdp_0" / "__0_0.distcp").unlink()
+    r = runner.invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "pytorch_model_fsdp_0/__0_0.distcp is missing (listed in its completion" in r.output
     for target in (run, ckpt / "inside"):
         r = runner.invoke(app, ["export", str(ckpt), "-o", str(target)])
         assert r.exit_code == 2 and "the adapter would be written over it" in r.output, r.output
