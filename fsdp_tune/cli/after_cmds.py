@@ -55,8 +55,31 @@ def merge_cmd(
     guard(run, debug)
 
 
+def export_cmd(
+    checkpoint: str = typer.Argument(..., metavar="CHECKPOINT", help="A sharded checkpoint: RUN/checkpoint-N."),
+    output: str = typer.Option(..., "-o", "--output", help="Folder for the adapter (chat and merge take it)."),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty output folder."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Export a sharded checkpoint's adapter as a PEFT adapter folder, to chat with, merge or compare."""
+
+    def run() -> None:
+        from fsdp_tune.tools.export import export
+
+        r = export(checkpoint, output, force)
+        step = f"step {r['step']}'s " if r["step"] is not None else ""
+        typer.echo(
+            style("ok:", fg="green", bold=True) + f" exported {step}adapter ({r['tensors']} tensors) from "
+            f"{checkpoint} -> {r['output']}; try it: fsdp-tune chat {r['output']}"
+        )
+
+    guard(run, debug)
+
+
 def chat_cmd(
-    run_dir: str = typer.Argument(..., metavar="RUN", help="A finished run's output dir."),
+    run_dir: str = typer.Argument(
+        ..., metavar="RUN", help="A finished run's output dir, an exported adapter, or a whole model's folder."
+    ),
     prompt: list[str] = typer.Option([], "--prompt", help="Answer this and exit (repeatable)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", help="A file of prompts, one per line."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message before each conversation."),
@@ -70,7 +93,8 @@ def chat_cmd(
     trust_remote_code: bool = typer.Option(False, "--trust_remote_code", help=TRUST_HELP),
     debug: bool = DebugOpt,
 ) -> None:
-    """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template.
+    """Talk to what a run trained: its base (4-bit again for QLoRA), its adapter and chat template; or to a whole
+    model (what merge writes, any Transformers model folder) in its own dtype with its own chat template.
 
     Without --prompt/--prompts: type a message, read the streamed answer; an empty line or Ctrl-D ends.
     """

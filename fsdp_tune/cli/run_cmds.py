@@ -238,6 +238,36 @@ def plan_cmd(
     guard(run, debug)
 
 
+def rows_cmd(
+    ctx: typer.Context,
+    config: Optional[str] = ConfigOpt,
+    count: int = typer.Option(2, "-n", "--rows", help="How many rows of the training split, from the first."),
+    debug: bool = DebugOpt,
+) -> None:
+    """Show the first training rows (of the first data source) as rank 0 trains on them: rendered, tokenized, each
+    token in the loss or not.
+
+    Takes what train takes (a config and flags); runs train's pre-flight of the data and rank 0's encoder, without
+    torch and without launching. On a terminal the tokens in the loss are green and the rest dimmed; elsewhere the
+    text is plain and the tokens in the loss stand between [[ and ]]."""
+    config, args = split_config(config, list(ctx.args))
+
+    def run() -> None:
+        import sys
+
+        from fsdp_tune.errors import UsageError
+        from fsdp_tune.output.console import ConsoleStream
+        from fsdp_tune.tools.rows import first_rows, format_rows
+
+        if count < 1:
+            raise UsageError(f"--rows {count}: at least 1", "--rows 2")
+        described, shown = first_rows(config, args, count)
+        tty = isinstance(sys.stdout, ConsoleStream) and sys.stdout.isatty()
+        echo_out(format_rows(described, shown, tty))
+
+    guard(run, debug)
+
+
 DOES_NOT_FIT = 1  # plan's exit code: the launch does not fit, and nothing proposed fits (or --check)
 
 

@@ -21,7 +21,8 @@ def check_adapter_folder(folder: Path, what: str) -> None:
         raise UsageError(
             f"{folder} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}: a sharded checkpoint keeps its adapter inside "
             "its FSDP shards, not as a PEFT adapter",
-            "pass the run's output dir (its final adapter), or checkpoint with --fsdp_state_dict_type FULL_STATE_DICT",
+            f"fsdp-tune export {folder} -o {folder.parent.name}-{folder.name} (then pass that folder), or the run's "
+            "output dir (its final adapter)",
         )
 
 

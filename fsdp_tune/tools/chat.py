@@ -4,6 +4,11 @@ The base model is loaded as the run loaded it (its dtype; 4-bit again, with the 
 a QLoRA run: the weights the adapter was trained against), the run's adapter goes on top, and prompts go
 through the tokenizer the run saved, which carries its chat template. One process, on the CPU or one GPU;
 answers stream as they are generated (transformers' TextStreamer).
+
+`fsdp-tune chat FOLDER` takes a whole model as well: what `merge` writes, or any Transformers model folder (a
+local folder, or a Hub id's snapshot in the Hugging Face cache) with a config.json and no adapter_config.json. It
+is loaded in its own dtype with its own tokenizer and chat template, through the same loader door, and answers
+the same way.
 """
 
 from __future__ import annotations
@@ -57,7 +62,10 @@ def load(run: str, base: str | None = None, device: str | None = None, trust_rem
     from fsdp_tune.config.folders import check_adapter
 
     run_dir = Path(run)
-    check_adapter_folder(run_dir, "a finished run's folder")
+    whole = model_folder(run)
+    if whole is not None:
+        return load_model(whole, run, base, device, trust_remote_code)
+    check_adapter_folder(run_dir, "a finished run's folder, an adapter or a model folder (it has no config.json)")
     check_adapter(run_dir)
     if is_reward_adapter(run_dir):
         raise UsageError(
@@ -76,6 +84,67 @@ def load(run: str, base: str | None = None, device: str | None = None, trust_rem
         chat = _load(run_dir, spec, base_path, device, trust)
     chat.described = f"{shown}{'' if shown == base_path else f' [{base_path}]'} {chat.described}"
     return chat
+
+
+def model_folder(name: str) -> Path | None:
+    """The folder of a whole model `name` names (a config.json and no adapter_config.json: `merge`'s output, a full
+    fine-tune's run, a model folder or a Hub id's snapshot in the cache), found by the model door
+    (sources/model.py); None for anything else (a run's adapter)."""
+    from fsdp_tune.runfiles import ADAPTER_CONFIG
+    from fsdp_tune.sources.model import model_facts
+
+    path = Path(name)
+    if (path / ADAPTER_CONFIG).exists() or (path.exists() and not path.is_dir()):
+        return None
+    facts = model_facts(name)
+    if facts.where not in ("local", "cache") or not facts.path or not Path(facts.path).is_dir():
+        return None
+    if not (facts.found or facts.problem):  # no config.json (an unreadable one: the loader door names it)
+        return None
+    folder = Path(facts.path)
+    return None if (folder / ADAPTER_CONFIG).exists() else folder
+
+
+def load_model(folder: Path, name: str, base: str | None, device: str | None, trust_remote_code: bool) -> Chat:
+    """A whole model folder, ready to answer: its own dtype, tokenizer and chat template (a vision-language
+    model's processor), through the loader door; a sequence classifier (a merged reward model) refused."""
+    from fsdp_tune.config.model_kinds import KINDS, VISION_LANGUAGE
+    from fsdp_tune.sources.model import fetch_config
+    from fsdp_tune.tools.vision import kind_of_base, processor_of
+    from fsdp_tune.worker.loading.door import open_model, open_tokenizer, prepared
+
+    if base is not None:
+        raise UsageError(
+            f"--base {base}: {name} is a whole model (config.json, no adapter_config.json), not an adapter",
+            f"fsdp-tune chat {name} (without --base)",
+        )
+    spec = read_from(folder)  # a full fine-tune's run folder: it trained with trust_remote_code or not
+    trust = trusted(spec, trust_remote_code)
+    with libraries_quiet():
+        prepared(str(folder), trust, "the model")
+        architectures = (fetch_config(str(folder)) or {}).get("architectures") or []
+        if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+            raise UsageError(
+                f"{name} is a sequence classifier ({architectures[0]}: a reward model scores text with one "
+                "number): it does not generate",
+                "chat with a causal language model's folder (a merged SFT run, a base model)",
+            )
+        import torch
+        import transformers
+
+        quiet_transformers()
+        kind = kind_of_base(str(folder))
+        device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+        processor = processor_of(folder, str(folder), trust) if kind == VISION_LANGUAGE else None
+        tokenizer = processor.tokenizer if processor is not None else open_tokenizer(str(folder), trust)
+        auto = getattr(transformers, KINDS[kind].auto_class)
+        model = open_model(auto, str(folder), trust, dtype="auto").to(device).eval()
+    template = "its chat template" if getattr(tokenizer, "chat_template", None) else "no chat template (plain text)"
+    reads = ", reads images (--image FILE)" if processor is not None else ""
+    shown = name if Path(name) == folder else f"{name} [{folder}]"
+    dtype = str(model.dtype).removeprefix("torch.")
+    described = f"{shown} (a whole model, its own dtype {dtype}), {template}{reads}, on {device}"
+    return Chat(model, tokenizer, device, described, processor, str(folder))
 
 
 def _load(run_dir: Path, spec: RankSpec | None, base_path: str, device: str | None, trust: bool) -> Chat:

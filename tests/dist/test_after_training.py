@@ -80,6 +80,20 @@ def test_manifest_reproduces_run_and_merge_and_plot(train, reference_run, tmp_pa
     r = _merge(first.output_dir, merged, "--dtype", "fp32")
     assert r.returncode == 2 and "--force" in r.stderr  # never overwrites silently
 
+    # chat takes the merged folder as a whole model (its own dtype and chat template) and answers as the run does
+    from typer.testing import CliRunner
+
+    from fsdp_tune.cli.app import app
+    from fsdp_tune.tools.chat import answer, load
+
+    said = CliRunner().invoke(app, ["chat", str(merged), "--prompt", "Hi", "--max_new_tokens", "4"])
+    assert said.exit_code == 0, said.output
+    assert f"chat: {merged} (a whole model, its own dtype float32), its chat template, on cpu" in said.output
+    turn = [{"role": "user", "content": "Count from 1 to 8."}]
+    whole, adapter = load(str(merged), device="cpu"), load(str(first.output_dir), device="cpu")
+    assert "adapter" not in whole.described and whole.tokenizer.chat_template == adapter.tokenizer.chat_template
+    assert answer(whole, turn, 6, 0.0, stream=False) == answer(adapter, turn, 6, 0.0, stream=False)
+
 
 def test_qlora_adapter_merges_as_trained_or_into_the_base_and_chats(variants, tmp_path) -> None:
     """A QLoRA run merges, by default, into the 4-bit weights it trained against, dequantized: the merged model

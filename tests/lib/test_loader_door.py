@@ -360,3 +360,38 @@ def test_a_cached_hub_model_is_read_from_the_cache(tiny, tmp_path, monkeypatch) 
     with pytest.raises(FolderRefused) as refused:
         locate("someorg/other")
     assert "not on this machine" in str(refused.value) and "hf download someorg/other" in refused.value.hint
+
+
+# ---------------------------------------------------------------- chat on a whole model (#48): merged, plain, cached
+
+
+def test_chat_takes_a_whole_model_folder_through_the_door(tiny, tmp_path, monkeypatch) -> None:
+    """`chat FOLDER` on a whole model (config.json, no adapter): loaded in its own dtype with its own chat template,
+    answering; a Hub id's snapshot in the cache the same way; code it ships refused without --trust_remote_code; a
+    sequence classifier (a merged reward model) refused: it does not generate."""
+    from fsdp_tune.tools.chat import load
+
+    result, _ = invoke("chat", str(tiny), "--prompt", "Hi", "--max_new_tokens", "3")
+    assert result.exit_code == 0, said(result)
+    assert f"chat: {tiny} (a whole model, its own dtype float32), its chat template, on cpu" in said(result)
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--someorg--tiny"
+    copied(tiny, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    chat = load("someorg/tiny", device="cpu")
+    assert chat.described.startswith(f"someorg/tiny [{repo / 'snapshots' / 'abc123'}] (a whole model")
+    assert chat.model.get_input_embeddings().weight.shape[0] >= len(chat.tokenizer)
+
+    code = _remote(copied(tiny, tmp_path / "code"), tmp_path / "ran")
+    result, _ = invoke("chat", str(code), "--prompt", "Hi")
+    assert result.exit_code == 2 and "the model needs its own Python code" in said(result), said(result)
+    assert not (tmp_path / "ran").exists()
+
+    scorer = copied(tiny, tmp_path / "scorer")
+    config = json.loads((scorer / "config.json").read_text())
+    (scorer / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
+    result, _ = invoke("chat", str(scorer), "--prompt", "Hi")
+    assert result.exit_code == 2 and "is a sequence classifier (LlamaForSequenceClassification" in said(result)
