@@ -88,7 +88,8 @@ def last_traceback(path: Path, limit: int = 256 * 1024) -> str:
 
 def environment(output_dir: str, evidence: str, no_exception: bool = False) -> str | None:
     """A cause outside the code, or None: the output folder deleted under the run, or the disk it is on full
-    (ENOSPC in the evidence; with no Python exception at all, a disk with almost nothing free)."""
+    (ENOSPC in the evidence; or a disk with almost nothing free, whatever the exception: a write the disk cut short
+    surfaces later as another error, such as a JSONDecodeError reading that file back)."""
     out = Path(output_dir)
     if not out.is_dir():
         return f"the output folder {out} was deleted while the run was running; the ranks could not write to it"
@@ -98,6 +99,9 @@ def environment(output_dir: str, evidence: str, no_exception: bool = False) -> s
         return None
     if _NO_SPACE.search(evidence) or (no_exception and free < FULL_BELOW):
         return f"the disk holding {out} is full ({free / 2**20:.0f} MiB free): a write failed (No space left on device)"
+    if free < FULL_BELOW:  # another exception on a full disk: a file a write cut short, read back (a JSONDecodeError)
+        cut = "a file written there was most likely cut short"
+        return f"the disk holding {out} is full ({free / 2**20:.0f} MiB free): {cut}"
     return None
 
 

@@ -155,6 +155,21 @@ def test_no_exception_on_a_disk_with_nothing_free_is_a_full_disk(tmp_path, monke
     assert "without a Python exception" not in text
 
 
+def test_another_exception_on_a_disk_with_nothing_free_is_a_full_disk_first(tmp_path, monkeypatch) -> None:
+    """A checkpoint cut short by a full disk is read back later as broken JSON: the disk is said first, the
+    exception beside it."""
+    from collections import namedtuple
+
+    from fsdp_tune.launch import causes
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(causes.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 4096))
+    err = _error_file(tmp_path, "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)")
+    text = _report(tmp_path, _tail(BLOCK.format(i=0, rank=0, code=1, error_file=err, traceback="x"), []))
+    assert f"root cause: the disk holding {tmp_path} is full (0 MiB free): a file written there was most" in text, text
+    assert "JSONDecodeError" in text, text
+
+
 def test_a_deleted_output_folder_is_the_cause(tmp_path) -> None:
     gone = tmp_path / "run"
     block = BLOCK.format(i=0, rank=0, code=1, error_file="<N/A>", traceback="<NO TRACEBACK>")
