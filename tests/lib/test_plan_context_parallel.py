@@ -72,6 +72,11 @@ def test_ring_attention_terms_follow_torch() -> None:
     sent = 36 * 7 * (3 * local * 2 * kv * 2 + local * 2 * kv * 4)
     assert plan["step_time"]["ring_gb_per_step_per_gpu"] == pytest.approx(sent / 1e9)
     assert "of it the context-parallel K/V ring" in format_plan(plan)
+    # alltoall: the block in use and the one arriving instead of the whole sequence's K/V
+    flags = [*_flags(1048576, 8), "--parallelism_config_cp_comm_strategy", "alltoall"]
+    alltoall = memory_plan(check(None, flags).config, gpu_key="h100")["components"]
+    ring = local * (2 * 2 * kv * 2 + 4 * (4096 + 2 * kv) + 2 * 4 * 2 * kv)
+    assert alltoall["ring attention: K/V in flight, fp32 grads"] == pytest.approx(ring / 2**30, 0.001)
 
 
 def test_step_time_at_one_million_tokens_is_compute_bound_and_near_the_published_one() -> None:
