@@ -66,21 +66,25 @@ def format_plan(plan: dict[str, Any]) -> str:
     for name, gib in plan["host_components"].items():
         if gib:
             lines.append(f"  {name:<46} {gib:8.2f} GiB")
-    st = plan.get("step_time")
-    if st:
-        lines.append(
-            f"step: {st['tflops_per_step_per_gpu']:.0f} TFLOP and {st['comm_gb_per_step_per_gpu']:.1f} GB of "
-            f"all-gather per GPU"
-            + (
-                f", {st['host_transfer_gb_per_step_per_gpu']:.1f} GB host<->GPU (offload)"
-                if st["host_transfer_gb_per_step_per_gpu"]
-                else ""
-            )
-            + f" -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
-            f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
-        )
+    lines += _step_line(plan.get("step_time"))
     lines += [f"note: {n}" for n in plan.get("notes", [])] + [f"assumed: {a}" for a in plan.get("assumptions", [])]
     return "\n".join(lines + _advice(plan))
+
+
+def _step_line(st: dict[str, Any] | None) -> list[str]:
+    """The step time's line: FLOPs, collectives (the context-parallel ring's share), host transfers, the time."""
+    if not st:
+        return []
+    ring = st.get("ring_gb_per_step_per_gpu")
+    host = st["host_transfer_gb_per_step_per_gpu"]
+    return [
+        f"step: {st['tflops_per_step_per_gpu']:.0f} TFLOP and {st['comm_gb_per_step_per_gpu']:.1f} GB of "
+        f"all-gather per GPU"
+        + (f" ({ring:.1f} GB of it the context-parallel K/V ring)" if ring else "")
+        + (f", {host:.1f} GB host<->GPU (offload)" if host else "")
+        + f" -> ~{st['step_s']:.2f} s ({st['bound']}-bound, at {st['assumed_mfu']:.0%} of "
+        f"peak), ~{st['tokens_per_s_per_gpu']:.0f} tokens/s per GPU"
+    ]
 
 
 def _verdict(plan: dict[str, Any]) -> str:

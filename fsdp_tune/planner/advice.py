@@ -19,9 +19,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fsdp_tune.config.methods import row_of
+from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.derived import gradient_checkpointing
+from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing
 from fsdp_tune.decide.loading import why_not_sharded
 from fsdp_tune.planner.allocator import device_memory
 from fsdp_tune.planner.memory import GiB, estimate
@@ -111,6 +111,35 @@ def _more_gpus(k: int) -> Change:
     return Change("GPUs", MORE_GPUS, apply)
 
 
+LONG_SEQUENCE = 16384  # from this length on, context parallelism is an axis of the search
+CP_SIZES = (2, 4, 8)
+
+
+def _cp_axis(cfg: RunConfig) -> list[Change | None]:
+    """Context parallelism for a long sequence (SFT only, FT048): cp_size k over the same GPUs, where k divides the
+    ranks and 2k the sequence (each rank takes two chunks), gradient accumulation raised k-fold to keep the global
+    batch (the data-parallel degree falls to world / k)."""
+    fixed_mesh = cfg.parallelism.enabled and cfg.parallelism.dp_shard_size is not None
+    if cfg.data.max_seq_len < LONG_SEQUENCE or cp_degree(cfg) > 1 or cfg.run.method != SFT or fixed_mesh:
+        return []
+    world = cfg.launch.num_processes
+    out: list[Change | None] = [None]
+    for k in CP_SIZES:
+        if world % k or cfg.data.max_seq_len % (2 * k):
+            continue
+
+        def apply(c: RunConfig, k: int = k) -> RunConfig:
+            c = replace(c, parallelism=replace(c.parallelism, enabled=True, cp_size=k))
+            return _with_args(c, gradient_accumulation_steps=accum(c) * k)
+
+        out.append(
+            Change(
+                "context parallelism", SAME, apply, f"each rank holds 1/{k} of every sequence; SDPA attention (FT048)"
+            )
+        )
+    return out if len(out) > 1 else []
+
+
 def axes(cfg: RunConfig, loading: str) -> list[list[Change | None]]:
     """Each axis: None (as it is) and its changes; long lists are the micro-batch's divisors."""
     out = [_micro_axis(cfg)]
@@ -127,6 +156,9 @@ def axes(cfg: RunConfig, loading: str) -> list[list[Change | None]]:
         out.append([None, sharded])
     if not cfg.parallelism.enabled:
         out.append([None, _more_gpus(2), _more_gpus(4)])
+    cp = _cp_axis(cfg)
+    if cp:
+        out.append(cp)
     q = cfg.quantization
     if cfg.lora.use_peft_lora and not q.use_4bit_quantization and not q.use_8bit_quantization:
         four_bit = replace(
@@ -165,6 +197,8 @@ _FLAGS: tuple[tuple[str, Callable[[RunConfig], object]], ...] = (
     ("--bnb_4bit_compute_dtype", lambda c: c.quantization.bnb_4bit_compute_dtype),
     ("--bnb_4bit_quant_storage_dtype", lambda c: c.quantization.bnb_4bit_quant_storage_dtype),
     ("--max_seq_len", lambda c: c.data.max_seq_len),
+    ("--use_parallelism_config", lambda c: c.parallelism.enabled),
+    ("--parallelism_config_cp_size", lambda c: c.parallelism.cp_size),
 )
 
 
@@ -187,7 +221,7 @@ def _planned(variant: RunConfig, path: str, target: Target) -> dict:
 
 
 def _global_batch(c: RunConfig) -> int:
-    return micro(c) * accum(c) * c.launch.num_processes
+    return micro(c) * accum(c) * c.launch.num_processes // cp_degree(c)  # CP ranks share a sequence
 
 
 def _option(cfg: RunConfig, changes: list[Change], variant: RunConfig, planned: dict, target: Target) -> dict:

@@ -28,6 +28,7 @@ from fsdp_tune.planner.terms import (
     layer_saved,
     loss_bytes,
     quantized_backward,
+    ring_attention,
 )
 from fsdp_tune.planner.vision import add_tower
 from fsdp_tune.planner.weights import (
@@ -91,6 +92,20 @@ def micro_tokens(cfg: RunConfig) -> int:
     return rows * cfg.data.max_seq_len // cp_degree(cfg)
 
 
+def activations_offloaded(cfg: RunConfig, st: Stack) -> bool:
+    """accelerate's activation_checkpointing_offload: offload_wrapper puts save_on_cpu around each checkpointed
+    layer (accelerate/utils/fsdp_utils.py), so what checkpointing keeps (the layers' inputs) lives in host RAM and
+    comes back one layer at a time for its recompute (FT032: FSDP2 with activation checkpointing only)."""
+    return cfg.fsdp.activation_checkpointing_offload and st.checkpointing != "none" and st.fsdp_version == 2
+
+
+def offloaded_activation_bytes(cfg: RunConfig, shape: ModelShape, st: Stack) -> float:
+    """Bytes of checkpointed layer inputs one rank moves to host RAM (0 without activation offload)."""
+    if not activations_offloaded(cfg, st):
+        return 0.0
+    return shape.n_layers * micro_tokens(cfg) * checkpoint_kept(shape, st)
+
+
 def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, size=None) -> dict[str, dict]:
     """Every phase's transient components (bytes), long because it is one account of a step, phase by
     phase: splitting it would scatter the terms that must add up."""
@@ -99,8 +114,9 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, s
     tokens, seq = micro_tokens(cfg), cfg.data.max_seq_len // cp_degree(cfg)
     quantized = cfg.quantization.use_4bit_quantization
     saved = layer_saved(shape, st, ad, seq, quantized)
-    if st.checkpointing != "none":
-        kept = shape.n_layers * tokens * checkpoint_kept(shape, st)
+    if st.checkpointing != "none":  # with activation offload one layer's input is back on the device at a time
+        layers_kept = 1 if activations_offloaded(cfg, st) else shape.n_layers
+        kept = layers_kept * tokens * checkpoint_kept(shape, st)
         recompute = tokens * saved
     else:
         kept = (
@@ -128,6 +144,9 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, s
             "gathered FSDP units": resident + (units * u["layer"]),
             "recomputed layer": recompute,
             "backward transients (one layer)": tokens * layer_backward_transients(shape, st, seq),
+            "ring attention: K/V in flight, fp32 grads": ring_attention(
+                shape, st, tokens, cp_degree(cfg), cfg.parallelism.cp_comm_strategy
+            ),
         },
         PHASES[3]: {},
     }
@@ -246,7 +265,11 @@ def mesh_notes(cfg: RunConfig) -> list[str]:
         "stay within a shard group"
     ]
     if cp_degree(cfg) > 1:
-        notes.append(f"context parallelism: each rank holds 1/{cp_degree(cfg)} of every sequence's activations")
+        notes.append(
+            f"context parallelism: each rank holds 1/{cp_degree(cfg)} of every sequence's activations; the ring "
+            f"attention's K/V blocks ({cfg.parallelism.cp_comm_strategy}) and fp32 dq/dk/dv are counted in the "
+            "layer's backward"
+        )
     if sizes.get("tp", 1) > 1:
         notes.append("tensor parallelism is not modelled: weights and activations per rank are over-counted")
     return notes
@@ -273,6 +296,13 @@ def _host(
     h[f"{host.LOADING} model copies ({loading} loading)"] = est.load_per_rank * local
     if cfg.fsdp.cpu_offload and not on_cpu:
         _offload_host(cfg, shape, st, est, world, local, layer)
+    if offloaded_activation_bytes(cfg, shape, st) and not on_cpu:
+        moved = offloaded_activation_bytes(cfg, shape, st)
+        h[f"{host.TRAINING} checkpointed activations (save_on_cpu)"] = moved * local
+        est.notes.append(
+            f"activation offload: the checkpointed layer inputs ({moved / GiB:.1f} GiB per rank) live in host RAM; "
+            "one layer's comes back for its recompute"
+        )
     if on_cpu:
         h[f"{host.TRAINING} every rank's training memory"] = (
             sum(v for k, v in est.device.items() if k != host.RUNTIME) * local

@@ -9,10 +9,11 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing, shard_group
 from fsdp_tune.decide.gpus import Gpu
 from fsdp_tune.errors import UsageError
-from fsdp_tune.planner.memory import GiB
+from fsdp_tune.planner.memory import GiB, offloaded_activation_bytes
 from fsdp_tune.planner.method import step_of
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import stack_of
+from fsdp_tune.planner.terms import ring_bytes_sent
 from fsdp_tune.planner.weights import lora_on_rank
 
 ASSUMED_MFU = 0.45  # the fraction of peak a well-fed bf16 LoRA step reaches; a stated assumption, not a measurement
@@ -42,7 +43,9 @@ def fsdp2_gathered(cfg: RunConfig, shape: ModelShape, world: int, no_grad_forwar
 
 
 def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool = False) -> dict:
-    """FLOPs and communication of one optimizer step per GPU, and a time from the GPU's public figures."""
+    """FLOPs and communication of one optimizer step per GPU, and a time from the GPU's public figures.
+    It is long because it is one account of a step's compute, collectives (FSDP's and context parallelism's ring) and
+    host transfers, term by term."""
     world = shard_group(cfg)  # all-gathers and reduce-scatters run within a shard group
     micro = int(cfg.training.get("per_device_train_batch_size") or 8)
     accum = int(cfg.training.get("gradient_accumulation_steps") or 1)
@@ -76,10 +79,15 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool
         comm += grads * accum * (world - 1) / world
     if not lora:
         comm += total * 4 * (world - 1) / world  # reduce-scatter of fp32 gradients
+    checkpointed = cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg)
+    ring = accum * ring_bytes_sent(shape, stack_of(cfg), tokens // accum, cp_degree(cfg), 2 if checkpointed else 1)
+    comm += ring  # context parallelism's K/V ring shares the link with FSDP's collectives
     host = 0.0
     if cfg.fsdp.cpu_offload:
         # every all-gather first copies this rank's shard to the GPU; gradients of what trains come back
         host = gathered / world + (total * 4 / world if not lora else 0.0)
+    if cfg.fsdp.activation_checkpointing_offload and checkpointed and cfg.fsdp.version == 2:
+        host += 2 * accum * offloaded_activation_bytes(cfg, shape, stack_of(cfg))  # out in the forward, back in
     compute_s = flops / (gpu.bf16_tflops * 1e12 * ASSUMED_MFU)
     comm_s = comm / (gpu.link_gbs * 1e9)
     host_s = host / (gpu.host_gbs * 1e9)
@@ -90,6 +98,7 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool
         "tokens_per_step_per_gpu": tokens,
         "tflops_per_step_per_gpu": flops / 1e12,
         "comm_gb_per_step_per_gpu": comm / 1e9,
+        "ring_gb_per_step_per_gpu": ring / 1e9,
         "host_transfer_gb_per_step_per_gpu": host / 1e9,
         "compute_s": compute_s,
         "comm_s": comm_s,

@@ -164,3 +164,34 @@ def quantized_backward(shape: ModelShape, st: Stack, tokens: int) -> tuple[float
     biggest = max((lin.in_features * lin.out_features for lin in shape.layer_linears), default=0)
     dequantized = max(biggest * (st.compute_bytes + 4 / 64), dequant_bytes(shape, st, tokens))
     return tokens * st.compute_bytes * (2 * i + shape.hidden_size), dequantized
+
+
+def ring_attention(shape: ModelShape, st: Stack, tokens: int, cp: int, strategy: str = "allgather") -> float:
+    """Bytes one attention layer's ring backward holds beyond the saved activations, under context parallelism
+    (torch/distributed/tensor/experimental/_context_parallel/_attention.py, _templated_ring_attention_backward),
+    for `tokens` local tokens (this rank's 1/cp of the sequence): the K/V blocks in flight, `allgather`
+    (accelerate's default cp_comm_strategy: _AllGatherRotater gathers every rank's K/V, the whole sequence's,
+    once) or `alltoall` (_AllToAllRotater: the block in use and the one arriving); dq, dk, dv accumulated in fp32
+    (_cp_options.convert_to_f32 is True); the dK/dV blocks rotated back by all-to-all, in fp32, the one sent and
+    the one arriving. The forward (and the recompute's) holds less: the same K/V and an fp32 output merger (4 q
+    per token), freed before the backward starts. SDPA's flash / memory-efficient kernels (what CP requires,
+    FT048) have no s^2 term."""
+    if cp <= 1:
+        return 0.0
+    kv_block = 2 * shape.kv_dim * st.compute_bytes  # one token's K and V
+    in_flight = (cp if strategy == "allgather" else 2) * kv_block
+    grads = 4 * (shape.q_dim + 2 * shape.kv_dim)
+    rotated = 2 * 4 * 2 * shape.kv_dim
+    return tokens * (in_flight + grads + rotated)
+
+
+def ring_bytes_sent(shape: ModelShape, st: Stack, tokens: int, cp: int, forwards: int) -> float:
+    """Bytes one rank sends around the ring for one micro-batch (`tokens` local tokens), every attention layer:
+    its K/V block to the cp - 1 others in each forward (`forwards`: 2 with activation checkpointing's recompute),
+    again in the backward, and the fp32 dK/dV blocks cp - 1 times back. The all-gather strategy moves the same
+    bytes as the ring's cp - 1 sends."""
+    if cp <= 1:
+        return 0.0
+    kv_block = tokens * 2 * shape.kv_dim * st.compute_bytes
+    grad_block = tokens * 2 * shape.kv_dim * 4
+    return shape.n_layers * (cp - 1) * ((forwards + 1) * kv_block + grad_block)
