@@ -83,3 +83,12 @@ def checked_spec(*flags: str, machine=None, config: str | None = None):
 def spec_for(*flags: str, machine=None, config: str | None = None):
     """The rank spec `train` decides (checked_spec, without the check)."""
     return checked_spec(*flags, machine=machine, config=config)[0]
+
+
+def hub_snapshot(hub: Path, repo_id: str, commit: str = "a" * 40) -> Path:
+    """Where the Hugging Face cache at `hub` holds `repo_id` at `commit`, as `hf download` leaves it: refs/main names
+    the commit (written here); the snapshot folder itself is the caller's to fill."""
+    repo = hub / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit

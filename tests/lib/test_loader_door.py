@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
 from fsdp_tune.config.folders import FolderRefused
+from tests.conftest import hub_snapshot
 
 pytestmark = pytest.mark.lib
 
@@ -350,13 +351,10 @@ def test_a_cached_hub_model_is_read_from_the_cache(tiny, tmp_path, monkeypatch) 
     from fsdp_tune.tools.base import locate
 
     cache = tmp_path / "hub"
-    repo = cache / "models--someorg--tiny"
-    copied(tiny, repo / "snapshots" / "abc123")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
+    snapshot = copied(tiny, hub_snapshot(cache, "someorg/tiny", "abc123"))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    assert locate("someorg/tiny") == str(repo / "snapshots" / "abc123")
+    assert locate("someorg/tiny") == str(snapshot)
     with pytest.raises(FolderRefused) as refused:
         locate("someorg/other")
     assert "not on this machine" in str(refused.value) and "hf download someorg/other" in refused.value.hint
@@ -376,13 +374,10 @@ def test_chat_takes_a_whole_model_folder_through_the_door(tiny, tmp_path, monkey
     assert f"chat: {tiny} (a whole model, its own dtype float32), its chat template, on cpu" in said(result)
 
     cache = tmp_path / "hub"
-    repo = cache / "models--someorg--tiny"
-    copied(tiny, repo / "snapshots" / "abc123")
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
+    snapshot = copied(tiny, hub_snapshot(cache, "someorg/tiny", "abc123"))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     chat = load("someorg/tiny", device="cpu")
-    assert chat.described.startswith(f"someorg/tiny [{repo / 'snapshots' / 'abc123'}] (a whole model")
+    assert chat.described.startswith(f"someorg/tiny [{snapshot}] (a whole model")
     assert chat.model.get_input_embeddings().weight.shape[0] >= len(chat.tokenizer)
 
     code = _remote(copied(tiny, tmp_path / "code"), tmp_path / "ran")

@@ -10,6 +10,7 @@ import json
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
+from tests.conftest import hub_snapshot
 
 runner = CliRunner()
 REPO_ID = "acme/tiny-chat"
@@ -30,12 +31,9 @@ TINY = {
 def _hf_cache(tmp_path, monkeypatch) -> None:
     """HF_HOME with the model as `hf download acme/tiny-chat --include config.json` leaves it."""
     home = tmp_path / "hf"
-    repo = home / "hub" / f"models--{REPO_ID.replace('/', '--')}"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    (repo / "snapshots" / commit / "config.json").write_text(json.dumps(TINY))
+    snapshot = hub_snapshot(home / "hub", REPO_ID, "0123456789abcdef0123456789abcdef01234567")
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(TINY))
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

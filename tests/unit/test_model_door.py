@@ -21,7 +21,7 @@ from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.rank import decide
 from fsdp_tune.sources.model import hub_cache, model_facts
 from fsdp_tune.validate import check
-from tests.conftest import REPO
+from tests.conftest import REPO, hub_snapshot
 
 PACKAGE = REPO / "fsdp_tune"
 DOOR = {"sources/model.py"}
@@ -96,16 +96,13 @@ def _cached(tmp_path: Path, monkeypatch, repo_id: str, config: dict, stale: dict
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    repo = tmp_path / "hf" / "hub" / f"models--{repo_id.replace('/', '--')}"
-    commit = "a" * 40
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    (repo / "snapshots" / commit / CONFIG).write_text(json.dumps(config))
+    snapshot = hub_snapshot(tmp_path / "hf" / "hub", repo_id)
+    snapshot.mkdir(parents=True)
+    (snapshot / CONFIG).write_text(json.dumps(config))
     if stale is not None:
-        (repo / "snapshots" / ("b" * 40)).mkdir()
-        (repo / "snapshots" / ("b" * 40) / CONFIG).write_text(json.dumps(stale))
-    return repo / "snapshots" / commit
+        (snapshot.parent / ("b" * 40)).mkdir()
+        (snapshot.parent / ("b" * 40) / CONFIG).write_text(json.dumps(stale))
+    return snapshot
 
 
 TINY = {
