@@ -12,10 +12,10 @@ a template takes the file's (chat data needs one), and a model not on this machi
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
+from fsdp_tune.config.folders import FolderRefused, read_json
 from fsdp_tune.config.schema import Origin, RunConfig
 from fsdp_tune.errors import Finding, Severity
 
@@ -62,23 +62,22 @@ def own_template(name: str) -> str | None | bool:
             return file
     for file in _WITH_KEY:
         try:
-            if json.loads((folder / file).read_text()).get("chat_template"):
-                return f"{file} chat_template"
-        except (OSError, ValueError, AttributeError):
+            data = read_json(folder / file) if (folder / file).is_file() else None
+        except FolderRefused:  # a file the loader door refuses: no template read from it
             continue
+        if isinstance(data, dict) and data.get("chat_template"):
+            return f"{file} chat_template"
     return False
 
 
 def _folder(name: str) -> Path | None:
-    """The model's local folder, or its newest snapshot in the Hugging Face cache."""
-    from fsdp_tune.sources.model import hub_cache
+    """The model's folder as the model door finds it (sources/model.py): a local folder, or its snapshot in the
+    Hugging Face cache."""
+    from fsdp_tune.sources.model import model_facts
 
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    snapshots = hub_cache().expanduser() / f"models--{name.replace('/', '--')}" / "snapshots"
-    found = [p for p in snapshots.iterdir() if p.is_dir()] if snapshots.is_dir() else []
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    facts = model_facts(name)
+    path = Path(facts.path) if facts.where in ("local", "cache") and facts.path else None
+    return path if path is not None and path.is_dir() else None
 
 
 def _from_file(cfg: RunConfig, origin: Origin) -> bool:
