@@ -6,6 +6,7 @@ only builds its command line from the spec's World and watches it.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.launch.failure import Outcome
 from fsdp_tune.launch.stopping import TORCHRUN_SIGNALS, StopRelay
+from fsdp_tune.printable import printable
 from fsdp_tune.redact import redact
 from fsdp_tune.runfiles import (
     METRICS_NAME,
@@ -183,11 +185,15 @@ def run(
 
 
 def _pump(proc: subprocess.Popen, tail: bytearray, log_path: Path, echo: bool) -> None:
-    """torchrun's stderr into its log (its tracebacks and notes, whole), and to ours with --verbose, keeping the
-    tail for the failure report. A log that cannot be written (a full disk) or a console whose reader is gone
-    (`2>&1 | head` exited) stops nothing: keep reading, a full pipe would block torchrun and the ranks."""
+    """torchrun's stderr into its log (its tracebacks and notes, whole, as written), and to ours with --verbose
+    (control characters escaped, as every line the console shows), keeping the tail for the failure report. A log
+    that cannot be written (a full disk) or a console whose reader is gone (`2>&1 | head` exited) stops nothing:
+    keep reading, a full pipe would block torchrun and the ranks."""
     assert proc.stderr is not None
-    out = sys.stderr.buffer if echo else None
+    out = sys.stderr if echo else None
+    # torchrun's stderr carries the ranks' own (a library's warning, a traceback quoting a dataset row): decoded as
+    # it comes, a character cut between two reads kept for the next, and shown through the console door
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")  # noqa: SIM115 - closed below, written as torchrun writes
@@ -196,7 +202,7 @@ def _pump(proc: subprocess.Popen, tail: bytearray, log_path: Path, echo: bool) -
     while chunk := os.read(proc.stderr.fileno(), 65536):
         if out is not None:
             try:
-                out.write(chunk)
+                out.write(printable(decoder.decode(chunk)))
                 out.flush()
             except (OSError, ValueError):
                 out = None

@@ -154,3 +154,24 @@ def test_a_ranks_console_lines_are_cleaned() -> None:
     shown = io.StringIO()
     _Tee(shown, io.StringIO()).write("bar 50%\r" + HOSTILE)
     _assert_clean(shown.getvalue().encode())
+
+
+def test_torchrun_stderr_echoed_under_verbose_is_cleaned_and_logged_whole(tmp_path, capsys) -> None:
+    """--verbose copies torchrun's stderr (the ranks' own: a library's warning, a traceback quoting a row) to the
+    console: escaped there, as written in the log; a character split between two writes is decoded whole."""
+    from fsdp_tune.launch.torchrun import _pump
+
+    script = (
+        "import sys, time; e = sys.stderr.buffer; e.write(b'row \\x1b]0;pwned\\x07 caf\\xc3'); e.flush(); "
+        "time.sleep(0.2); e.write(b'\\xa9 \\xe2\\x80\\xae end\\n'); e.flush()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    tail = bytearray()
+    log = tmp_path / "logs" / "torchrun.log"
+    _pump(proc, tail, log, echo=True)
+    proc.wait()
+    shown = capsys.readouterr().err
+    assert "\x1b" not in shown and "\u202e" not in shown and "\x07" not in shown
+    assert "\\x1b]0;pwned\\x07" in shown and "café" in shown and "end" in shown
+    assert log.read_bytes() == b"row \x1b]0;pwned\x07 caf\xc3\xa9 \xe2\x80\xae end\n"
+    assert bytes(tail) == log.read_bytes()
