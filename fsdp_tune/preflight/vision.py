@@ -5,23 +5,25 @@ reason: config/model_kinds.py VISION_DATA_REFUSES), refused before any rank star
 from __future__ import annotations
 
 from fsdp_tune.config.model_kinds import VISION_DATA_REFUSES, VISION_LANGUAGE
+from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
 
 
-def with_images(spec: RankSpec) -> list[tuple[str, int]]:
-    """(source, rows with images) of each source whose pre-flight found images."""
-    return [(s.label, s.images["image_rows"]) for s in spec.data.sources if s.images and s.images.get("image_rows")]
+def with_images(spec: RankSpec, counted: tuple[Counted, ...]) -> list[tuple[str, int]]:
+    """(source, rows with images) of each source whose pre-flight found images (`counted`: check_data's)."""
+    pairs = zip(spec.data.sources, counted, strict=False)
+    return [(s.label, c.images["image_rows"]) for s, c in pairs if c.images and c.images.get("image_rows")]
 
 
-def largest(spec: RankSpec) -> tuple[int, int] | None:
+def largest(counted: tuple[Counted, ...]) -> tuple[int, int] | None:
     """The largest image pre-flight found in the training data (width, height), for the memory plan."""
-    sizes = [tuple(s.images["largest"]) for s in spec.data.sources if s.images and s.images.get("images")]
+    sizes = [tuple(c.images["largest"]) for c in counted if c.images and c.images.get("images")]
     return max(sizes, key=lambda wh: wh[0] * wh[1]) if sizes else None
 
 
-def vision_data_findings(spec: RankSpec) -> list[Finding]:
-    found = with_images(spec)
+def vision_data_findings(spec: RankSpec, counted: tuple[Counted, ...]) -> list[Finding]:
+    found = with_images(spec, counted)
     if not found:
         return []
     where, rows = found[0]

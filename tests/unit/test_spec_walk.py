@@ -184,9 +184,6 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "loader": (RANK, "worker/data/splits.py"),
         "files": (RANK, "worker/data/splits.py"),
         "detected": (RANK, "worker/data/splits.py"),
-        "rows_checked": (PREFLIGHT, "preflight/batch.py"),  # rows per step against world size x batch (PF064)
-        "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
-        "images": (PREFLIGHT, "preflight/vision.py"),  # PF081/PF082; the plan's images line too
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
