@@ -1,10 +1,10 @@
 """Pre-flight for data with images (after preflight/data.py read the files and preflight/images.py opened their
 images): images for a model that reads none (PF082), and what TRL refuses for vision data (PF081, with TRL's
-reason: config/model_kinds.py VISION_DATA_REFUSES), refused before any rank starts. No torch."""
+reason: the model kind's `refuses`, config/model_kinds.py), refused before any rank starts. No torch."""
 
 from __future__ import annotations
 
-from fsdp_tune.config.model_kinds import VISION_DATA_REFUSES, VISION_LANGUAGE
+from fsdp_tune.config.model_kinds import KINDS
 from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
@@ -27,10 +27,11 @@ def vision_data_findings(spec: RankSpec, counted: tuple[Counted, ...]) -> list[F
     if not found:
         return []
     where, rows = found[0]
-    if spec.model.kind != VISION_LANGUAGE:
+    kind = KINDS[spec.model.kind]
+    if not kind.images:
         return [_no_vision(spec, where, rows)]
     out = []
-    for refusal in VISION_DATA_REFUSES:
+    for refusal in kind.refuses:
         if _value(spec, refusal.key) == refusal.refused:
             message = f"--{refusal.key} {refusal.refused} with images in the data ({where}: {rows} rows): {refusal.why}"
             out.append(Finding("PF081", Severity.ERROR, f"--{refusal.key}", "command line", message, refusal.hint))

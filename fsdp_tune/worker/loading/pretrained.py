@@ -8,7 +8,7 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, BitsAndBytesConfig
 
-from fsdp_tune.config.model_kinds import CAUSAL_LM, KINDS, kind_of
+from fsdp_tune.config.model_kinds import KINDS, kind_of
 from fsdp_tune.decide.spec import ModelSpec, RankSpec
 from fsdp_tune.worker.loading.door import open_config, open_model
 
@@ -24,14 +24,16 @@ def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:
 
 def auto_class(m: ModelSpec):
     """The Auto class of the model's kind (config/model_kinds.py). A model the launcher could not read (a hub id
-    not on that machine) was taken as a language model: one with a vision tower stops here, before any weight."""
-    if m.kind == CAUSAL_LM:
+    not on that machine) was taken as the kind of a config it has not seen (a language model): one of another kind
+    (a vision tower) stops here, before any weight."""
+    if m.facts.config is None:
         revision = {"revision": m.revision} if m.revision else {}
         config = open_config(m.name_or_path, m.trust_remote_code, **revision)
-        if kind_of(config.to_dict()) != CAUSAL_LM:
+        found = KINDS[kind_of(config.to_dict())]
+        if found.name != m.kind:
             raise RuntimeError(
-                f"{m.name_or_path} is a vision-language model ({config.model_type}), and the launcher could not read "
-                "its config.json to plan it as one: download it first (hf download NAME), then train again"
+                f"{m.name_or_path} is a {found.title} ({config.model_type}), and the launcher could not read its "
+                "config.json to plan it as one: download it first (hf download NAME), then train again"
             )
     return getattr(transformers, KINDS[m.kind].auto_class)
 
