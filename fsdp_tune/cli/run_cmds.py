@@ -325,7 +325,10 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     try:
         image = largest(planned.counted)
         path = spec.loading.path
-        result = memory_plan(cfg, key, memory, on_cpu=on_cpu, loading=path, host_gib=host, image_size=image)
+        facts = spec.model.facts  # as the rank spec decided them
+        result = memory_plan(
+            cfg, key, memory, on_cpu=on_cpu, loading=path, host_gib=host, image_size=image, model=facts
+        )
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")
         return

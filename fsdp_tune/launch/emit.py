@@ -148,4 +148,5 @@ def _plan(planned, key: str, on_cpu: bool, echo: Echo) -> dict:
     for f in planned.machine_findings:
         if f.severity is Severity.ERROR:
             echo(f"note: on this machine {f.rule} {f.key}: {f.message} (the nodes check again when they start)")
-    return memory_plan(planned.config, key, on_cpu=on_cpu, loading=planned.spec.loading.path)
+    spec = planned.spec
+    return memory_plan(planned.config, key, on_cpu=on_cpu, loading=spec.loading.path, model=spec.model.facts)

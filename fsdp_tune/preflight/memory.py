@@ -53,7 +53,9 @@ def check_memory(
     from fsdp_tune.planner.plan import memory_plan
 
     try:
-        plan = memory_plan(cfg, *planned_gpu(gpus), loading=spec.loading.path, image_size=image_size)
+        plan = memory_plan(
+            cfg, *planned_gpu(gpus), loading=spec.loading.path, image_size=image_size, model=spec.model.facts
+        )
     except UsageError as err:
         return [Finding("PF050", Severity.NOTE, "--model_name_or_path", "this machine", f"memory not checked: {err}")]
     card = f"{mib / 1024:.1f} GiB {name}" + (f" (the smallest of {len(gpus)} GPUs here)" if len(gpus) > 1 else "")
