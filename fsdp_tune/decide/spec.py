@@ -22,7 +22,7 @@ from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 4
+SPEC_VERSION = 5  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted)
 
 
 @dataclass(frozen=True)
