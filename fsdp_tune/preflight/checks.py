@@ -133,14 +133,18 @@ def _hub_model(name: str, facts: ModelFacts) -> list[Finding]:
     return reach.hub_findings(name)
 
 
-def check_data(spec: RankSpec, files: tuple[Look, ...]) -> tuple[tuple[Counted, ...], list[Finding]]:
+def check_data(spec: RankSpec, files: tuple[Look, ...], tokens=None) -> tuple[tuple[Counted, ...], list[Finding]]:
     """The data files as the spec was decided from them (`files`: decide/data.py read_files) checked, never
     written into the spec: unreadable files and bad rows reported with file and row (preflight/data.py), their
-    rows tokenized as rank 0 will (preflight/tokens.py); what was counted of each source, beside the spec."""
+    rows tokenized as rank 0 will (preflight/tokens.py; `tokens`: a TokenCheck of this spec the caller goes on
+    using, its tokenizer loaded once); what was counted of each source, beside the spec."""
     from fsdp_tune.preflight.data import check_sources
     from fsdp_tune.preflight.tokens import TokenCheck
 
-    tokens = TokenCheck(spec) if spec.method.data == "sft" else None  # a preference method's rows: preference_check
+    if spec.method.data != "sft":  # a preference method's rows: preference_check
+        tokens = None
+    elif tokens is None:
+        tokens = TokenCheck(spec)
     counted, findings = check_sources(spec.data.sources, files, tokens, spec.method.name)
     findings += vision_data_findings(spec, counted)  # images for this model and trainer (preflight/vision.py)
     if spec.grpo is not None and not any(f.severity is Severity.ERROR for f in findings):

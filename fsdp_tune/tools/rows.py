@@ -44,7 +44,8 @@ def first_rows(config: str | None, args: list[str], count: int) -> tuple[str, li
     cfg = load(config, args, launch=False).config
     files = read_files(cfg)  # read once: the spec is decided from them, the pre-flight checks them, rows shows them
     spec = decide(cfg, probe(), files=files)
-    _, findings = check_data(spec, files)
+    tokens = TokenCheck(spec)  # the run's tokenizer, loaded once: for the pre-flight and for the rows shown
+    _, findings = check_data(spec, files, tokens)
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if errors:
         raise PreflightError(errors)
@@ -59,7 +60,6 @@ def first_rows(config: str | None, args: list[str], count: int) -> tuple[str, li
             f"--dataset_name {source.path}: rows shows local data files (a Hub dataset is read on rank 0 only)",
             f"download it (hf download {source.path} --repo-type dataset) and pass its folder",
         )
-    tokens = TokenCheck(spec)
     if tokens.encoder is None:
         raise UsageError(f"the run's tokenizer cannot be read here: {tokens.why_not}", "train loads it on the ranks")
     return _described(source), [_shown(where, row, source, tokens) for where, row in _rows(source, files[0], count)]
