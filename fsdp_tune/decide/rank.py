@@ -21,7 +21,7 @@ from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.method import grpo_spec, method_args, method_spec, steps
-from fsdp_tune.decide.spec import ModelSpec, RankSpec, SaveSpec, World
+from fsdp_tune.decide.spec import ModelSpec, Quantization, RankSpec, SaveSpec, World
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
@@ -234,13 +234,12 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
     q = cfg.quantization
     quantization = None
     if q.use_4bit_quantization:
-        quantization = {
-            "load_in_4bit": True,
-            "bnb_4bit_quant_type": q.bnb_4bit_quant_type,
-            "bnb_4bit_compute_dtype": q.bnb_4bit_compute_dtype,
-            "bnb_4bit_use_double_quant": q.use_nested_quant,
-            "bnb_4bit_quant_storage": d.quant_storage,
-        }
+        quantization = Quantization(
+            bnb_4bit_quant_type=q.bnb_4bit_quant_type,
+            bnb_4bit_compute_dtype=q.bnb_4bit_compute_dtype,
+            bnb_4bit_use_double_quant=q.use_nested_quant,
+            bnb_4bit_quant_storage=d.quant_storage,
+        )
     name = cfg.model.model_name_or_path or ""
     template = cfg.data.chat_template_format
     return ModelSpec(

@@ -118,8 +118,8 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
     q = spec.model.quantization
     if q:
         lines.append(
-            f"  QLoRA: 4-bit {q['bnb_4bit_quant_type']}, storage {q['bnb_4bit_quant_storage']}, compute "
-            f"{q['bnb_4bit_compute_dtype']}, nested={show(q['bnb_4bit_use_double_quant'])}"
+            f"  QLoRA: 4-bit {q.bnb_4bit_quant_type}, storage {q.bnb_4bit_quant_storage}, compute "
+            f"{q.bnb_4bit_compute_dtype}, nested={show(q.bnb_4bit_use_double_quant)}"
         )
     lines += vision_lines(spec, counted)
     d = spec.data

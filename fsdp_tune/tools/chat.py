@@ -167,7 +167,7 @@ def _load(run_dir: Path, spec: RankSpec | None, base_path: str, device: str | No
             from fsdp_tune.worker.loading.pretrained import quantization_config
 
             kwargs.update(quantization_config=quantization_config(spec), device_map={"": device})
-            how = f"4-bit {spec.model.quantization['bnb_4bit_quant_type']}, as trained"
+            how = f"4-bit {spec.model.quantization.bnb_4bit_quant_type}, as trained"
     processor = processor_of(run_dir, base_path, trust) if reads_images(base_path) else None
     tokenizer = processor.tokenizer if processor is not None else open_tokenizer(str(run_dir), trust)
     auto, _ = model_class(run_dir, base_path)

@@ -22,6 +22,7 @@ from fsdp_tune.decide.spec import (
     Loading,
     MethodSpec,
     ModelSpec,
+    Quantization,
     RankSpec,
     RewardSpec,
     SaveSpec,
@@ -125,6 +126,13 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "rdzv_backend": (TORCHRUN, "launch/torchrun.py"),
         "standalone": (TORCHRUN, "launch/torchrun.py"),
         "max_restarts": (TORCHRUN, "launch/torchrun.py"),
+    },
+    Quantization: {  # BitsAndBytesConfig's arguments, each by name (worker/loading/pretrained.py quantization_config)
+        "bnb_4bit_quant_type": (RANK, "worker/loading/pretrained.py"),
+        "bnb_4bit_compute_dtype": (RANK, "worker/loading/pretrained.py"),
+        "bnb_4bit_use_double_quant": (RANK, "worker/loading/pretrained.py"),
+        "bnb_4bit_quant_storage": (RANK, "worker/loading/pretrained.py"),
+        "load_in_4bit": (RANK, "worker/loading/pretrained.py"),
     },
     ModelSpec: {
         "name_or_path": (RANK, "worker/loading/pretrained.py"),

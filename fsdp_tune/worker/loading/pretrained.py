@@ -14,12 +14,16 @@ from fsdp_tune.worker.loading.door import open_config, open_model
 
 
 def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:
-    """BitsAndBytesConfig from the spec's kwargs (dtypes are names there: the spec is JSON)."""
-    kwargs = dict(spec.model.quantization or {})
-    for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
-        if key in kwargs:
-            kwargs[key] = getattr(torch, kwargs[key])
-    return BitsAndBytesConfig(**kwargs)
+    """BitsAndBytesConfig from the spec's typed quantization (dtypes are names there: the spec is JSON)."""
+    q = spec.model.quantization
+    assert q is not None  # asked for a quantized model only
+    return BitsAndBytesConfig(
+        load_in_4bit=q.load_in_4bit,
+        bnb_4bit_quant_type=q.bnb_4bit_quant_type,
+        bnb_4bit_compute_dtype=getattr(torch, q.bnb_4bit_compute_dtype),
+        bnb_4bit_use_double_quant=q.bnb_4bit_use_double_quant,
+        bnb_4bit_quant_storage=getattr(torch, q.bnb_4bit_quant_storage),
+    )
 
 
 def auto_class(m: ModelSpec):
