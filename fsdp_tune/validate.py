@@ -36,13 +36,20 @@ class Checked:
 
 
 def check(
-    config_path: str | None, argv: list[str], adopt_fsdp2: bool = True, scheduler=None, launch: bool = True
+    config_path: str | None,
+    argv: list[str],
+    adopt_fsdp2: bool = True,
+    scheduler=None,
+    launch: bool = True,
+    rules: bool = True,
 ) -> Checked:
     """Read the file and the flags (flags win), normalize, and run every rule. Never raises on bad values.
     adopt_fsdp2=False reads an Accelerate YAML without fsdp_version as accelerate does (FSDP1): `convert` only.
     `scheduler`: `train`'s merge of a scheduler's topology into the assignments (schedulers/merge.py).
     launch=False: a plan, not a launch (`plan`): where machine 0 is does not change a plan, so several machines
-    without --main_process_ip get a placeholder address instead of FT092's refusal."""
+    without --main_process_ip get a placeholder address instead of FT092's refusal. rules=False: the typed config
+    alone, for a caller that validates it afterwards (`--emit` reads the job's size, then plans and validates the
+    job's own command line once)."""
     findings: list[Finding] = []
     assignments = []
     fmt = None
@@ -73,7 +80,8 @@ def check(
     findings += method_findings
     if not launch:
         cfg = _placeholder_address(cfg)
-    findings += run_rules(cfg)
+    if rules:
+        findings += run_rules(cfg)
     return Checked(cfg, findings, fmt)
 
 

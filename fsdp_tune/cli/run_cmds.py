@@ -120,8 +120,9 @@ def _train(
 
 
 def _plan_json(planned, simulated: bool = False) -> dict:
-    """`--dry_run --json`: the rank spec, torchrun's command, what pre-flight found on this machine, the run id;
-    the simulated node (`--gpu`) it was decided for."""
+    """`--dry_run --json`: the rank spec, torchrun's command, what pre-flight found on this machine and counted of
+    the data (beside the spec: the ranks never read it), the run id; the simulated node (`--gpu`) it was decided
+    for."""
     from dataclasses import asdict
 
     from fsdp_tune.launch import torchrun
@@ -130,6 +131,7 @@ def _plan_json(planned, simulated: bool = False) -> dict:
         "spec": planned.spec.as_dict(),
         "torchrun": torchrun.command(planned.spec),
         "preflight": [f.as_dict() for f in planned.machine_findings],
+        "data_counted": [asdict(c) for c in planned.counted],
         "run_id": planned.run_id,
     }
     return dict(out, simulated_machine=asdict(planned.machine)) if simulated else out
@@ -143,7 +145,7 @@ def _show_plan(config: str | None, planned) -> None:
 
     if planned.checked.findings:
         typer.echo(format_findings(config or "the command line", planned.checked.findings, style), err=True)
-    echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec)))
+    echo_out(describe_launch(planned.config, planned.spec, torchrun.command(planned.spec), planned.counted))
     if planned.topology:  # where this node's place in the job came from (schedulers/topology.py)
         echo_out("  " + planned.topology.describe())
     echo_out(f"  run id: {planned.run_id}")
@@ -321,8 +323,11 @@ def _dry_run_memory(planned, simulated: bool) -> None:
     key, memory = planned_gpu(cards) if cards else ("h100", None)
     host = None if simulated or not (cards or on_cpu) else available_ram_gib()
     try:
+        image = largest(planned.counted)
+        path = spec.loading.path
+        facts = spec.model.facts  # as the rank spec decided them
         result = memory_plan(
-            cfg, key, memory, on_cpu=on_cpu, loading=spec.loading.path, host_gib=host, image_size=largest(spec)
+            cfg, key, memory, on_cpu=on_cpu, loading=path, host_gib=host, image_size=image, model=facts
         )
     except UsageError as err:
         typer.echo(f"note: no memory plan: {err}")

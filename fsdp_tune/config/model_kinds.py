@@ -1,15 +1,22 @@
-"""Kinds of model as the launcher knows them (no torch): a row each, read where a decision is made.
+"""Kinds of model as the launcher knows them (no torch): one entry each, holding what the house reads of the kind
+as data (traits), so that no module elsewhere asks a kind by its name (tests/unit/test_model_kinds.py).
 
     causal_lm        a language model (AutoModelForCausalLM) and its tokenizer
     vision_language  a vision tower, a projector and a language model (AutoModelForImageTextToText) and its
                      processor (the tokenizer, the image processor, their chat template)
 
-A model's kind is read from its config.json (a `vision_config` makes it vision-language; no flag). A vision-language
-family is a row of FAMILIES: which modules are the tower, the projector and the language model (FSDP units, LoRA
-targets, what `--freeze_vision_tower` / `--freeze_multi_modal_projector` free), and how `plan` counts an image's
-tokens. What TRL refuses for vision data is VISION_DATA_REFUSES. The ranks' side is worker/loading/build.py (the
-class), worker/loading/processor.py (the processor), sources/vision_rows.py (the rows) and
-worker/data/vision_collate.py (the batch).
+An entry (ModelKind) says: how the ranks, `chat` and `merge` load it (`auto_class`, `processor`); its FSDP units, LoRA
+scope and planner facts (`families`: a row per architecture: which modules are the tower, the projector and the
+language model, and how `plan` counts an image's tokens; none: the decoder layers transformers names); its data
+(`images`: rows may carry images, kept to the collator and placed by the processor's template; what TRL refuses
+for such data, `refuses`); and the settings only it reads (`settings`). Adding a vision family with the shape of
+one we have is a row of its `families` alone.
+
+A model's kind is read from its config.json (a `vision_config` makes it vision-language; no flag). The ranks' side
+is worker/loading/build.py (the class), worker/loading/processor.py (the processor), sources/vision_rows.py (the
+rows) and worker/data/vision_collate.py (the batch). Experts (MoE) are not a kind of their own: a language or a
+vision-language model may have them; what they are is sources/moe.py's, read the same way (has_experts,
+param_targets).
 """
 
 from __future__ import annotations
@@ -19,20 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CAUSAL_LM, VISION_LANGUAGE = "causal_lm", "vision_language"
-
-
-@dataclass(frozen=True)
-class ModelKind:
-    name: str
-    auto_class: str  # the transformers Auto class the ranks, `chat` and `merge` load the model with
-    processor: bool  # the ranks load the model's processor, train with it and save it beside the adapter
-    title: str
-
-
-KINDS: dict[str, ModelKind] = {
-    CAUSAL_LM: ModelKind(CAUSAL_LM, "AutoModelForCausalLM", False, "language model"),
-    VISION_LANGUAGE: ModelKind(VISION_LANGUAGE, "AutoModelForImageTextToText", True, "vision-language model"),
-}
 
 
 @dataclass(frozen=True)
@@ -102,20 +95,6 @@ FAMILIES: dict[str, VisionFamily] = {
 }
 
 
-def kind_of(config: Mapping[str, Any] | None) -> str:
-    """The kind of the model a config.json describes: vision-language when it has a vision tower's config."""
-    if isinstance(config, Mapping) and isinstance(config.get("vision_config"), Mapping):
-        return VISION_LANGUAGE
-    return CAUSAL_LM
-
-
-def family_of(config: Mapping[str, Any] | None) -> VisionFamily | None:
-    """The vision-language row of a config.json (None: not vision-language, or a family without a row)."""
-    if kind_of(config) != VISION_LANGUAGE:
-        return None
-    return FAMILIES.get(str(config.get("model_type")))
-
-
 @dataclass(frozen=True)
 class Refusal:
     """A trainer setting TRL 1.16 refuses for data with images (trl/trainer/sft_trainer.py SFTTrainer.__init__ and
@@ -150,3 +129,53 @@ VISION_DATA_REFUSES: tuple[Refusal, ...] = (
         "--truncation_mode keep_start (the default)",
     ),
 )
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One kind of model: everything the house reads of it (the module docstring says what each trait drives)."""
+
+    name: str
+    auto_class: str  # the transformers Auto class the ranks, `chat` and `merge` load the model with
+    processor: bool  # the ranks load the model's processor, train with it and save it beside the adapter
+    title: str
+    # its rows may carry images: the model reads them (PF082 otherwise), the trainer keeps each row's image column
+    # to the collator (remove_unused_columns false, FT129), the processor's own chat template places them (FT127),
+    # images are prepared for SFT's data only (FT126), and what TRL refuses for such data is `refuses` (PF081)
+    images: bool = False
+    families: Mapping[str, VisionFamily] = field(default_factory=dict)  # by model_type; an unknown one: FT125
+    refuses: tuple[Refusal, ...] = ()
+    settings: tuple[str, ...] = ()  # config keys only this kind reads: dropped with FT128 for another kind
+
+
+KINDS: dict[str, ModelKind] = {
+    CAUSAL_LM: ModelKind(CAUSAL_LM, "AutoModelForCausalLM", False, "language model"),
+    VISION_LANGUAGE: ModelKind(
+        VISION_LANGUAGE,
+        "AutoModelForImageTextToText",
+        True,
+        "vision-language model",
+        images=True,
+        families=FAMILIES,
+        refuses=VISION_DATA_REFUSES,
+        settings=("model.freeze_vision_tower", "model.freeze_multi_modal_projector"),
+    ),
+}
+
+
+def kind_of(config: Mapping[str, Any] | None) -> str:
+    """The kind of the model a config.json describes: vision-language when it has a vision tower's config; a
+    model whose config is not here is taken as a language model."""
+    if isinstance(config, Mapping) and isinstance(config.get("vision_config"), Mapping):
+        return VISION_LANGUAGE
+    return CAUSAL_LM
+
+
+def kind_row(config: Mapping[str, Any] | None) -> ModelKind:
+    """The entry of the kind a config.json describes."""
+    return KINDS[kind_of(config)]
+
+
+def family_of(config: Mapping[str, Any] | None) -> VisionFamily | None:
+    """The family row of a config.json (None: a kind without families, or a family without a row)."""
+    return kind_row(config).families.get(str(config.get("model_type"))) if config else None

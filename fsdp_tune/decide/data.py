@@ -1,6 +1,7 @@
 """The data part of the rank spec: which datasets, which splits, which format was asked for, what is in the
-loss. Pure, like rank.py; what the files themselves say (the detected format, the files of a folder) is
-added on the launcher by preflight/data.py before the spec is written.
+loss; and what the files themselves say (the files of a folder, the detected format), from the data files read
+once (`read_files`, decide/datafiles.py), a decide-stage input like the Machine. The pre-flight checks those same
+rows and never writes the spec.
 """
 
 from __future__ import annotations
@@ -8,13 +9,17 @@ from __future__ import annotations
 import math
 
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.derived import Derived, cp_degree
+from fsdp_tune.decide import datafiles
+from fsdp_tune.decide.derived import Derived, cp_degree, evaluation
 from fsdp_tune.decide.spec import DataSpec
 from fsdp_tune.sources.mixture import Source, from_entry, mixture_problems
 
 
-def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
+def data_spec(cfg: RunConfig, derived: Derived, files: tuple[datafiles.Look, ...] | None = None) -> DataSpec:
+    """`files`: what the data files say (read_files); None: the sources as asked (`plan`, `--emit`: not read)."""
     d = cfg.data
+    asked = sources(cfg, derived.train_on_prompt)
+    settled = tuple(look.settled(s) for look, s in zip(files, asked, strict=True)) if files is not None else asked
     return DataSpec(
         dataset_name=d.dataset_name or "",
         splits=tuple(d.splits or ("train",)),
@@ -22,7 +27,7 @@ def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
         max_seq_len=d.max_seq_len,
         packing=d.packing,
         seed=derived.data_seed,
-        sources=sources(cfg, derived.train_on_prompt),
+        sources=settled,
         test_split_size=d.test_split_size,
         mask_fallback=d.mask_fallback,
         peft_text_field=peft_text_field(cfg),
@@ -33,6 +38,13 @@ def data_spec(cfg: RunConfig, derived: Derived) -> DataSpec:
         num_proc=cfg.training.get("dataset_num_proc"),
         pad_to_multiple_of=batch_multiple(cfg),
     )
+
+
+def read_files(cfg: RunConfig) -> tuple[datafiles.Look, ...]:
+    """Every local source's files, read once: located, sampled, their format detected (decide/datafiles.py)."""
+    eval_wanted = evaluation(cfg) and not cfg.data.test_split_size
+    asked = sources(cfg, False)  # where the rows are; what is trained on is decided in data_spec
+    return datafiles.read(asked, cfg.data.dataset_text_field, peft_text_field(cfg), eval_wanted, cfg.run.method)
 
 
 def batch_multiple(cfg: RunConfig) -> int | None:

@@ -168,5 +168,11 @@ def derive(cfg: RunConfig, machine: Machine | None = None, cpu: bool = False) ->
         seed=seed,
         data_seed=int(cfg.training.get("data_seed") or seed),
         method=row_of(cfg.run.method),
-        model=model_facts(cfg.model.model_name_or_path, cfg.model.model_revision),
+        model=model_of(cfg),
     )
+
+
+def model_of(cfg: RunConfig) -> ModelFacts:
+    """The model's files and config.json, by the one key every stage uses (the name and its revision): derive's,
+    and the plan's when no rank spec was decided (`fsdp-tune plan`)."""
+    return model_facts(cfg.model.model_name_or_path, cfg.model.model_revision)

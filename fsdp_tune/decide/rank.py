@@ -14,13 +14,14 @@ from fsdp_tune.config.run_folder import output_dir as run_output_dir
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import vision
 from fsdp_tune.decide.data import batch_multiple, data_spec
+from fsdp_tune.decide.datafiles import Look
 from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.method import grpo_spec, method_args, method_spec, steps
-from fsdp_tune.decide.spec import ModelSpec, RankSpec, SaveSpec, World
+from fsdp_tune.decide.spec import ModelSpec, Quantization, RankSpec, SaveSpec, World
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
@@ -34,7 +35,15 @@ def console_mode(verbose: bool, tty: bool) -> str:
     return "verbose" if verbose else "live" if tty else "lines"
 
 
-def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
+def decide(
+    cfg: RunConfig,
+    machine: Machine,
+    resume: str | None = None,
+    console: str = "lines",
+    files: tuple[Look, ...] | None = None,
+) -> RankSpec:
+    """The rank spec, whole: nothing writes into it afterwards. `files`: the data files read once (decide/data.py
+    read_files), which the data pre-flight then checks; None for a spec that does not read them (`plan`, `--emit`)."""
     d = derive(cfg, machine)  # decide/derived.py, once: every decision below reads it
     on_cpu = d.on_cpu
     output_dir = run_output_dir(cfg)  # config/run_folder.py: the one answer
@@ -57,7 +66,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         fsdp_mixed_precision=qlora_policy,
         model=model_spec(cfg, d),
         lora=lora_kwargs(cfg, d.model),
-        data=data_spec(cfg, d),
+        data=data_spec(cfg, d, files),
         output_dir=output_dir,
         resume_from_checkpoint=resume,
         checkpoint_on_stop=cfg.training.get("save_strategy") != "no" and cfg.run.save_on_interrupt,
@@ -225,13 +234,12 @@ def model_spec(cfg: RunConfig, d: Derived) -> ModelSpec:
     q = cfg.quantization
     quantization = None
     if q.use_4bit_quantization:
-        quantization = {
-            "load_in_4bit": True,
-            "bnb_4bit_quant_type": q.bnb_4bit_quant_type,
-            "bnb_4bit_compute_dtype": q.bnb_4bit_compute_dtype,
-            "bnb_4bit_use_double_quant": q.use_nested_quant,
-            "bnb_4bit_quant_storage": d.quant_storage,
-        }
+        quantization = Quantization(
+            bnb_4bit_quant_type=q.bnb_4bit_quant_type,
+            bnb_4bit_compute_dtype=q.bnb_4bit_compute_dtype,
+            bnb_4bit_use_double_quant=q.use_nested_quant,
+            bnb_4bit_quant_storage=d.quant_storage,
+        )
     name = cfg.model.model_name_or_path or ""
     template = cfg.data.chat_template_format
     return ModelSpec(

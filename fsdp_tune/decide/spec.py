@@ -22,7 +22,7 @@ from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 4
+SPEC_VERSION = 5  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted)
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,25 @@ class VisionSpec:
 
 
 @dataclass(frozen=True)
+class Quantization:
+    """bitsandbytes' 4-bit quantization, as the ranks' BitsAndBytesConfig takes it (worker/loading/pretrained.py
+    quantization_config; dtypes by name: the spec is JSON). QLoRA's settings (config/schema.py) decided once."""
+
+    bnb_4bit_quant_type: str  # nf4 | fp4
+    bnb_4bit_compute_dtype: str  # the dtype the 4-bit matmuls compute in
+    bnb_4bit_use_double_quant: bool  # --use_nested_quant: the absmax constants quantized too
+    bnb_4bit_quant_storage: str  # the dtype the packed values are stored in (FSDP shards it like a float)
+    load_in_4bit: bool = True
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name_or_path: str  # what from_pretrained reads (a builtin model's folder once materialised)
     requested: str  # as the user named it (builtin:tiny-llama, a hub id, a folder)
     dtype: str  # the dtype the base model is loaded in
     attn_implementation: str | None  # None: transformers picks (sdpa if the class supports it, else eager)
     trust_remote_code: bool
-    quantization: dict[str, Any] | None  # BitsAndBytesConfig kwargs (dtypes by name), None when not quantized
+    quantization: Quantization | None  # None when not quantized
     chat_template: str | None  # a template of config/templates.py, applied to the tokenizer
     revision: str | None = None  # the model's branch, tag or commit (--model_revision)
     adapter: str | None = None  # a trained adapter's folder the policy starts from (--adapter), absolute

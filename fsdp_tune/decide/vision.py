@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fsdp_tune.config.model_kinds import CAUSAL_LM, VISION_LANGUAGE, VisionFamily, family_of, kind_of
+from fsdp_tune.config.model_kinds import VisionFamily, family_of, kind_of, kind_row
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.spec import VisionSpec
 from fsdp_tune.sources import model as model_source
@@ -101,9 +101,9 @@ def _excluded(paths: list[str], given: Any) -> str:
 def trainer_args(model: ModelFacts, args: dict[str, Any]) -> dict[str, Any]:
     """The trainer's arguments for a vision-language model: each row's images reach the collator (the Trainer would
     otherwise drop every column the model's forward does not name)."""
-    if model_kind(model) != VISION_LANGUAGE:
+    if not kind_row(model.config).images:
         return args
     return {**args, "remove_unused_columns": False}
 
 
-__all__ = ["CAUSAL_LM", "VISION_LANGUAGE", "layer_classes", "model_kind", "scoped_lora", "trainer_args", "vision_spec"]
+__all__ = ["layer_classes", "model_kind", "scoped_lora", "trainer_args", "vision_spec"]

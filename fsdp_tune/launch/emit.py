@@ -42,7 +42,8 @@ def emit(
     row = emitters.EMITTERS.get(kind)
     if row is None:
         raise UsageError(f"--emit {kind}: unknown", f"one of: {', '.join(emitters.EMITTERS)}")
-    cfg = check(config, args).config  # the job's size, before any scheduler says it
+    # the job's size, before any scheduler says it; the rules run once, on the job's own command line (plan_run)
+    cfg = check(config, args, rules=False).config
     nodes, per, on_cpu = cfg.launch.num_machines, cfg.launch.nproc_per_node, runs_on_cpu(cfg)  # as written
     local_out = output_dir_as_given(cfg)  # config/run_folder.py: train's default when none is given
     origins = _refuse_controls(cfg, config, args, local_out, shared, image)  # before planning writes anything
@@ -148,4 +149,5 @@ def _plan(planned, key: str, on_cpu: bool, echo: Echo) -> dict:
     for f in planned.machine_findings:
         if f.severity is Severity.ERROR:
             echo(f"note: on this machine {f.rule} {f.key}: {f.message} (the nodes check again when they start)")
-    return memory_plan(planned.config, key, on_cpu=on_cpu, loading=planned.spec.loading.path)
+    spec = planned.spec
+    return memory_plan(planned.config, key, on_cpu=on_cpu, loading=spec.loading.path, model=spec.model.facts)

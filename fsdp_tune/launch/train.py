@@ -13,6 +13,8 @@ from fsdp_tune import summary as run_summary
 from fsdp_tune.config.run_folder import output_dir as run_output_dir
 from fsdp_tune.config.run_folder import resume_request
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.data import read_files
+from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.env import secret_env as decided_secrets
 from fsdp_tune.decide.machine import Machine, probe
 from fsdp_tune.decide.rank import decide
@@ -42,6 +44,7 @@ class Planned:
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # for the ranks' environment, no file
     machine: Machine | None = None  # what the spec was decided for
     topology: Topology = field(default_factory=Topology)  # what a scheduler's variables said (schedulers/)
+    counted: tuple[Counted, ...] = ()  # what the data pre-flight counted of each source, beside the spec
 
     @property
     def config(self) -> RunConfig:
@@ -163,19 +166,21 @@ def plan_run(
     cfg = checked.config
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
-    spec, findings = check_data(decide(cfg, machine, resume, console))
+    files = read_files(cfg)  # the data files, read once: the spec is decided from them, the pre-flight checks them
+    spec = decide(cfg, machine, resume, console, files)
+    counted, findings = check_data(spec, files)
     spec = settle_generation(cfg, spec, machine)  # GRPO: gathered once per generation, or sharded (planner/grpo.py)
     secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file
     resuming = resume_request(cfg) is not None
-    findings += check_machine(cfg, spec, machine, resume_requested=resuming)
+    findings += check_machine(cfg, spec, machine, resume_requested=resuming, counted=counted)
     findings += machine_findings(cfg, machine, checked.findings)  # the config's rules on this machine's decisions
     findings += resume_findings(resume, spec) + fsdp_version_findings(resume, cfg) + schedule_findings(resume, spec)
     if spec.world.node_rank == 0:
         findings += outdir.replay_findings(config, checked.format, spec.output_dir, resuming)
-    findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec)
+    findings += batch.resume_batch(resume, spec) + batch.rows_for_one_step(spec, counted)
     continued = resuming and (folder_run_id(spec.output_dir) or (resume and marker_run_id(resume)))
     run_id = continued or ownership.new_run_id()
-    return Planned(checked, spec, findings, run_id, secret_env, machine, topo)
+    return Planned(checked, spec, findings, run_id, secret_env, machine, topo, counted)
 
 
 def preflight_error(findings: list[Finding]) -> PreflightError | None:

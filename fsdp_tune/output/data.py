@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.spec import DataSpec
 from fsdp_tune.sources.formats import PROMPT_KINDS, TEXT, Format
 
@@ -16,12 +17,13 @@ PACKING = {
 }
 
 
-def plan_lines(data: DataSpec, packing_strategy: str | None = None) -> list[str]:
+def plan_lines(data: DataSpec, packing_strategy: str | None = None, counted: tuple[Counted, ...] = ()) -> list[str]:
     """One line per source: its format (detected here, or on rank 0 for a Hub dataset), what is in the loss,
     its share of a mixture, its held-out split and what the pre-flight's tokenizing found; then packing."""
     lines = []
     weighted = any(s.weight is not None for s in data.sources)
-    for s in data.sources:
+    tokenized = [c.tokenized for c in counted] or [None] * len(data.sources)  # the pre-flight's, beside the spec
+    for s, found in zip(data.sources, tokenized, strict=True):
         fmt = Format.from_dict(s.detected) if s.detected else None
         what = fmt.describe() if fmt else "format detected on rank 0 (a Hub dataset)"
         loss = "every token" if s.train_on_prompt or (fmt and fmt.kind == TEXT) else "the answers"
@@ -31,7 +33,7 @@ def plan_lines(data: DataSpec, packing_strategy: str | None = None) -> list[str]
         if weighted and not share:
             share = ", weight 1 (unset)"
         held = f", eval on [{s.eval_split}]" if s.eval_split else ""
-        lines.append(f"  dataset: {s.label}: {what}; loss on {loss}{share}{held}{_tokenized(s.tokenized)}")
+        lines.append(f"  dataset: {s.label}: {what}; loss on {loss}{share}{held}{_tokenized(found)}")
         lines += [f"    note: {n}" for n in (fmt.notes if fmt else ())]
     if data.test_split_size:
         lines.append(f"  eval: {data.test_split_size:.0%} of the training rows held out")

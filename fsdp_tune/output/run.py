@@ -6,6 +6,7 @@ from fsdp_tune.config.methods import SFT, metric_keys, row_of
 from fsdp_tune.config.model_kinds import FAMILIES, KINDS
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
+from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.output.data import plan_lines, summary_lines
 from fsdp_tune.output.findings import show
@@ -78,8 +79,9 @@ def method_summary(s: RunSummary) -> list[str]:
     return [f"  {s.method}: " + ", ".join(shown)]
 
 
-def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
-    """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute."""
+def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted: tuple[Counted, ...] = ()) -> str:
+    """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute, and what the
+    data pre-flight counted beside it (`counted`: rows tokenized, images)."""
     w, f = spec.world, spec.unit_fsdp_config  # under sharded loading fsdp-tune makes the units accelerate would
     wrap = f["auto_wrap_policy"] + (
         f" ({','.join(f['transformer_layer_cls_to_wrap'])})"
@@ -116,13 +118,13 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     q = spec.model.quantization
     if q:
         lines.append(
-            f"  QLoRA: 4-bit {q['bnb_4bit_quant_type']}, storage {q['bnb_4bit_quant_storage']}, compute "
-            f"{q['bnb_4bit_compute_dtype']}, nested={show(q['bnb_4bit_use_double_quant'])}"
+            f"  QLoRA: 4-bit {q.bnb_4bit_quant_type}, storage {q.bnb_4bit_quant_storage}, compute "
+            f"{q.bnb_4bit_compute_dtype}, nested={show(q.bnb_4bit_use_double_quant)}"
         )
-    lines += vision_lines(spec)
+    lines += vision_lines(spec, counted)
     d = spec.data
     lines.append(f"  model: {cfg.model.model_name_or_path}   data: {d.dataset_name} (splits {','.join(d.splits)})")
-    lines += plan_lines(d, d.packing_strategy)
+    lines += plan_lines(d, d.packing_strategy, counted)
     lines.append(f"  loading: {loading.describe(spec.loading)}")
     lines.append("  rank env: " + " ".join(f"{k}={v}" for k, v in spec.env.items()))
     lines.append(
@@ -150,7 +152,7 @@ def method_lines(spec: RankSpec) -> list[str]:
     return lines
 
 
-def vision_lines(spec: RankSpec) -> list[str]:
+def vision_lines(spec: RankSpec, counted: tuple[Counted, ...] = ()) -> list[str]:
     """A vision-language model's plan: what trains, the guard, and the images pre-flight found."""
     v = spec.model.vision
     if v is None:
@@ -163,11 +165,11 @@ def vision_lines(spec: RankSpec) -> list[str]:
     guard = "a batch without images gets a dummy image: every rank runs the vision tower each step"
     title = family.title + ("" if family.tested else " (its row is by reading: no test of fsdp-tune trains it)")
     lines = [f"  vision: {title}, {KINDS[spec.model.kind].title}; {', '.join(parts)}; {guard}"]
-    for s in spec.data.sources:
-        if s.images and s.images.get("image_rows"):
-            w, h = s.images["largest"]
+    for s, c in zip(spec.data.sources, counted, strict=False):
+        if c.images and c.images.get("image_rows"):
+            w, h = c.images["largest"]
             lines.append(
-                f"  images: {s.label}: {s.images['image_rows']} rows with images, {s.images['text_rows']} text-only; "
+                f"  images: {s.label}: {c.images['image_rows']} rows with images, {c.images['text_rows']} text-only; "
                 f"largest {w}x{h}"
             )
     return lines

@@ -18,35 +18,33 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
-from fsdp_tune.sources.model import model_config, model_facts
 from fsdp_tune.sources.moe import param_targets
 
 
-def counted_by_peft(cfg: RunConfig) -> bool:
+def counted_by_peft(cfg: RunConfig, shape: ModelShape) -> bool:
     """The run's targets reach parameters (the arithmetic over nn.Linear would miss them)."""
-    reach = param_targets(cfg, model_config(cfg.model.model_name_or_path))
+    reach = param_targets(cfg, shape.facts.config)
     return reach is not None and reach.any
 
 
-def peft_trainable(cfg: RunConfig) -> int:
-    kwargs = dict(lora_kwargs(cfg, model_facts(cfg.model.model_name_or_path, cfg.model.model_revision)) or {})
+def peft_trainable(cfg: RunConfig, shape: ModelShape) -> int:
+    """PEFT's own count of the LoraConfig the ranks build, on the model the shape was measured from."""
+    kwargs = dict(lora_kwargs(cfg, shape.facts) or {})
     kwargs["init_lora_weights"] = False  # shapes only: no initialisation runs on the meta device
     # what PEFT's ParamWrapper refuses (FT066 refuses the run) is left out, so such a config is still planned
     kwargs.update(lora_dropout=0.0, use_dora=False, lora_bias=False, fan_in_fan_out=False)
-    return _count(str(cfg.model.model_name_or_path), json.dumps(kwargs, sort_keys=True))
+    return _count(json.dumps(shape.facts.config, sort_keys=True), json.dumps(kwargs, sort_keys=True))
 
 
 @cache
-def _count(name: str, kwargs_json: str) -> int:
+def _count(config_json: str, kwargs_json: str) -> int:
     import warnings
 
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    data = model_config(name)
-    if data is None:
-        raise FileNotFoundError(name)
+    data = json.loads(config_json)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**data))
     with warnings.catch_warnings():  # PEFT's notes on the patterns it writes for fused experts
@@ -61,7 +59,7 @@ def expert_copy_bytes(cfg: RunConfig, shape: ModelShape, st: Stack) -> float:
     layer's whole gathered expert stack, and the grouped matmul saves it for backward, beside FSDP's gathered
     weights (measured on CPU: tests/dist/test_architectures.py). Held from a layer's forward to its backward:
     every MoE layer's without checkpointing, the recomputed layer's with it."""
-    reach = param_targets(cfg, model_config(cfg.model.model_name_or_path))
+    reach = param_targets(cfg, shape.facts.config)
     if reach is None or not reach.experts:
         return 0.0
     return float(sum(n for leaf, n in shape.expert_tensors if leaf in reach.experts) * st.compute_bytes)

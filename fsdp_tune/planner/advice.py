@@ -21,14 +21,14 @@ from dataclasses import dataclass, replace
 
 from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing
+from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing, model_of
 from fsdp_tune.decide.loading import why_not_sharded
+from fsdp_tune.decide.method import steps
 from fsdp_tune.planner.allocator import device_memory
 from fsdp_tune.planner.memory import GiB, estimate
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 from fsdp_tune.planner.steptime import Gpu, step_time
-from fsdp_tune.sources.model import model_facts
 
 SHOWN = 5  # options listed
 SAME, MORE_GPUS, OTHER_TRAINING = 0, 1, 2  # the tiers, in the order they are listed
@@ -55,11 +55,11 @@ class Target:
 
 
 def micro(cfg: RunConfig) -> int:
-    return int(cfg.training.get("per_device_train_batch_size") or 8)
+    return steps(cfg).per_device_train_batch_size
 
 
 def accum(cfg: RunConfig) -> int:
-    return int(cfg.training.get("gradient_accumulation_steps") or 1)
+    return steps(cfg).gradient_accumulation_steps
 
 
 def _with_args(cfg: RunConfig, **args) -> RunConfig:
@@ -83,7 +83,7 @@ def _micro_axis(cfg: RunConfig) -> list[Change | None]:
     return out
 
 
-def sharded_change(cfg: RunConfig, loading: str) -> Change | None:
+def sharded_change(cfg: RunConfig, loading: str, shape: ModelShape | None) -> Change | None:
     """The change that makes a 4-bit run on the transformers path (the whole 4-bit model on each GPU while it
     loads) load sharded, where one exists: FSDP2 for an FSDP1 config, and sharded loading itself."""
     if loading != "transformers" or not cfg.quantization.use_4bit_quantization:
@@ -93,11 +93,8 @@ def sharded_change(cfg: RunConfig, loading: str) -> Change | None:
         loading = "sharded" if c.model.loading == "transformers" else c.model.loading
         return replace(c, fsdp=replace(c.fsdp, version=2), model=replace(c.model, loading=loading))
 
-    return (
-        Change("sharded loading", SAME, apply)
-        if why_not_sharded(apply(cfg), model_facts(cfg.model.model_name_or_path)) is None
-        else None
-    )
+    facts = shape.facts if shape is not None else model_of(cfg)  # the shape's: the model's facts as decided
+    return Change("sharded loading", SAME, apply) if why_not_sharded(apply(cfg), facts) is None else None
 
 
 def _more_gpus(k: int) -> Change:
@@ -140,7 +137,7 @@ def _cp_axis(cfg: RunConfig) -> list[Change | None]:
     return out if len(out) > 1 else []
 
 
-def axes(cfg: RunConfig, loading: str) -> list[list[Change | None]]:
+def axes(cfg: RunConfig, loading: str, shape: ModelShape | None = None) -> list[list[Change | None]]:
     """Each axis: None (as it is) and its changes; long lists are the micro-batch's divisors."""
     out = [_micro_axis(cfg)]
     if not cfg.fsdp.activation_checkpointing and not gradient_checkpointing(cfg):
@@ -151,7 +148,7 @@ def axes(cfg: RunConfig, loading: str) -> list[list[Change | None]]:
         out.append([None, Change("checkpointing", SAME, recompute)])
     if not cfg.fsdp.cpu_offload:
         out.append([None, Change("offload", SAME, lambda c: replace(c, fsdp=replace(c.fsdp, cpu_offload=True)))])
-    sharded = sharded_change(cfg, loading)
+    sharded = sharded_change(cfg, loading, shape)
     if sharded:
         out.append([None, sharded])
     if not cfg.parallelism.enabled:
@@ -247,7 +244,7 @@ def _option(cfg: RunConfig, changes: list[Change], variant: RunConfig, planned: 
 def search(cfg: RunConfig, target: Target, need_room: bool) -> tuple[list[dict], int]:
     """(the options that fit, cheapest first, at most SHOWN; how many variants were planned). `need_room`: the
     run fits at the card's capacity, so only options that leave the allocator room are worth listing."""
-    micro_axis, *rest = axes(cfg, target.loading)
+    micro_axis, *rest = axes(cfg, target.loading, target.shape)
     options, searched = [], 0
     for combo in itertools.product(*rest):
         found = None

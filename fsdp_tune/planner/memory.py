@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
+from fsdp_tune.decide.method import steps
 from fsdp_tune.planner import gathered, grpo, host
 from fsdp_tune.planner.adapters import expert_copy_bytes
 from fsdp_tune.planner.method import REFERENCE_PHASE, loss_terms, reference_phase, step_of
@@ -88,7 +89,7 @@ class Estimate:
 def micro_tokens(cfg: RunConfig) -> int:
     """Tokens of one micro-batch on one rank that keep activations: context parallelism gives each rank 1/cp of
     every sequence; DPO and reward models run chosen and rejected rows together (planner/method.py)."""
-    rows = int(cfg.training.get("per_device_train_batch_size") or 8) * step_of(cfg).rows_with_grad
+    rows = steps(cfg).per_device_train_batch_size * step_of(cfg).rows_with_grad
     return rows * cfg.data.max_seq_len // cp_degree(cfg)
 
 
@@ -225,7 +226,7 @@ def estimate(
     image_size: tuple[int, int] | None = None,
 ) -> Estimate:
     """Every component of one rank's memory at the peak of a step, with every phase's total (image_size: vision.py)."""
-    st = stack or stack_of(cfg, on_cpu)
+    st = stack or stack_of(cfg, on_cpu, shape.facts)
     world = shard_group(cfg)  # the ranks a parameter is sharded over (every rank, or a mesh's shard group)
     offload = cfg.fsdp.cpu_offload and not on_cpu
     est = Estimate(total_params=shape.total_params, loading=loading)

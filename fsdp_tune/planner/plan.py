@@ -5,6 +5,7 @@ from __future__ import annotations
 from fsdp_tune.config.fsdp2 import version_note
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.derived import model_of
 from fsdp_tune.decide.gpus import GPUS
 from fsdp_tune.decide.loading import loading_path
 from fsdp_tune.decide.trl_defaults import defaults_note
@@ -17,12 +18,12 @@ from fsdp_tune.planner.shape import measure
 from fsdp_tune.planner.stack import Stack, stack_of
 from fsdp_tune.planner.steptime import parse_memory, step_time
 from fsdp_tune.planner.vision import describe, image_load
-from fsdp_tune.sources.model import model_facts, not_found
+from fsdp_tune.sources.model import ModelFacts, not_found
 
 _CTX = CUDA_CONTEXT_GIB[1]  # the CUDA context's upper bound, beside the gathered model (planner/grpo.py)
 
 
-def _check(cfg: RunConfig, gpu_key: str, loading: str) -> str:
+def _check(cfg: RunConfig, facts: ModelFacts, gpu_key: str, loading: str) -> str:
     """The model name to plan, or a UsageError that says what to pass."""
     name = cfg.model.model_name_or_path
     if not name:
@@ -30,8 +31,7 @@ def _check(cfg: RunConfig, gpu_key: str, loading: str) -> str:
             "plan needs --model_name_or_path (a local folder, a config.json, or a known hub id)",
             "e.g. --model_name_or_path meta-llama/Llama-2-70b-hf (reference configs: fsdp_tune/sources/reference)",
         )
-    facts = model_facts(name, cfg.model.model_revision)  # the model door: a folder, the cache, a reference config
-    if facts.config is None:
+    if facts.config is None:  # as the model door found it: a folder, the cache, a reference config
         raise UsageError(*not_found(name, facts))
     if gpu_key not in GPUS:
         raise UsageError(f"--gpu {gpu_key}: unknown", f"one of: {', '.join(GPUS)}")
@@ -49,29 +49,24 @@ def memory_plan(
     stack: Stack | None = None,
     host_gib: float | None = None,
     image_size: tuple[int, int] | None = None,
+    model: ModelFacts | None = None,
 ) -> dict:
     """The plan `fsdp-tune plan` prints. `stack` replaces fsdp-tune's own code path (benchmarks/ uses it to
     plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS): by default
     the path the run takes (decide/loading.py, as the rank spec decides it); `host_gib`: the RAM of the machine
-    the plan is for, when it is this one (host_fits judges the node's peak against it; None: not judged)."""
-    loading, note = (loading, None) if loading else loading_path(cfg, model_facts(cfg.model.model_name_or_path))
-    name = _check(cfg, gpu_key, loading)
+    the plan is for, when it is this one (host_fits judges the node's peak against it; None: not judged); `model`:
+    the model's facts as the rank spec decided them (ModelSpec.facts), else found once here as decide finds them."""
+    facts = model if model is not None else model_of(cfg)
+    loading, note = (loading, None) if loading else loading_path(cfg, facts)
+    name = _check(cfg, facts, gpu_key, loading)
     gpu = GPUS[gpu_key]
     budget = parse_memory(gpu_memory) if gpu_memory else gpu.memory_gib
-    shape = measure(name)
+    shape = measure(facts, name)
     est = estimate(cfg, shape, on_cpu=on_cpu, stack=stack, loading=loading, image_size=image_size)
-    st = stack or stack_of(cfg, on_cpu)
+    st = stack or stack_of(cfg, on_cpu, shape.facts)
     result = {
         "method": cfg.run.method,
-        "model": {
-            "name": name,
-            "source": shape.source,
-            "layers": shape.n_layers,
-            "layer_class": shape.layer_class,
-            "hidden_size": shape.hidden_size,
-            "vocab_size": shape.vocab_size,
-            "experts": f"{shape.top_k} of {shape.n_experts} per token" if shape.n_experts else None,
-        },
+        "model": _model_entry(name, shape),
         "total_params": est.total_params,
         "trainable_params": est.trainable_params,
         "world_size": cfg.launch.num_processes,
@@ -102,13 +97,27 @@ def memory_plan(
     return _advise(cfg, result, Target(shape, gpu, budget, host_gib, stack, loading))
 
 
+def _model_entry(name: str, shape) -> dict:
+    """The plan's model: its name, where its config came from, its shape in brief."""
+    return {
+        "name": name,
+        "source": shape.source,
+        "layers": shape.n_layers,
+        "layer_class": shape.layer_class,
+        "hidden_size": shape.hidden_size,
+        "vocab_size": shape.vocab_size,
+        "experts": f"{shape.top_k} of {shape.n_experts} per token" if shape.n_experts else None,
+    }
+
+
 def generation_plan(cfg: RunConfig, gpu_key: str, gpu_memory: str | None, on_cpu: bool, loading: str) -> dict:
     """GRPO's generation weights alone (planner/grpo.py generation_weights), as memory_plan decides them, without
     its step time and advice: what the launcher writes into the rank spec (preflight/memory.py settle_generation)."""
-    name = _check(cfg, gpu_key, loading)
+    facts = model_of(cfg)
+    name = _check(cfg, facts, gpu_key, loading)
     budget = None if on_cpu else parse_memory(gpu_memory) if gpu_memory else GPUS[gpu_key].memory_gib
-    shape = measure(name)
-    st = stack_of(cfg, on_cpu)
+    shape = measure(facts, name)
+    st = stack_of(cfg, on_cpu, shape.facts)
     est = estimate(cfg, shape, on_cpu=on_cpu, stack=st, loading=loading)
     return generation_weights(cfg, shape, st, est.phases, budget, _CTX)
 
@@ -125,7 +134,7 @@ def _generation(cfg: RunConfig, shape, st: Stack, phases: dict, budget: float | 
 
 def _vision(cfg: RunConfig, shape, image_size, result: dict) -> None:
     """A vision-language model's tower, and an image's patches and tokens, with the size assumed (planner/vision.py)."""
-    load = image_load(cfg, image_size)
+    load = image_load(shape, image_size)
     if load is None:
         return
     result["vision"] = describe(shape, load, cfg)

@@ -10,11 +10,12 @@ counted in `expert_params` (part of `layer_params`) and a token runs `top_k` of 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 
 from fsdp_tune.config.model_kinds import KINDS, family_of, kind_of
-from fsdp_tune.sources.model import model_facts
+from fsdp_tune.sources.model import ModelFacts, model_facts
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class ModelShape:
     vision_layer_params: int = 0
     vision_hidden: int = 0  # the tower's width
     vision_mlp: int = 0  # its MLP's
+    # the model's files and config.json as decided (decide/derived.py Derived.model, the rank spec's ModelSpec.facts):
+    # what the planner's terms read of the model beyond its shape (LoRA's reach on experts, the image processor)
+    facts: ModelFacts = field(default_factory=lambda: ModelFacts("absent"), compare=False, repr=False)
 
     @property
     def linear_params(self) -> int:
@@ -82,20 +86,30 @@ class ModelShape:
         return self.total_params - self.n_layers * idle
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("facts")
+        return out
+
+
+def measure(model: ModelFacts | str, name: str = "") -> ModelShape:
+    """The shape of the model whose facts were decided (`model`; `name`: as the user wrote it, for the source
+    line), or of a model named here (a str: found through the model door: benchmarks and tests)."""
+    facts = model_facts(model) if isinstance(model, str) else model
+    name = name or (model if isinstance(model, str) else facts.path or "")
+    if facts.config is None:
+        raise FileNotFoundError(name)
+    shape = _measured(facts.describe(name), json.dumps(facts.config, sort_keys=True))
+    return replace(shape, facts=facts)
 
 
 @cache
-def measure(name: str) -> ModelShape:
+def _measured(source: str, config_json: str) -> ModelShape:
     """Long because it reads every fact of the shape from one meta-device build, in one place."""
     import torch
     import transformers
     from transformers import AutoConfig
 
-    facts = model_facts(name)
-    source, data = facts.describe(name), facts.config
-    if data is None:
-        raise FileNotFoundError(name)
+    data = json.loads(config_json)
     config = AutoConfig.for_model(**data)
     with torch.device("meta"):
         model = getattr(transformers, KINDS[kind_of(data)].auto_class).from_config(config)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.derived import compute_precision, gradient_checkpointing
+from fsdp_tune.decide.derived import compute_precision, gradient_checkpointing, model_of
 from fsdp_tune.sources.classes import chosen_attention
-from fsdp_tune.sources.model import model_config
+from fsdp_tune.sources.model import ModelFacts
 
 # Bytes per logit (T x V) at the end of the forward and at the start of the backward, for the loss paths
 # that materialise full logits; c is the compute dtype's size. Derivations (read, and the installed ones
@@ -66,11 +66,13 @@ class Stack:
         return 8 if self.pure_bf16 else 16
 
 
-def stack_of(cfg: RunConfig, on_cpu: bool = False) -> Stack:
-    """fsdp-tune's own path for this config."""
+def stack_of(cfg: RunConfig, on_cpu: bool = False, model: ModelFacts | None = None) -> Stack:
+    """fsdp-tune's own path for this config; `model`: the model's facts as decided (a shape's), else found as decide
+    finds them."""
     label_smoothing = float(cfg.training.get("label_smoothing_factor") or 0)
     m = cfg.model  # the attention the ranks load (eager where the class has no SDPA: Gemma 2)
-    attn = chosen_attention(model_config(m.model_name_or_path), m.attn_implementation, m.use_flash_attn) or "sdpa"
+    config = (model if model is not None else model_of(cfg)).config
+    attn = chosen_attention(config, m.attn_implementation, m.use_flash_attn) or "sdpa"
     attn = "flash" if attn.startswith("flash") else attn if attn in ATTENTION else "sdpa"
     checkpointing = cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg)
     return Stack(

@@ -8,6 +8,7 @@ from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing, shard_group
 from fsdp_tune.decide.gpus import Gpu
+from fsdp_tune.decide.method import steps
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.memory import GiB, offloaded_activation_bytes
 from fsdp_tune.planner.method import step_of
@@ -35,7 +36,7 @@ def fsdp2_gathered(cfg: RunConfig, shape: ModelShape, world: int, no_grad_forwar
     the embedding and the head once more (not traced: the trace runs SFT's step)."""
     from fsdp_tune.planner import gathered
 
-    u = gathered.units(cfg, shape, stack_of(cfg), max(world, 2))
+    u = gathered.units(cfg, shape, stack_of(cfg, model=shape.facts), max(world, 2))
     times = 2 if gathered.resharded(cfg) else 1
     edges = u["embed"] if shape.tied_head else times * u["embed"] + u["head"]
     forward = shape.n_layers * u["layer"] + u["embed"] + (0 if shape.tied_head else u["head"])
@@ -47,8 +48,9 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool
     It is long because it is one account of a step's compute, collectives (FSDP's and context parallelism's ring) and
     host transfers, term by term."""
     world = shard_group(cfg)  # all-gathers and reduce-scatters run within a shard group
-    micro = int(cfg.training.get("per_device_train_batch_size") or 8)
-    accum = int(cfg.training.get("gradient_accumulation_steps") or 1)
+    st = stack_of(cfg, model=shape.facts)
+    batch = steps(cfg)  # the typed Steps, the method's config defaults filled in (decide/method.py)
+    micro, accum = batch.per_device_train_batch_size, batch.gradient_accumulation_steps
     step = step_of(cfg)  # DPO and reward models: chosen and rejected rows; DPO/KTO: no-grad forwards besides
     tokens = micro * step.rows_with_grad * cfg.data.max_seq_len * accum // cp_degree(cfg)
     n = shape.active_params  # MoE: a token runs its top-k experts, not all of them
@@ -75,19 +77,19 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool
         flops, gathered = flops + more_flops, gathered + more_gathered
     comm = gathered * (world - 1) / world if world > 1 else 0.0
     if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered
-        grads = lora_on_rank(cfg, shape, world)[1] * shape.n_layers * stack_of(cfg).compute_bytes
+        grads = lora_on_rank(cfg, shape, world)[1] * shape.n_layers * st.compute_bytes
         comm += grads * accum * (world - 1) / world
     if not lora:
         comm += total * 4 * (world - 1) / world  # reduce-scatter of fp32 gradients
     checkpointed = cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg)
-    ring = accum * ring_bytes_sent(shape, stack_of(cfg), tokens // accum, cp_degree(cfg), 2 if checkpointed else 1)
+    ring = accum * ring_bytes_sent(shape, st, tokens // accum, cp_degree(cfg), 2 if checkpointed else 1)
     comm += ring  # context parallelism's K/V ring shares the link with FSDP's collectives
     host = 0.0
     if cfg.fsdp.cpu_offload:
         # every all-gather first copies this rank's shard to the GPU; gradients of what trains come back
         host = gathered / world + (total * 4 / world if not lora else 0.0)
     if cfg.fsdp.activation_checkpointing_offload and checkpointed and cfg.fsdp.version == 2:
-        host += 2 * accum * offloaded_activation_bytes(cfg, shape, stack_of(cfg))  # out in the forward, back in
+        host += 2 * accum * offloaded_activation_bytes(cfg, shape, st)  # out in the forward, back in
     compute_s = flops / (gpu.bf16_tflops * 1e12 * ASSUMED_MFU)
     comm_s = comm / (gpu.link_gbs * 1e9)
     host_s = host / (gpu.host_gbs * 1e9)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from fsdp_tune.config.model_kinds import FAMILIES, VisionFamily, family_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.method import steps
 from fsdp_tune.planner.shape import ModelShape
-from fsdp_tune.sources import model as model_source
 
 ASSUMED = (448, 448)  # width, height: a common training size (Qwen2-VL's 448px, LLaVA-1.5's 336 crop is smaller)
 SAVED_PER_PATCH = 7  # values a ViT block keeps a patch for backward besides its MLP's: 2 norms, q, k, v, attention out
@@ -50,14 +50,15 @@ def preprocessor(name: str) -> dict:
     return {}
 
 
-def image_load(cfg: RunConfig, size: tuple[int, int] | None = None) -> ImageLoad | None:
-    name = cfg.model.model_name_or_path or ""
-    config = model_source.model_config(name) if name else None
+def image_load(shape: ModelShape, size: tuple[int, int] | None = None) -> ImageLoad | None:
+    """An image's patches and tokens for the model the shape was measured from (its decided facts), at `size`."""
+    config = shape.facts.config
     row = family_of(config)
-    if row is None:
+    if row is None or config is None:
         return None
     width, height = size if size and all(size) else ASSUMED
-    settings, vision = preprocessor(name), config.get("vision_config") or {}
+    folder = shape.facts.path if shape.facts.where in ("local", "cache") else None
+    settings, vision = preprocessor(folder) if folder else {}, config.get("vision_config") or {}
     patches, tokens = COUNTS[row.image_tokens](width, height, settings, vision, config)
     return ImageLoad(row, width, height, not (size and all(size)), patches, tokens)
 
@@ -108,7 +109,7 @@ def tower_activations(cfg: RunConfig, shape: ModelShape, load: ImageLoad, comput
     micro-batch's images (one a row)."""
     if cfg.model.freeze_vision_tower or not shape.vision_layers:
         return 0.0
-    rows = int(cfg.training.get("per_device_train_batch_size") or 8)
+    rows = steps(cfg).per_device_train_batch_size
     per_patch = (SAVED_PER_PATCH * shape.vision_hidden + 2 * shape.vision_mlp) * compute_bytes
     return rows * load.patches * shape.vision_layers * per_patch
 
@@ -116,7 +117,7 @@ def tower_activations(cfg: RunConfig, shape: ModelShape, load: ImageLoad, comput
 def add_tower(phases: dict, names, cfg: RunConfig, shape: ModelShape, compute_bytes: int, size=None) -> None:
     """A vision tower that trains keeps its blocks' activations from the step's start to its backward: in each of
     the phases `names`."""
-    load = image_load(cfg, size)
+    load = image_load(shape, size)
     tower = tower_activations(cfg, shape, load, compute_bytes) if load else 0.0
     if tower:
         for phase in names:

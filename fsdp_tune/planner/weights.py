@@ -30,8 +30,8 @@ def lora_params(cfg: RunConfig, shape: ModelShape) -> int:
     experts and routers, planner/adapters.py)."""
     if not cfg.lora.use_peft_lora:
         return 0
-    if counted_by_peft(cfg):
-        return peft_trainable(cfg)
+    if counted_by_peft(cfg, shape):
+        return peft_trainable(cfg, shape)
     ad = adapters_of(cfg)
     per_layer = 0
     for lin in shape.layer_linears:
@@ -92,7 +92,7 @@ def lora_on_rank(cfg: RunConfig, shape: ModelShape, world: int, fsdp_version: in
     r every rank holds a whole row of it and the gathered layer world rows. FSDP1 (one padded flat parameter per
     unit) and PEFT-counted targets (MoE experts): the plain share."""
     n = lora_params(cfg, shape)
-    if fsdp_version != 2 or counted_by_peft(cfg) or not cfg.lora.use_peft_lora:
+    if fsdp_version != 2 or counted_by_peft(cfg, shape) or not cfg.lora.use_peft_lora:
         return n / world, n / shape.n_layers
     per_layer = [(-(-rows // world), cols) for rows, cols in lora_tensors(cfg, shape)]
     shard = shape.n_layers * sum(rows * cols for rows, cols in per_layer)

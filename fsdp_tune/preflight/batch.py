@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rundir.checkpoints import trained_batch
@@ -64,9 +65,11 @@ def _terms(then: dict, accumulation: int) -> str:
     )
 
 
-def rows_for_one_step(spec: RankSpec) -> list[Finding]:
-    """PF064: fewer training rows than one step takes, counted by the pre-flight (local files read whole)."""
-    counts = [s.samples if s.samples is not None else s.rows_checked for s in spec.data.sources]
+def rows_for_one_step(spec: RankSpec, counted: tuple[Counted, ...]) -> list[Finding]:
+    """PF064: fewer training rows than one step takes, counted by the pre-flight (local files read whole;
+    `counted`: check_data's, beside the spec)."""
+    pairs = zip(spec.data.sources, counted, strict=True)
+    counts = [s.samples if s.samples is not None else c.rows_checked for s, c in pairs]
     if not counts or any(c is None for c in counts):
         return []
     rows = int(sum(counts) * (1 - (spec.data.test_split_size or 0)))

@@ -12,13 +12,14 @@ import tempfile
 from pathlib import Path
 
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.datafiles import Counted, Look
 from fsdp_tune.decide.machine import Machine, visible_gpus
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight import reach
 from fsdp_tune.preflight.disk import check_disk
 from fsdp_tune.preflight.memory import check_memory
-from fsdp_tune.preflight.vision import vision_data_findings
+from fsdp_tune.preflight.vision import largest, vision_data_findings
 from fsdp_tune.rundir import outdir, ownership
 from fsdp_tune.runfiles import links_in
 from fsdp_tune.sources import versions
@@ -41,37 +42,40 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).exists()
 
 
-def check_machine(cfg: RunConfig, spec: RankSpec, machine: Machine, resume_requested: bool) -> list[Finding]:
+def check_machine(
+    cfg: RunConfig, spec: RankSpec, machine: Machine, resume_requested: bool, counted: tuple[Counted, ...] = ()
+) -> list[Finding]:
+    """`counted`: what the data pre-flight counted (check_data): the largest image, for the memory plan."""
     findings: list[Finding] = []
     findings += _model(cfg, spec.model.facts)
     findings += _libraries(cfg, spec, machine)
     findings += reach.port_findings(spec)
     findings += _output_dir(cfg, spec, resume_requested)
-    findings += check_memory(cfg, spec, machine)  # last: it plans the run (seconds), on GPU machines only
+    # last: it plans the run (seconds), on GPU machines only
+    findings += check_memory(cfg, spec, machine, largest(counted))
     return findings
 
 
 def check_files(cfg: RunConfig) -> list[Finding]:
     """What `validate-config` can see of a launch's files, without torch and without the network: a local model
     folder (PF002, PF005-PF007) and every local data source, located, read and its format detected
-    (preflight/data.py settle, as train's pre-flight, without tokenizing). What the launch would find missing or
-    unreadable here is an error here too (#48). Hub ids (models, datasets) are left to train's pre-flight: a config
-    is often checked on a machine other than the one that runs it; and what the config does not name (an
-    Accelerate YAML alone has no model and no data) is not asked for."""
-    from fsdp_tune.decide.data import data_spec
+    (decide/datafiles.py), its rows checked (preflight/data.py), as train's pre-flight does, without tokenizing.
+    What the launch would find missing or unreadable here is an error here too (#48). Hub ids (models, datasets)
+    are left to train's pre-flight: a config is often checked on a machine other than the one that runs it; and
+    what the config does not name (an Accelerate YAML alone has no model and no data) is not asked for."""
+    from fsdp_tune.decide.data import data_spec, read_files
     from fsdp_tune.decide.derived import derive
-    from fsdp_tune.preflight.data import settle
-    from fsdp_tune.sources.data import locate
+    from fsdp_tune.preflight.data import check_sources
 
     d = derive(cfg)
     name = cfg.model.model_name_or_path
     findings = _model(cfg, d.model) if name and _looks_like_path(name) else []  # builtin: FT085
-    data = data_spec(cfg, d)
-    local = tuple(s for s in data.sources if locate(s).is_local)
+    files = read_files(cfg)
+    data = data_spec(cfg, d, files)
+    local = [(s, look) for s, look in zip(data.sources, files, strict=True) if look.local]
     if not local:
         return findings
-    eval_wanted = d.evaluation and not data.test_split_size
-    _, found = settle(local, data.text_field, data.peft_text_field, eval_wanted, None, cfg.run.method)
+    _, found = check_sources(tuple(s for s, _ in local), tuple(look for _, look in local), None, cfg.run.method)
     return findings + found
 
 
@@ -129,26 +133,25 @@ def _hub_model(name: str, facts: ModelFacts) -> list[Finding]:
     return reach.hub_findings(name)
 
 
-def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
-    """The data files, read on this machine: their format detected and written into the spec (the ranks
-    execute it), unreadable files and bad rows reported with file and row (preflight/data.py), and their
-    rows tokenized as rank 0 will (preflight/tokens.py)."""
-    from dataclasses import replace
-
-    from fsdp_tune.preflight.data import settle
+def check_data(spec: RankSpec, files: tuple[Look, ...], tokens=None) -> tuple[tuple[Counted, ...], list[Finding]]:
+    """The data files as the spec was decided from them (`files`: decide/data.py read_files) checked, never
+    written into the spec: unreadable files and bad rows reported with file and row (preflight/data.py), their
+    rows tokenized as rank 0 will (preflight/tokens.py; `tokens`: a TokenCheck of this spec the caller goes on
+    using, its tokenizer loaded once); what was counted of each source, beside the spec."""
+    from fsdp_tune.preflight.data import check_sources
     from fsdp_tune.preflight.tokens import TokenCheck
 
-    d = spec.data
-    eval_wanted = spec.evaluation and not d.test_split_size
-    tokens = TokenCheck(spec) if spec.method.data == "sft" else None  # a preference method's rows: preference_check
-    sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method.name)
-    spec = replace(spec, data=replace(d, sources=sources))
-    findings += vision_data_findings(spec)  # images for this model and trainer (preflight/vision.py)
+    if spec.method.data != "sft":  # a preference method's rows: preference_check
+        tokens = None
+    elif tokens is None:
+        tokens = TokenCheck(spec)
+    counted, findings = check_sources(spec.data.sources, files, tokens, spec.method.name)
+    findings += vision_data_findings(spec, counted)  # images for this model and trainer (preflight/vision.py)
     if spec.grpo is not None and not any(f.severity is Severity.ERROR for f in findings):
         from fsdp_tune.preflight.rewards import check_rewards
 
         findings += check_rewards(spec)  # the user's rewards called on one row, in a process of their own
-    return spec, findings
+    return counted, findings
 
 
 def _libraries(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:

@@ -12,7 +12,6 @@ from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity, UsageError
-from fsdp_tune.preflight.vision import largest
 
 # nvidia-smi's name -> the planner's GPU (its TFLOP/s and links; the memory is the card's own)
 _GPU_KEYS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("4090", "4090"))
@@ -40,8 +39,11 @@ def ranks_gpus(spec: RankSpec, machine: Machine) -> list[tuple[str, int]]:
     return gpus[: spec.world.nproc_per_node] if spec.world.nproc_per_node <= len(gpus) else gpus
 
 
-def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Finding]:
-    """PF050 when the plan's peak does not fit the smallest GPU the ranks use; a note when it cannot be planned."""
+def check_memory(
+    cfg: RunConfig, spec: RankSpec, machine: Machine, image_size: tuple[int, int] | None = None
+) -> list[Finding]:
+    """PF050 when the plan's peak does not fit the smallest GPU the ranks use; a note when it cannot be planned.
+    `image_size`: the largest image the data pre-flight found (preflight/vision.py largest)."""
     if spec.device != "cuda" or cfg.run.skip_memory_check:
         return []
     gpus = ranks_gpus(spec, machine)
@@ -51,7 +53,9 @@ def check_memory(cfg: RunConfig, spec: RankSpec, machine: Machine) -> list[Findi
     from fsdp_tune.planner.plan import memory_plan
 
     try:
-        plan = memory_plan(cfg, *planned_gpu(gpus), loading=spec.loading.path, image_size=largest(spec))
+        plan = memory_plan(
+            cfg, *planned_gpu(gpus), loading=spec.loading.path, image_size=image_size, model=spec.model.facts
+        )
     except UsageError as err:
         return [Finding("PF050", Severity.NOTE, "--model_name_or_path", "this machine", f"memory not checked: {err}")]
     card = f"{mib / 1024:.1f} GiB {name}" + (f" (the smallest of {len(gpus)} GPUs here)" if len(gpus) > 1 else "")

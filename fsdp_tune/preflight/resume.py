@@ -11,6 +11,7 @@ else the finished adapter of that run. No torch.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,8 @@ def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str,
         found.append(
             ("training method", before["training method"], spec.method.name, f"--method {before['training method']}")
         )
-    method = _method(spec.lora, spec.model.quantization)
+    q = spec.model.quantization
+    method = _method(spec.lora, asdict(q) if q is not None else None)  # as a run's record holds it (JSON)
     if "method" in before and before["method"] != method:
         found.append(("method", before["method"], method, ""))
         return found

@@ -5,17 +5,17 @@ whole check of a data kind whose rows TRL takes as they stand (a Kind: preferenc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from fsdp_tune.decide.datafiles import Look
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight.tokens import listed as _listed
-from fsdp_tune.sources.formats import Format, FormatError
+from fsdp_tune.sources.formats import Format
 from fsdp_tune.sources.mixture import Source, slice_rows, split_name
 from fsdp_tune.sources.rowcheck import problems_by_code
 from fsdp_tune.sources.sample import MAX_COLUMNAR_ROWS, MAX_ROWS
 
-DETECT_ROWS = 100  # rows detection looks at
 COUNTED_ROWS = MAX_COLUMNAR_ROWS  # below it every file was read whole (preflight/batch.py compares it with a step)
 
 
@@ -50,40 +50,28 @@ Rows = list[tuple[str, Any]]  # (file:line, the row as read)
 
 @dataclass(frozen=True)
 class Kind:
-    """A data kind checked the same way whatever it is: its format found from the first rows (FormatError: PF014),
-    what the format itself says (split, the first row's file:line, the format), each row read by `canonical(row,
-    fmt) -> (row, problem or None)`, and how many rows the method trains on per usable row of the format."""
+    """A data kind checked the same way whatever it is (its format found by decide/datafiles.py): what the format
+    itself says (split, the first row's file:line, the format), each row read by `canonical(row, fmt) -> (row,
+    problem or None)`, and how many rows the method trains on per usable row of the format."""
 
-    detect: Callable[[list[str], list[dict], Source], Format]
     said: Callable[[str, str, Format], list[Finding]]
     canonical: Callable[[dict, Format], tuple[Any, Any]]
     per_row: Callable[[Format], int] = lambda fmt: 1
 
 
-def settle_kind(kind: Kind, source: Source, splits: list[str], samples: dict, located) -> tuple[Source, list[Finding]]:
-    """settle_source's format and row checks for `kind`: the source settled (its format, files and rows counted)
-    and what was found."""
+def settle_kind(kind: Kind, source: Source, look: Look) -> tuple[int | None, list[Finding]]:
+    """check_source's row checks for `kind`: (the training rows the method will train on, counted when every row
+    was read; what was found)."""
+    fmt, samples = look.fmt, look.samples
+    assert fmt is not None  # check_source stops before a source whose format was not found
     first = samples[source.split][0]
-    rows = [r for x in samples[source.split] for _, r in x.rows]
-    try:
-        fmt = kind.detect(first.columns, [r for r in rows[:DETECT_ROWS] if isinstance(r, dict)], source)
-    except FormatError as e:
-        return source, [Finding("PF014", Severity.ERROR, split_name(source.split), first.path, str(e), e.hint)]
     findings = kind.said(split_name(source.split), first.rows[0][0] if first.rows else first.path, fmt)
-    for s in splits:
+    for s in look.splits:
         split_rows = sliced(s, [r for x in samples[s] for r in x.rows])
         by_code, first_problem = problems_by_code(split_rows, fmt, kind.canonical)
         findings += row_findings(split_name(s), by_code, first_problem, len(split_rows))
     train_rows = sliced(source.split, [r for x in samples[source.split] for r in x.rows])
-    settled = replace(
-        source,
-        eval_split=splits[1] if len(splits) > 1 else None,
-        loader=located.loader,
-        files={split_name(s): located.files[split_name(s)] for s in splits},
-        detected=fmt.as_dict(),
-        rows_checked=_usable(kind, train_rows, fmt) if len(train_rows) < COUNTED_ROWS else None,
-    )
-    return settled, findings
+    return (_usable(kind, train_rows, fmt) if len(train_rows) < COUNTED_ROWS else None), findings
 
 
 def _usable(kind: Kind, rows: Rows, fmt: Format) -> int:

@@ -1,34 +1,37 @@
 """Pre-flight for data with images (after preflight/data.py read the files and preflight/images.py opened their
 images): images for a model that reads none (PF082), and what TRL refuses for vision data (PF081, with TRL's
-reason: config/model_kinds.py VISION_DATA_REFUSES), refused before any rank starts. No torch."""
+reason: the model kind's `refuses`, config/model_kinds.py), refused before any rank starts. No torch."""
 
 from __future__ import annotations
 
-from fsdp_tune.config.model_kinds import VISION_DATA_REFUSES, VISION_LANGUAGE
+from fsdp_tune.config.model_kinds import KINDS
+from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
 
 
-def with_images(spec: RankSpec) -> list[tuple[str, int]]:
-    """(source, rows with images) of each source whose pre-flight found images."""
-    return [(s.label, s.images["image_rows"]) for s in spec.data.sources if s.images and s.images.get("image_rows")]
+def with_images(spec: RankSpec, counted: tuple[Counted, ...]) -> list[tuple[str, int]]:
+    """(source, rows with images) of each source whose pre-flight found images (`counted`: check_data's)."""
+    pairs = zip(spec.data.sources, counted, strict=False)
+    return [(s.label, c.images["image_rows"]) for s, c in pairs if c.images and c.images.get("image_rows")]
 
 
-def largest(spec: RankSpec) -> tuple[int, int] | None:
+def largest(counted: tuple[Counted, ...]) -> tuple[int, int] | None:
     """The largest image pre-flight found in the training data (width, height), for the memory plan."""
-    sizes = [tuple(s.images["largest"]) for s in spec.data.sources if s.images and s.images.get("images")]
+    sizes = [tuple(c.images["largest"]) for c in counted if c.images and c.images.get("images")]
     return max(sizes, key=lambda wh: wh[0] * wh[1]) if sizes else None
 
 
-def vision_data_findings(spec: RankSpec) -> list[Finding]:
-    found = with_images(spec)
+def vision_data_findings(spec: RankSpec, counted: tuple[Counted, ...]) -> list[Finding]:
+    found = with_images(spec, counted)
     if not found:
         return []
     where, rows = found[0]
-    if spec.model.kind != VISION_LANGUAGE:
+    kind = KINDS[spec.model.kind]
+    if not kind.images:
         return [_no_vision(spec, where, rows)]
     out = []
-    for refusal in VISION_DATA_REFUSES:
+    for refusal in kind.refuses:
         if _value(spec, refusal.key) == refusal.refused:
             message = f"--{refusal.key} {refusal.refused} with images in the data ({where}: {rows} rows): {refusal.why}"
             out.append(Finding("PF081", Severity.ERROR, f"--{refusal.key}", "command line", message, refusal.hint))

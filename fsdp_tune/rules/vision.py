@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fsdp_tune.config.methods import row_of
-from fsdp_tune.config.model_kinds import FAMILIES, VISION_LANGUAGE, family_of, kind_of
+from fsdp_tune.config.model_kinds import KINDS, family_of, kind_row
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
-
-FREEZE = ("model.freeze_vision_tower", "model.freeze_multi_modal_projector")
 
 
 def _config(d: Derived) -> dict | None:
@@ -24,14 +22,15 @@ def _config(d: Derived) -> dict | None:
 @rule("FT125", "model", "a vision-language model must be a family fsdp-tune knows", decided=True)
 def known_family(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     config = _config(d)
-    if kind_of(config) != VISION_LANGUAGE or family_of(config) is not None:
+    kind = kind_row(config)
+    if not kind.families or family_of(config) is not None:
         return
-    known = ", ".join(f"{row.model_type} ({row.title})" for row in FAMILIES.values())
+    known = ", ".join(f"{row.model_type} ({row.title})" for row in kind.families.values())
     yield error(
         cfg,
         "FT125",
         "model.model_name_or_path",
-        f"{cfg.model.model_name_or_path} is a vision-language model ({config.get('model_type')}) of a family "
+        f"{cfg.model.model_name_or_path} is a {kind.title} ({config.get('model_type')}) of a family "
         f"fsdp-tune has no row for: which modules are its vision tower, projector and language model (FSDP units, "
         f"LoRA targets) is not known. Known: {known}",
         "add its row to fsdp_tune/config/model_kinds.py FAMILIES, or train a known family",
@@ -40,7 +39,7 @@ def known_family(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
 
 @rule("FT126", "model", "vision-language models train on SFT data", decided=True)
 def vision_method(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
-    if row_of(cfg.run.method).data == "sft" or kind_of(_config(d)) != VISION_LANGUAGE:
+    if row_of(cfg.run.method).data == "sft" or not kind_row(_config(d)).images:
         return
     yield error(
         cfg,
@@ -54,7 +53,7 @@ def vision_method(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
 
 @rule("FT127", "model", "a vision-language model keeps its processor's chat template", decided=True)
 def vision_template(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
-    if cfg.data.chat_template_format == "none" or kind_of(_config(d)) != VISION_LANGUAGE:
+    if cfg.data.chat_template_format == "none" or not kind_row(_config(d)).images:
         return
     yield error(
         cfg,
@@ -70,7 +69,9 @@ def vision_template(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
 @rule("FT128", "model", "vision settings on a model without a vision tower have no effect", decided=True)
 def freeze_without_vision(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     config = _config(d)
-    if kind_of(config) == VISION_LANGUAGE:
+    kind = kind_row(config)
+    others = [s for row in KINDS.values() if row is not kind for s in row.settings if s not in kind.settings]
+    if not others:
         return
     name = cfg.model.model_name_or_path or "the model"
     why = (
@@ -78,7 +79,7 @@ def freeze_without_vision(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
         if config is not None
         else f"{name}'s config.json is not on this machine, so it is planned as a language model"
     )
-    for path in FREEZE:
+    for path in others:
         if cfg.is_set(path):
             yield warning(
                 cfg,
@@ -93,7 +94,7 @@ def freeze_without_vision(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
 def unused_columns(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     if not cfg.training.get("remove_unused_columns") or not cfg.training.is_set("remove_unused_columns"):
         return
-    if kind_of(_config(d)) != VISION_LANGUAGE:
+    if not kind_row(_config(d)).images:
         return
     yield warning(
         cfg,

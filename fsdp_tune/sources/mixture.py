@@ -35,14 +35,10 @@ class Source:
     weight: float | None = None  # ours: share of the mixture, repeating rows of small sources if needed
     samples: int | None = None  # ours: exactly this many rows (repeated if the source has fewer)
     train_on_prompt: bool = False  # every token trained (--train_on_prompt, or PEFT's rendered-text path)
-    # filled in on the launcher from the files (preflight/data.py); a Hub dataset keeps the defaults
+    # decided from the files read once on the launcher (decide/datafiles.py); a Hub dataset keeps the defaults
     loader: str | None = None  # json | csv | parquet | arrow | disk; None: load_dataset(path, name=...)
     files: dict[str, list[str]] = field(default_factory=dict)  # split name -> local files
     detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it
-    rows_checked: int | None = None  # training rows the pre-flight found usable; None: not counted (many, or Hub)
-    tokenized: dict[str, Any] | None = None  # train's pre-flight tokenizing: {rows, of, skipped} or {why_not}
-    # what pre-flight found of the training split's images (preflight/images.py Found.as_dict); None: no images
-    images: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:

@@ -108,7 +108,7 @@ def model_folder(name: str) -> Path | None:
 def load_model(folder: Path, name: str, base: str | None, device: str | None, trust_remote_code: bool) -> Chat:
     """A whole model folder, ready to answer: its own dtype, tokenizer and chat template (a vision-language
     model's processor), through the loader door; a sequence classifier (a merged reward model) refused."""
-    from fsdp_tune.config.model_kinds import KINDS, VISION_LANGUAGE
+    from fsdp_tune.config.model_kinds import KINDS
     from fsdp_tune.sources.model import fetch_config
     from fsdp_tune.tools.vision import kind_of_base, processor_of
     from fsdp_tune.worker.loading.door import open_model, open_tokenizer, prepared
@@ -135,7 +135,7 @@ def load_model(folder: Path, name: str, base: str | None, device: str | None, tr
         quiet_transformers()
         kind = kind_of_base(str(folder))
         device = device or ("cuda:0" if torch.cuda.is_available() else "cpu")
-        processor = processor_of(folder, str(folder), trust) if kind == VISION_LANGUAGE else None
+        processor = processor_of(folder, str(folder), trust) if KINDS[kind].processor else None
         tokenizer = processor.tokenizer if processor is not None else open_tokenizer(str(folder), trust)
         auto = getattr(transformers, KINDS[kind].auto_class)
         model = open_model(auto, str(folder), trust, dtype="auto").to(device).eval()
@@ -167,7 +167,7 @@ def _load(run_dir: Path, spec: RankSpec | None, base_path: str, device: str | No
             from fsdp_tune.worker.loading.pretrained import quantization_config
 
             kwargs.update(quantization_config=quantization_config(spec), device_map={"": device})
-            how = f"4-bit {spec.model.quantization['bnb_4bit_quant_type']}, as trained"
+            how = f"4-bit {spec.model.quantization.bnb_4bit_quant_type}, as trained"
     processor = processor_of(run_dir, base_path, trust) if reads_images(base_path) else None
     tokenizer = processor.tokenizer if processor is not None else open_tokenizer(str(run_dir), trust)
     auto, _ = model_class(run_dir, base_path)

@@ -246,7 +246,7 @@ def _dequantized(base: str, adapter_dir: Path, tokenizer, torch_dtype, device: s
     model = trained.unload().dequantize(dtype=torch_dtype).to(torch_dtype)
     model = open_adapter(model, adapter_dir).eval()
     # the 4-bit forward computes in bnb_4bit_compute_dtype: the check is as fine as the coarser of the two
-    tolerance = max(TOLERANCE[str(torch_dtype).removeprefix("torch.")], TOLERANCE[q["bnb_4bit_compute_dtype"]])
+    tolerance = max(TOLERANCE[str(torch_dtype).removeprefix("torch.")], TOLERANCE[q.bnb_4bit_compute_dtype])
     return model, reference, tolerance
 
 

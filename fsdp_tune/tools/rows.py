@@ -1,10 +1,11 @@
 """`fsdp-tune rows --config FILE [flags]`: the first training rows as rank 0 will train on them, token by token,
 each marked in the loss or not (what axolotl's `preprocess --debug` shows).
 
-Nothing is re-implemented: the config is decided and its data settled by `train`'s own pre-flight (decide/rank.py,
-preflight/checks.py check_data: the files found, the format detected, the run's tokenizer and chat template loaded
-without torch), and each row goes through rank 0's encoder (sources/rows.py explained_row: converted, checked, cut
-to max_seq_len's reach, rendered, masked, cut at max_seq_len). No torch, no launch; nothing is written.
+Nothing is re-implemented: the config is decided from its data files as `train` decides it (decide/data.py
+read_files: the files found, the format detected) and checked by `train`'s own pre-flight (preflight/checks.py
+check_data: the run's tokenizer and chat template loaded without torch), and each row goes through rank 0's
+encoder (sources/rows.py explained_row: converted, checked, cut to max_seq_len's reach, rendered, masked, cut at
+max_seq_len). No torch, no launch; nothing is written.
 
 On a terminal the tokens in the loss are green and the others dimmed; elsewhere (a pipe, a file) the text is plain
 and each run of tokens in the loss stands between LOSS_OPEN and LOSS_CLOSE. Every piece of a row passes the console
@@ -33,6 +34,7 @@ class Shown:
 def first_rows(config: str | None, args: list[str], count: int) -> tuple[str, list[Shown]]:
     """(the first source's name and format, its first `count` rows of the training split as rank 0 encodes them).
     Refused (exit 2) with train's own findings when its pre-flight of the data finds an error."""
+    from fsdp_tune.decide.data import read_files
     from fsdp_tune.decide.machine import probe
     from fsdp_tune.decide.rank import decide
     from fsdp_tune.preflight.checks import check_data
@@ -40,7 +42,10 @@ def first_rows(config: str | None, args: list[str], count: int) -> tuple[str, li
     from fsdp_tune.validate import load
 
     cfg = load(config, args, launch=False).config
-    spec, findings = check_data(decide(cfg, probe()))
+    files = read_files(cfg)  # read once: the spec is decided from them, the pre-flight checks them, rows shows them
+    spec = decide(cfg, probe(), files=files)
+    tokens = TokenCheck(spec)  # the run's tokenizer, loaded once: for the pre-flight and for the rows shown
+    _, findings = check_data(spec, files, tokens)
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if errors:
         raise PreflightError(errors)
@@ -55,10 +60,9 @@ def first_rows(config: str | None, args: list[str], count: int) -> tuple[str, li
             f"--dataset_name {source.path}: rows shows local data files (a Hub dataset is read on rank 0 only)",
             f"download it (hf download {source.path} --repo-type dataset) and pass its folder",
         )
-    tokens = TokenCheck(spec)
     if tokens.encoder is None:
         raise UsageError(f"the run's tokenizer cannot be read here: {tokens.why_not}", "train loads it on the ranks")
-    return _described(source), [_shown(where, row, source, tokens) for where, row in _rows(source, count)]
+    return _described(source), [_shown(where, row, source, tokens) for where, row in _rows(source, files[0], count)]
 
 
 def _described(source) -> str:
@@ -67,18 +71,11 @@ def _described(source) -> str:
     return f"{source.path} ({Format.from_dict(source.detected).describe()})"
 
 
-def _rows(source, count: int) -> list:
-    """The first `count` rows of the source's training split, as the pre-flight read them."""
+def _rows(source, look, count: int) -> list:
+    """The first `count` rows of the source's training split, as the pre-flight read them (`look`)."""
     from fsdp_tune.preflight.rows import sliced
-    from fsdp_tune.sources.mixture import split_name
-    from fsdp_tune.sources.sample import read_sample
 
-    files = source.files[split_name(source.split)]
-    rows: list = []
-    for file in files:
-        rows += read_sample(file, source.loader or "json").rows
-        if len(rows) >= count and "[" not in source.split:
-            break
+    rows = [r for sample in look.samples[source.split] for r in sample.rows]
     return sliced(source.split, rows)[:count]
 
 

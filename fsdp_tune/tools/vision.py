@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdp_tune.config.model_kinds import VISION_LANGUAGE, kind_of
+from fsdp_tune.config.model_kinds import KINDS, kind_of
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
@@ -19,7 +19,7 @@ def kind_of_base(base: str) -> str:
 
 
 def reads_images(base: str) -> bool:
-    return kind_of_base(base) == VISION_LANGUAGE
+    return KINDS[kind_of_base(base)].images
 
 
 def processor_of(run_dir: Path, base: str, trust_remote_code: bool = False):

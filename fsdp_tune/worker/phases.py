@@ -42,7 +42,7 @@ def line(name: str, seconds: float | None, detail: str = "") -> None:
 def show_model(seconds: float, model: Any, model_spec: Any) -> None:
     """The loading line: the architecture, its parameters and their dtype (or 4-bit type)."""
     quant = model_spec.quantization
-    how = f"4-bit {quant['bnb_4bit_quant_type']}" if quant else model_spec.dtype
+    how = f"4-bit {quant.bnb_4bit_quant_type}" if quant else model_spec.dtype
     try:
         count = f"{_millions(_base_parameters(model))} parameters in {how}"
     except (AttributeError, TypeError):

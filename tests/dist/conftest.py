@@ -124,7 +124,7 @@ class Member:
         from fsdp_tune.launch import torchrun
         from fsdp_tune.output.run import describe_launch
 
-        return describe_launch(self.planned.config, self.spec, torchrun.command(self.spec))
+        return describe_launch(self.planned.config, self.spec, torchrun.command(self.spec), self.planned.counted)
 
     @property
     def console(self) -> str:

@@ -85,12 +85,16 @@ def _config(case: Case, model_dir: Path, out: Path):
 
 
 def _decide(case: Case, model_dir: Path, out: Path) -> Path:
+    from fsdp_tune.decide.data import read_files
     from fsdp_tune.decide.machine import Machine
     from fsdp_tune.decide.rank import decide
     from fsdp_tune.preflight.checks import check_data
 
-    # as `train` plans it: the decided spec, with the data's sources located and detected by pre-flight
-    spec, problems = check_data(decide(_config(case, model_dir, out), Machine(cuda=False, gpus=0)))
+    # as `train` plans it: the spec decided from the data files read once (located, detected), then checked
+    cfg = _config(case, model_dir, out)
+    files = read_files(cfg)
+    spec = decide(cfg, Machine(cuda=False, gpus=0), files=files)
+    _, problems = check_data(spec, files)
     assert not [p for p in problems if p.severity.value == "error"], problems
     assert spec.model.attn_implementation == case.attention, spec.model
     out.mkdir(parents=True)

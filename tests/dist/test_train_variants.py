@@ -72,7 +72,7 @@ def test_qlora_4bit_fsdp2(variants) -> None:
     run = variants["qlora"]  # nested quantization too
     s = run.summary
     assert s["adapter_check"]["ok"] and s["loss_last"] < s["loss_first"], s["losses"]
-    assert s["adapter_check"]["lora_tensors"] == 56 and run.spec.model.quantization["bnb_4bit_use_double_quant"]
+    assert s["adapter_check"]["lora_tensors"] == 56 and run.spec.model.quantization.bnb_4bit_use_double_quant
     assert "QLoRA: 4-bit nf4, storage float32" in run.plan
 
 

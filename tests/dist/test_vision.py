@@ -48,6 +48,7 @@ GUARDED = [c for c in CASES if not c.unguarded]
 
 
 def _decide(case: Case, model_dir: Path, data: Path, out: Path) -> Path:
+    from fsdp_tune.decide.data import read_files
     from fsdp_tune.decide.machine import Machine
     from fsdp_tune.decide.rank import decide
     from fsdp_tune.preflight.checks import check_data
@@ -56,9 +57,11 @@ def _decide(case: Case, model_dir: Path, data: Path, out: Path) -> Path:
     flags = ["--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--output_dir", str(out), *FLAGS]
     checked = check(str(BASE), flags)
     assert not checked.errors, [str(f) for f in checked.findings]
-    spec, problems = check_data(decide(checked.config, Machine(cuda=False, gpus=0)))
+    files = read_files(checked.config)  # as `train` plans it: the spec decided from the data files read once
+    spec = decide(checked.config, Machine(cuda=False, gpus=0), files=files)
+    counted, problems = check_data(spec, files)
     assert not [p for p in problems if p.severity.value == "error"], problems
-    assert spec.data.sources[0].images["image_rows"] == 12
+    assert counted[0].images["image_rows"] == 12
     out.mkdir(parents=True)
     resolved = out / "vision_spec.json"
     resolved.write_text(json.dumps({"spec": spec.as_dict()}))

@@ -74,8 +74,8 @@ def test_rows_whose_prompt_fills_max_seq_len_are_counted_before_launch(tmp_path)
     plan = planned(tmp_path, "--dataset_name", str(some))
     (warning,) = found(plan, "PF070")
     assert warning.severity.value == "warning" and warning.source == f"{some}:7"
-    (source,) = plan.spec.data.sources
-    assert source.tokenized == {"rows": 7, "of": 7, "skipped": 1} and source.rows_checked == 6
+    (counted,) = plan.counted  # beside the spec: the ranks read none of it
+    assert counted.tokenized == {"rows": 7, "of": 7, "skipped": 1} and counted.rows_checked == 6
 
 
 def test_a_held_out_split_with_nothing_left_is_refused(tmp_path) -> None:
@@ -114,7 +114,7 @@ def test_the_launcher_tokenizes_without_torch(tmp_path) -> None:
     script = (
         "import sys\nfrom fsdp_tune.launch.train import plan_run\n"
         f"p = plan_run({BASE!r}, ['--output_dir', {str(tmp_path / 'o')!r}, '--dataset_name', {str(data)!r}], print)\n"
-        "print(p.spec.data.sources[0].tokenized, [m for m in ('torch', 'datasets') if m in sys.modules])\n"
+        "print(p.counted[0].tokenized, [m for m in ('torch', 'datasets') if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.splitlines()[-1] == "{'rows': 7, 'of': 7, 'skipped': 1} []", out.stdout + out.stderr

@@ -311,9 +311,10 @@ def test_answers_that_read_as_json_stay_text_where_content_mixes_parts_and_strin
     ]
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, MULTI[2]]}
     data = jsonl(tmp_path / "mixed.jsonl", [*rows, parts])
-    spec = plan_run(BASE, ["--output_dir", str(tmp_path / "run"), "--dataset_name", str(data)], print).spec
+    planned = plan_run(BASE, ["--output_dir", str(tmp_path / "run"), "--dataset_name", str(data)], print)
+    spec, (counted,) = planned.spec, planned.counted
     (source,) = spec.data.sources
-    assert (source.tokenized["rows"], source.tokenized["skipped"]) == (7, 1)  # what the plan says
+    assert (counted.tokenized["rows"], counted.tokenized["skipped"]) == (7, 1)  # what the plan says
     assert load_split(source, "train").to_list() == [r for _, r in read_sample(str(data), "json").rows]
     p = prepare(spec, tok)
     assert [a[-1] for a in answers(tok, p.train)] == [f"{t}<|im_end|>" for t in texts]  # every answer, as written

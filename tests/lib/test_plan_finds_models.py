@@ -70,3 +70,19 @@ def test_the_num_machines_option_plan_lists_plans_when_pasted() -> None:
     assert json.loads(pasted.output)["fits"]
     launch = runner.invoke(app, ["validate-config", *command[1:-3], *options[0].split()])
     assert launch.exit_code == 2 and "FT092" in launch.output  # a launch still needs machine 0's address
+
+
+def test_the_plan_measures_the_revision_train_decides(tmp_path, monkeypatch) -> None:
+    """The planner reads the model's facts as decided (one key: the name and --model_revision, #47), not its own
+    lookup by name: with refs/main at a 2-layer commit and --model_revision naming a 3-layer one, every part of the
+    plan (the check, the shape, the attention the stack assumes) reads the 3-layer config."""
+    _hf_cache(tmp_path, monkeypatch)
+    other = "fedcba9876543210fedcba9876543210fedcba98"
+    snapshot = tmp_path / "hf" / "hub" / f"models--{REPO_ID.replace('/', '--')}" / "snapshots" / other
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({**TINY, "num_hidden_layers": 3}))
+    args = ["plan", "--model_name_or_path", REPO_ID, "--use_peft_lora", "true", "--json"]
+    main = json.loads(runner.invoke(app, args).output)
+    r = runner.invoke(app, [*args, "--model_revision", other])
+    assert r.exit_code == 0, r.output
+    assert (main["model"]["layers"], json.loads(r.output)["model"]["layers"]) == (2, 3)

@@ -28,7 +28,7 @@ PC = '{"prompt": "What is 2 plus 2?", "completion": " 4"}'
 
 
 def one(path: Path) -> tuple[Source, list]:
-    (settled,), findings = settle((Source(str(path)),), "text", None, False)
+    (settled,), _, findings = settle((Source(str(path)),), "text", None, False)
     return settled, findings
 
 
@@ -73,8 +73,8 @@ def test_a_utf8_bom_is_read_past(tmp_path, name, text) -> None:
     data = tmp_path / name
     text = text or "prompt,completion\nWhat is 1 plus 1?,2\nWhat is 2 plus 2?,4\n"
     data.write_bytes(b"\xef\xbb\xbf" + text.encode())
-    settled, findings = one(data)
-    assert findings == [] and settled.detected["kind"] == "prompt_completion" and settled.rows_checked == 2
+    (settled,), (counted,), findings = settle((Source(str(data)),), "text", None, False)
+    assert findings == [] and settled.detected["kind"] == "prompt_completion" and counted.rows_checked == 2
 
 
 def test_a_csv_row_with_more_cells_than_the_header_is_refused(tmp_path) -> None:
@@ -93,7 +93,7 @@ def test_the_plan_says_unset_weights_and_packing(tmp_path) -> None:
     recipe = tmp_path / "mix.yaml"
     recipe.write_text(yaml.safe_dump(config))
     planned = plan_run(str(recipe), ["--output_dir", str(tmp_path / "o"), "--packing", "True"], print)
-    out = describe_launch(planned.config, planned.spec, command(planned.spec))  # what train prints (the plan)
+    out = describe_launch(planned.config, planned.spec, command(planned.spec), planned.counted)  # what train prints
     assert f"dataset: {a} [train]: prompt_completion; loss on the answers, weight 1 (unset)" in out, out
     assert f"dataset: {b} [train]: prompt_completion; loss on the answers, weight 2" in out
     assert "  packing: bfd, best-fit decreasing: whole sequences share rows of up to 96 tokens" in out

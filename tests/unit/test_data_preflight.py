@@ -53,7 +53,7 @@ def saved_to_disk(folder: Path, rows: list) -> Path:
 
 
 def one(source: Source, eval_wanted: bool = False, text_field: str = "text"):
-    (settled,), findings = settle((source,), text_field, None, eval_wanted)
+    (settled,), _, findings = settle((source,), text_field, None, eval_wanted)
     return settled, findings
 
 
@@ -206,7 +206,7 @@ def _plan(tmp_path, *flags: str) -> str:
 
     planned = plan_run(BASE, ["--output_dir", str(tmp_path / "o"), *flags], print)
     assert not [f for f in planned.machine_findings if f.severity.value == "error"], planned.machine_findings
-    return describe_launch(planned.config, planned.spec, command(planned.spec))
+    return describe_launch(planned.config, planned.spec, command(planned.spec), planned.counted)
 
 
 def test_the_plan_shows_each_dataset_and_the_spec_carries_its_format(tmp_path) -> None:
@@ -262,3 +262,30 @@ def test_a_refusal_is_said_once_for_one_file_in_two_entries(tmp_path) -> None:
     mixture = json.dumps([{"path": str(path), "split": "train[:50%]"}, {"path": str(path), "split": "train[50%:]"}])
     planned = plan_run(BASE, ["--output_dir", str(tmp_path / "o"), "--datasets", mixture], print)
     assert [f.rule for f in planned.machine_findings if f.rule.startswith("PF01")] == ["PF014"]
+
+
+def test_the_preflight_never_writes_the_spec(tmp_path, monkeypatch) -> None:
+    """The spec `decide()` returns is the spec the ranks get, field for field: the data's format (and files,
+    train_on_prompt) is decided there from the files read once, and what the pre-flight counts (rows, tokens,
+    images) stands beside it (#47). Neither replaced nor changed in place by any step after decide()."""
+    import copy
+
+    import fsdp_tune.launch.train as train_step
+
+    decided = []
+
+    def recording(*args, **kwargs):
+        spec = real(*args, **kwargs)
+        decided.append((spec, copy.deepcopy(spec.as_dict())))
+        return spec
+
+    real = train_step.decide
+    monkeypatch.setattr(train_step, "decide", recording)
+    path = jsonl(tmp_path / "a.jsonl", ALPACA)
+    planned = train_step.plan_run(BASE, ["--output_dir", str(tmp_path / "o"), "--dataset_name", str(path)], print)
+    [(spec, as_decided)] = decided  # decided once
+    assert planned.spec is spec and planned.spec.as_dict() == as_decided
+    (source,) = spec.data.sources
+    assert source.detected["kind"] == "alpaca" and source.files == {"train": [str(path)]}
+    (counted,) = planned.counted
+    assert counted.rows_checked == len(ALPACA) and counted.tokenized is not None

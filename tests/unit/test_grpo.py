@@ -206,11 +206,11 @@ def test_a_row_becomes_trls_and_its_columns_reach_the_rewards() -> None:
 
 
 def test_sft_data_without_a_prompt_is_refused_naming_what_it_is() -> None:
-    from fsdp_tune.preflight.prompts import detect
+    from fsdp_tune.decide.datafiles import prompt_format
     from fsdp_tune.sources.mixture import Source
 
     with pytest.raises(FormatError, match=r"this is supervised fine-tuning data \(messages\)"):
-        detect(["messages"], [{"messages": [{"role": "user", "content": "hi"}]}], Source("data.jsonl"))
+        prompt_format(["messages"], [{"messages": [{"role": "user", "content": "hi"}]}], Source("data.jsonl"))
 
 
 def test_each_reward_functions_mean_is_a_metric() -> None:

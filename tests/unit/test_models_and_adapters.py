@@ -44,8 +44,8 @@ def test_trl_documented_fsdp_line_is_taken_verbatim() -> None:
     spec = decide(cfg, CPU)
     assert spec.model.dtype == "bfloat16" and spec.model.revision == "v1"
     # TRL computes 4-bit matmuls in the dtype (get_quantization_config); storage: the dtype, so FSDP shards it
-    assert spec.model.quantization["bnb_4bit_compute_dtype"] == "bfloat16"
-    assert spec.model.quantization["bnb_4bit_quant_storage"] == "bfloat16"
+    assert spec.model.quantization.bnb_4bit_compute_dtype == "bfloat16"
+    assert spec.model.quantization.bnb_4bit_quant_storage == "bfloat16"
     assert spec.lora["target_modules"] == ["q_proj", "v_proj"] and spec.lora["revision"] == "v1"
 
 

@@ -1,6 +1,6 @@
 """Preference data, without `datasets` or torch: every shape is detected from its columns (sources/preference.py),
 converted to TRL's columns with the prompt cut at a turn or a word (sources/preference_rows.py), and checked before
-launch for the method that trains on it (sources/preference_check.py through datacheck.settle)."""
+launch for the method that trains on it (sources/preference_check.py through preflight/data.py settle)."""
 
 from __future__ import annotations
 
@@ -154,10 +154,10 @@ def test_preflight_refuses_what_the_method_cannot_use_with_file_and_line(tmp_pat
     unpaired = jsonl(
         tmp_path / "kto.jsonl", [{"prompt": f"q{i}", "completion": "a", "label": i % 2 == 0} for i in range(4)]
     )
-    (_,), found = preflight("dpo", unpaired)
+    (_,), _, found = preflight("dpo", unpaired)
     assert [(f.rule, f.severity, f.source) for f in found] == [("PF075", Severity.ERROR, f"{unpaired}:1")]
     sft = jsonl(tmp_path / "chat.jsonl", [{"messages": [user("q"), bot("a")]}])
-    (_,), found = preflight("reward", sft)
+    (_,), _, found = preflight("reward", sft)
     assert found[0].rule == "PF014" and "supervised fine-tuning data (messages)" in found[0].message
 
 
@@ -165,20 +165,20 @@ def test_pairs_for_kto_are_unpaired_and_said_and_bad_rows_are_named(tmp_path) ->
     rows = [{"prompt": f"q{i}", "chosen": " yes", "rejected": " no"} for i in range(5)]
     rows[3]["rejected"] = " yes"  # identical: skipped, named with its line
     pairs = jsonl(tmp_path / "pairs.jsonl", rows)
-    (settled,), found = preflight("kto", pairs)
+    (settled,), (counted,), found = preflight("kto", pairs)
     assert {(f.rule, f.severity) for f in found} == {("PF076", Severity.NOTE), ("PF017", Severity.WARNING)}
     skipped = next(f for f in found if f.rule == "PF017")
     assert f"{pairs}:4" in skipped.source and "nothing to prefer" in skipped.message
-    assert settled.detected["kind"] == "preference" and settled.rows_checked == 8  # 4 pairs, two KTO rows each
-    (settled,), found = preflight("dpo", pairs)
-    assert [f.rule for f in found] == ["PF017"] and settled.rows_checked == 4
+    assert settled.detected["kind"] == "preference" and counted.rows_checked == 8  # 4 pairs, two KTO rows each
+    (settled,), (counted,), found = preflight("dpo", pairs)
+    assert [f.rule for f in found] == ["PF017"] and counted.rows_checked == 4
 
 
 def test_every_row_skipped_is_an_error_and_text_and_conversations_do_not_mix(tmp_path) -> None:
     same = jsonl(tmp_path / "same.jsonl", [{"prompt": "q", "chosen": " a", "rejected": " a"}] * 3)
-    (_,), found = preflight("dpo", same)
+    (_,), _, found = preflight("dpo", same)
     assert [(f.rule, f.severity) for f in found] == [("PF017", Severity.ERROR)]
     text = jsonl(tmp_path / "text.jsonl", [{"prompt": "q", "chosen": " a", "rejected": " b"}])
     chats = jsonl(tmp_path / "chats.jsonl", [{"chosen": [user("q"), bot("a")], "rejected": [user("q"), bot("b")]}])
-    _, found = preflight("dpo", text, chats)
+    _, _, found = preflight("dpo", text, chats)
     assert [f.rule for f in found] == ["PF077"]

@@ -200,7 +200,7 @@ def test_seed_launches_on_their_gpus(script: str) -> None:
     if script == "run_peft_qlora_fsdp.sh":  # offload on: gloo beside NCCL; FSDP2 gathers in the storage dtype
         assert spec.backend == "cuda:nccl,cpu:gloo" and spec.loading.sharded.cpu_offload is True
         assert spec.fsdp_mixed_precision == dict.fromkeys(("param_dtype", "reduce_dtype", "output_dtype"), "bfloat16")
-        assert spec.model.quantization["bnb_4bit_quant_storage"] == "bfloat16" and spec.model.dtype == "bfloat16"
+        assert spec.model.quantization.bnb_4bit_quant_storage == "bfloat16" and spec.model.dtype == "bfloat16"
     else:
         assert spec.backend == "nccl" and spec.precision == "bf16" and spec.world.world_size == 8
 

@@ -232,3 +232,27 @@ def test_skypilot_setup_pins_the_versions_validated_here() -> None:
         f"fsdp-tune=={pins['fsdp-tune']}",
         f"torch=={pins['torch']}",
     ]
+
+
+def test_emit_runs_the_rules_once(tmp_path, monkeypatch) -> None:
+    """`--emit` reads the job's size from the typed config, then validates the job's own command line once (in
+    plan_run): the rules are not run a first time only for their findings to be dropped (#47)."""
+    import fsdp_tune.launch.emit as emit_step
+    import fsdp_tune.validate as validate
+
+    calls = []
+    real = validate.run_rules
+    monkeypatch.setattr(validate, "run_rules", lambda cfg: calls.append(cfg) or real(cfg))
+
+    class Planned(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Planned
+
+    monkeypatch.setattr(emit_step, "_plan", stop)  # the memory plan (torch) is not this test's
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text((FIXTURES / "tiny_lora.yaml").read_text())
+    with pytest.raises(Planned):
+        emit("slurm", "c.yaml", ["--num_processes", "2", "--num_machines", "2"], print)
+    assert len(calls) == 1

@@ -22,6 +22,7 @@ from fsdp_tune.decide.spec import (
     Loading,
     MethodSpec,
     ModelSpec,
+    Quantization,
     RankSpec,
     RewardSpec,
     SaveSpec,
@@ -126,6 +127,13 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "standalone": (TORCHRUN, "launch/torchrun.py"),
         "max_restarts": (TORCHRUN, "launch/torchrun.py"),
     },
+    Quantization: {  # BitsAndBytesConfig's arguments, each by name (worker/loading/pretrained.py quantization_config)
+        "bnb_4bit_quant_type": (RANK, "worker/loading/pretrained.py"),
+        "bnb_4bit_compute_dtype": (RANK, "worker/loading/pretrained.py"),
+        "bnb_4bit_use_double_quant": (RANK, "worker/loading/pretrained.py"),
+        "bnb_4bit_quant_storage": (RANK, "worker/loading/pretrained.py"),
+        "load_in_4bit": (RANK, "worker/loading/pretrained.py"),
+    },
     ModelSpec: {
         "name_or_path": (RANK, "worker/loading/pretrained.py"),
         "requested": (AFTER, "tools/chat.py"),  # the model as the user named it (builtin:...), for chat and disk
@@ -184,9 +192,6 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "loader": (RANK, "worker/data/splits.py"),
         "files": (RANK, "worker/data/splits.py"),
         "detected": (RANK, "worker/data/splits.py"),
-        "rows_checked": (PREFLIGHT, "preflight/batch.py"),  # rows per step against world size x batch (PF064)
-        "tokenized": (PLAN, "output/data.py"),  # what train's pre-flight tokenizing found, on the dataset's line
-        "images": (PREFLIGHT, "preflight/vision.py"),  # PF081/PF082; the plan's images line too
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),

@@ -122,8 +122,8 @@ def test_a_hub_dataset_with_the_hub_not_answering_is_refused_too(tmp_path, monke
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     asked = []
     monkeypatch.setattr(reach, "unreachable", lambda url: asked.append(url) or "no answer within 3 s")
-    _, (finding,) = settle((Source("trl-lib/Capybara"),), "text", None, False)
+    _, _, (finding,) = settle((Source("trl-lib/Capybara"),), "text", None, False)
     assert finding.rule == "PF015" and "cannot be reached: no answer within 3 s" in finding.message
     assert asked == ["https://huggingface.co/api/datasets/trl-lib/Capybara"]
     monkeypatch.setattr(reach, "unreachable", lambda url: None)  # the Hub answers: rank 0 downloads it
-    assert settle((Source("trl-lib/Capybara"),), "text", None, False)[1] == []
+    assert settle((Source("trl-lib/Capybara"),), "text", None, False)[2] == []

@@ -172,7 +172,7 @@ def test_the_plan_says_what_trains_and_what_the_images_are(tmp_path) -> None:
     args = ["--output_dir", str(tmp_path / "o"), "--dataset_name", str(data), "--model_name_or_path", QWEN, *VLM]
     planned = plan_run(BASE, args, print)
     assert not [f for f in planned.machine_findings if f.severity.value == "error"], planned.machine_findings
-    text = describe_launch(planned.config, planned.spec, command(planned.spec))
+    text = describe_launch(planned.config, planned.spec, command(planned.spec), planned.counted)
     assert "vision: Qwen2-VL, vision-language model; vision tower (model.visual) frozen" in text
     assert "every rank runs the vision tower each step" in text
     assert f"images: {data} [train]: 3 rows with images, 3 text-only; largest 64x48" in text

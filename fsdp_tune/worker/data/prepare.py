@@ -186,10 +186,6 @@ def cache_key(spec: RankSpec, tokenizer, processor=None) -> str:
     files = [f for s in spec.data.sources for group in s.files.values() for f in group]
     stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files if os.path.exists(f)]
     data = asdict(spec.data)  # how TRL cuts and packs included (DataSpec's truncation_mode, packing_strategy, ...)
-    for source in data["sources"]:  # what the launcher's pre-flight counted, which changes nothing prepared here
-        source.pop("tokenized", None)
-        source.pop("rows_checked", None)
-        source.pop("images", None)
     key = {
         "data": data,
         "files": stats,

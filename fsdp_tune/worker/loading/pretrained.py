@@ -8,30 +8,36 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, BitsAndBytesConfig
 
-from fsdp_tune.config.model_kinds import CAUSAL_LM, KINDS, kind_of
+from fsdp_tune.config.model_kinds import KINDS, kind_of
 from fsdp_tune.decide.spec import ModelSpec, RankSpec
 from fsdp_tune.worker.loading.door import open_config, open_model
 
 
 def quantization_config(spec: RankSpec) -> BitsAndBytesConfig:
-    """BitsAndBytesConfig from the spec's kwargs (dtypes are names there: the spec is JSON)."""
-    kwargs = dict(spec.model.quantization or {})
-    for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
-        if key in kwargs:
-            kwargs[key] = getattr(torch, kwargs[key])
-    return BitsAndBytesConfig(**kwargs)
+    """BitsAndBytesConfig from the spec's typed quantization (dtypes are names there: the spec is JSON)."""
+    q = spec.model.quantization
+    assert q is not None  # asked for a quantized model only
+    return BitsAndBytesConfig(
+        load_in_4bit=q.load_in_4bit,
+        bnb_4bit_quant_type=q.bnb_4bit_quant_type,
+        bnb_4bit_compute_dtype=getattr(torch, q.bnb_4bit_compute_dtype),
+        bnb_4bit_use_double_quant=q.bnb_4bit_use_double_quant,
+        bnb_4bit_quant_storage=getattr(torch, q.bnb_4bit_quant_storage),
+    )
 
 
 def auto_class(m: ModelSpec):
     """The Auto class of the model's kind (config/model_kinds.py). A model the launcher could not read (a hub id
-    not on that machine) was taken as a language model: one with a vision tower stops here, before any weight."""
-    if m.kind == CAUSAL_LM:
+    not on that machine) was taken as the kind of a config it has not seen (a language model): one of another kind
+    (a vision tower) stops here, before any weight."""
+    if m.facts.config is None:
         revision = {"revision": m.revision} if m.revision else {}
         config = open_config(m.name_or_path, m.trust_remote_code, **revision)
-        if kind_of(config.to_dict()) != CAUSAL_LM:
+        found = KINDS[kind_of(config.to_dict())]
+        if found.name != m.kind:
             raise RuntimeError(
-                f"{m.name_or_path} is a vision-language model ({config.model_type}), and the launcher could not read "
-                "its config.json to plan it as one: download it first (hf download NAME), then train again"
+                f"{m.name_or_path} is a {found.title} ({config.model_type}), and the launcher could not read its "
+                "config.json to plan it as one: download it first (hf download NAME), then train again"
             )
     return getattr(transformers, KINDS[m.kind].auto_class)
 
