@@ -1,6 +1,6 @@
 """The training method's part of the rank spec: its row's traits (MethodSpec), the batch and checkpoint schedule
 its config will read (Steps), the arguments its TRL config takes (DPOConfig has no `packing`, RewardConfig no
-`loss_type`), and GRPO's rewards, generation and reference (GrpoSpec). Pure, like rank.py.
+`loss_type`), and a generating method's rewards, generation and reference (GenerationSpec). Pure, like rank.py.
 
 fsdp-tune sets some SFTConfig fields for every run (max_length, packing, dataset_text_field); a method whose
 config lacks one does not get it. A field the user set that the method's config lacks never gets here: FT110
@@ -13,7 +13,7 @@ from typing import Any
 
 from fsdp_tune.config.methods import fields_of, row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.spec import GrpoSpec, MethodSpec, Steps
+from fsdp_tune.decide.spec import GenerationSpec, MethodSpec, Steps
 
 
 def method_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:
@@ -43,9 +43,9 @@ def _reference(cfg: RunConfig) -> str:
     return "ref_adapter" if cfg.model.adapter and cfg.model.reference == "adapter" else "adapter_disabled"
 
 
-def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
-    """GRPO's rewards as resolved (the rules refused what does not resolve: FT131), how it generates and what its
-    KL term compares with (_reference)."""
+def generation_spec(cfg: RunConfig, world_size: int) -> GenerationSpec | None:
+    """A generating method's rewards as resolved (the rules refused what does not resolve: FT131), how it
+    generates and what its KL term compares with (_reference)."""
     if not row_of(cfg.run.method).generates:
         return None
     from fsdp_tune.rewards.resolve import Unresolved, resolve
@@ -58,7 +58,7 @@ def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
             continue
     vllm = bool(cfg.training.get("use_vllm"))
     completion = int(cfg.training.get("max_completion_length") or 0)
-    return GrpoSpec(
+    return GenerationSpec(
         rewards=tuple(rewards),
         generation="vllm" if vllm else "transformers",
         synced=world_size > 1,

@@ -19,7 +19,7 @@ from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.decide.machine import Machine
-from fsdp_tune.decide.method import grpo_spec, method_args, method_spec, steps
+from fsdp_tune.decide.method import generation_spec, method_args, method_spec, steps
 from fsdp_tune.decide.spec import ModelSpec, RankSpec, SaveSpec, World
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
@@ -71,7 +71,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         save=save_spec(cfg),
         method=method_spec(cfg),
         steps=steps(cfg),
-        grpo=grpo_spec(cfg, cfg.launch.num_processes),
+        generating=generation_spec(cfg, cfg.launch.num_processes),
     )
 
 

@@ -22,7 +22,7 @@ from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 4
+SPEC_VERSION = 5  # 5: GrpoSpec `grpo` became GenerationSpec `generating` (every generating method's)
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,9 @@ class Steps:
 
 
 @dataclass(frozen=True)
-class GrpoSpec:
-    """What GRPO's ranks need beyond TRL's GRPOConfig (the trainer_args), decided on the launcher
-    (decide/method.py grpo_spec)."""
+class GenerationSpec:
+    """What a generating method's ranks need beyond its TRL config (the trainer_args: GRPOConfig, RLOOConfig),
+    decided on the launcher (decide/method.py generation_spec)."""
 
     rewards: tuple[RewardSpec, ...]
     # how completions are generated: "transformers" (generate on the sharded policy, every rank stepping until all
@@ -244,7 +244,8 @@ class RankSpec:
     # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
     console: Literal["live", "lines", "verbose"] = "lines"
     save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
-    grpo: GrpoSpec | None = None  # a generating method (GRPO): its rewards, its generation and its reference
+    # a generating method's (the row's `generates`: GRPO, RLOO): its rewards, its generation and its reference
+    generating: GenerationSpec | None = None
 
     @property
     def fsdp_config(self) -> dict[str, Any]:

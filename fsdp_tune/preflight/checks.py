@@ -144,7 +144,7 @@ def check_data(spec: RankSpec) -> tuple[RankSpec, list[Finding]]:
     sources, findings = settle(d.sources, d.text_field, d.peft_text_field, eval_wanted, tokens, spec.method.name)
     spec = replace(spec, data=replace(d, sources=sources))
     findings += vision_data_findings(spec)  # images for this model and trainer (preflight/vision.py)
-    if spec.grpo is not None and not any(f.severity is Severity.ERROR for f in findings):
+    if spec.generating is not None and not any(f.severity is Severity.ERROR for f in findings):
         from fsdp_tune.preflight.rewards import check_rewards
 
         findings += check_rewards(spec)  # the user's rewards called on one row, in a process of their own

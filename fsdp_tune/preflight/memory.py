@@ -93,10 +93,10 @@ def settle_generation(cfg: RunConfig, spec: RankSpec, machine: Machine) -> RankS
     """GRPO's generation weights (--grpo_generation auto: gathered once per generation where the plan finds room,
     else sharded) decided on the GPUs the ranks use, by the plan `fsdp-tune plan` prints (planner/grpo.py
     generation_weights), and written into the rank spec with whether the ranks step together while they generate
-    (GrpoSpec.synced: only on the sharded path): the ranks read both, never decide them."""
+    (GenerationSpec.synced: only on the sharded path): the ranks read both, never decide them."""
     from dataclasses import replace
 
-    g = spec.grpo
+    g = spec.generating
     if g is None or g.generation == "vllm":
         return spec
     gpus = ranks_gpus(spec, machine) if spec.device == "cuda" else []
@@ -112,4 +112,4 @@ def settle_generation(cfg: RunConfig, spec: RankSpec, machine: Machine) -> RankS
     synced = (
         g.synced and weights != "gathered"
     )  # gathered, no forward calls a collective (worker/training/generation.py)
-    return replace(spec, grpo=replace(g, weights=weights, weights_why=why, synced=synced))
+    return replace(spec, generating=replace(g, weights=weights, weights_why=why, synced=synced))

@@ -126,10 +126,11 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
         tmp_path / "unmanaged",
         (*GROUPS, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars"),
     )
-    assert lora.spec.grpo.reference == "adapter_disabled" and qlora.spec.grpo.reference == "off"
+    assert lora.spec.generating.reference == "adapter_disabled" and qlora.spec.generating.reference == "off"
     # today's path as asked; the others gathered once per generation (auto on CPU ranks: planner/grpo.py)
-    assert lora.spec.grpo.weights == "sharded" and qlora.spec.grpo.weights == unmanaged.spec.grpo.weights == "gathered"
-    assert [r.kind for r in qlora.spec.grpo.rewards] == ["python", "builtin", "reward_model"]
+    weights = [m.spec.generating.weights for m in (lora, qlora, unmanaged)]
+    assert weights == ["sharded", "gathered", "gathered"], weights
+    assert [r.kind for r in qlora.spec.generating.rewards] == ["python", "builtin", "reward_model"]
     paths = [lora.resolved, qlora.resolved, _resumed(tmp_path, lora), unmanaged.resolved]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "tests.dist.recipes_in_one_group", *paths]

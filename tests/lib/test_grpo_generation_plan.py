@@ -1,6 +1,6 @@
 """GRPO's generation weights as the plan decides them (planner/grpo.py generation_weights): gathered once per
 generation where the generation phase with the whole model gathered fits the card, else sharded; the rank spec
-carries the launcher's decision (GrpoSpec.weights) and `--grpo_generation` overrides it."""
+carries the launcher's decision (GenerationSpec.weights) and `--grpo_generation` overrides it."""
 
 from __future__ import annotations
 
@@ -50,12 +50,12 @@ def test_an_8b_lora_gathers_on_one_h100_and_on_two() -> None:
 
 
 def test_the_launcher_writes_the_decision_into_the_rank_spec_and_dry_run_shows_it() -> None:
-    from fsdp_tune.decide.method import grpo_spec
+    from fsdp_tune.decide.method import generation_spec
 
-    spec = grpo_spec(_lora_8b("--num_processes", "2"), 2)
+    spec = generation_spec(_lora_8b("--num_processes", "2"), 2)
     assert spec.weights == "auto" and spec.synced  # settled by the launcher (launch/train.py plan_run)
-    assert grpo_spec(_lora_8b("--grpo_generation", "sharded"), 2).weights == "sharded"
-    assert grpo_spec(_lora_8b("--use_vllm", "True", "--grpo_generation", "gathered"), 2).weights == "sharded"
+    assert generation_spec(_lora_8b("--grpo_generation", "sharded"), 2).weights == "sharded"
+    assert generation_spec(_lora_8b("--use_vllm", "True", "--grpo_generation", "gathered"), 2).weights == "sharded"
 
 
 def test_the_launcher_settles_auto_as_the_plan_decides_it() -> None:
@@ -71,12 +71,12 @@ def test_the_launcher_settles_auto_as_the_plan_decides_it() -> None:
     cfg = _lora_8b("--num_processes", "2")
     big = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_memory_mib=(81559, 81559))
     small = replace(big, gpu_memory_mib=(81559, 16384))  # the run is planned on the smaller card
-    settled = settle_generation(cfg, decide(cfg, big, None, "lines"), big).grpo
+    settled = settle_generation(cfg, decide(cfg, big, None, "lines"), big).generating
     assert settled.weights == "gathered" and "fits 79.6 GiB" in settled.weights_why, settled
     assert not settled.synced  # gathered: no collective inside the generation, each rank stops on its own
-    settled = settle_generation(cfg, decide(cfg, small, None, "lines"), small).grpo
+    settled = settle_generation(cfg, decide(cfg, small, None, "lines"), small).generating
     assert settled.weights == "sharded" and "exceeds 16.0 GiB" in settled.weights_why, settled
     assert settled.synced  # sharded: every forward all-gathers, the ranks step together
     forced = _lora_8b("--num_processes", "2", "--grpo_generation", "sharded")
-    settled = settle_generation(forced, decide(forced, big, None, "lines"), big).grpo
+    settled = settle_generation(forced, decide(forced, big, None, "lines"), big).generating
     assert settled.weights == "sharded" and settled.weights_why.startswith("--grpo_generation sharded"), settled
