@@ -112,7 +112,7 @@ def note(cfg: RunConfig) -> str:
     passes = log_prob_passes(cfg)
     extra = f", {passes} log-prob pass(es) without gradients" if passes else ""
     return (
-        f"grpo: {rows_generated(cfg)} completions generated per rank at once ({n} per prompt, up to "
+        f"{cfg.run.method}: {rows_generated(cfg)} completions generated per rank at once ({n} per prompt, up to "
         f"{completion_length(cfg)} tokens), then trained on like SFT rows{extra}"
     )
 
