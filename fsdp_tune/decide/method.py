@@ -29,18 +29,22 @@ def method_spec(cfg: RunConfig) -> MethodSpec:
         name=row.name,
         data=row.data,
         head=row.head,
-        # GRPO's reference with a starting adapter (beta > 0, --reference adapter) is DPO's frozen "ref" copy
-        reference_adapter=row.reference or _reference(cfg) == "ref_adapter",
+        # a generating method's reference with a starting adapter (beta > 0, --reference adapter) is DPO's frozen
+        # "ref" copy; so is the reference of a trainer that makes that copy whatever its beta (copies_reference)
+        reference_adapter=row.reference or row.copies_reference or _reference(cfg) == "ref_adapter",
         truncation=row.truncation,
     )
 
 
 def _reference(cfg: RunConfig) -> str:
     """What a generating method's KL term compares with: nothing (beta 0), a frozen copy of the starting adapter,
-    or the same sharded model with the adapter switched off (the base, a fresh adapter's start)."""
-    if not row_of(cfg.run.method).generates or not float(cfg.training.get("beta") or 0):
+    or the same sharded model with the adapter switched off (the base, a fresh adapter's start); a trainer that
+    copies the adapter whatever its beta compares with that copy (the row's copies_reference)."""
+    row = row_of(cfg.run.method)
+    if not row.generates or not float(cfg.training.get("beta") or 0):
         return "off"
-    return "ref_adapter" if cfg.model.adapter and cfg.model.reference == "adapter" else "adapter_disabled"
+    started = cfg.model.adapter and cfg.model.reference == "adapter"
+    return "ref_adapter" if started or row.copies_reference else "adapter_disabled"
 
 
 def generation_spec(cfg: RunConfig, world_size: int) -> GenerationSpec | None:

@@ -199,7 +199,8 @@ class GenerationSpec:
     # a merge into the sharded, perhaps 4-bit, base) | None without vLLM
     weight_sync: Literal["adapter"] | None = None
     # the KL term's reference (beta > 0): "off" (none: beta 0) | "adapter_disabled" (the same sharded model with the
-    # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
+    # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter; or of the
+    # fresh one, the base, where the trainer copies it whatever beta: the row's copies_reference)
     reference: Literal["off", "adapter_disabled", "ref_adapter"] = "off"
     max_prompt_tokens: int | None = None  # max_seq_len - max_completion_length: longer prompts are left out
     # GRPOConfig's, as it reads them (its defaults when unset): completions per prompt, tokens per completion (the

@@ -71,6 +71,10 @@ class MethodRow:
     progress: tuple[Metric, ...] = ()  # shown on the progress line, from each training log
     eval_metrics: tuple[Metric, ...] = (Metric("eval_loss", "loss", ".4f"),)  # rank 0's line after an evaluation
     panels: int = 2  # how many of its first metrics `report` plots, a panel each (tools/report.py)
+    # a generating method whose trainer copies a PEFT model's adapter into a "ref" adapter whatever its beta
+    # (RLOOTrainer; GRPOTrainer only with beta > 0): the sharded path then makes that adapter before sharding, as
+    # DPO's (worker/loading/reference.py), and its reference is that frozen copy, never the adapter switched off
+    copies_reference: bool = False
     short: str = ""  # the name findings and lines say it by ("GRPO"); the name in capitals when empty
 
     @property

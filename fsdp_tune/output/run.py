@@ -176,7 +176,7 @@ def vision_lines(spec: RankSpec) -> list[str]:
 _REFERENCE = {
     "off": "none (beta 0: no KL term)",
     "adapter_disabled": "the base: the same sharded model with the adapter switched off (no grad)",
-    "ref_adapter": 'a frozen copy of the starting adapter (a "ref" adapter inside FSDP\'s units; no grad)',
+    "ref_adapter": "a frozen copy of the policy's start adapter (a \"ref\" adapter inside FSDP's units; no grad)",
 }
 
 
