@@ -6,7 +6,7 @@ from importlib import import_module
 
 from fsdp_tune.methods.row import MethodRow
 
-ENTRIES = ("sft", "dpo", "kto", "reward", "grpo")
+ENTRIES = ("sft", "dpo", "kto", "reward", "grpo", "rloo")
 
 
 def rows() -> dict[str, MethodRow]:
