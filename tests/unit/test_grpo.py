@@ -272,6 +272,23 @@ def test_a_starting_adapter_is_the_reference_as_a_frozen_copy(tmp_path) -> None:
     assert generation_spec(based, 2).reference == "adapter_disabled"
 
 
+@pytest.mark.parametrize("flags,reference", [((), "ref_adapter"), (("--beta", "0"), "off")])
+def test_rloo_is_a_generating_method_with_its_own_defaults_and_reference(flags, reference) -> None:
+    """RLOO's differences from GRPO are its config's (num_generations 2, beta 0.05: a reference by default) and its
+    row's copies_reference (RLOOTrainer copies the adapter into "ref" whatever beta: made before sharding, always)."""
+    from fsdp_tune.validate import check
+
+    spec = spec_for("--method", "rloo", *flags, "--output_dir", "/tmp/g", "--use_cpu", "true", config=RECIPE)
+    assert spec.method.name == "rloo" and spec.method.reference_adapter and spec.generating.reference == reference
+    assert [r.name for r in spec.generating.rewards] == ["length_reward"] and "loss_type" not in spec.trainer_args
+    one = check(RECIPE, ["--method", "rloo", "--num_generations", "1"])
+    assert [f.message for f in one.errors if f.rule == "FT133"] == [
+        "num_generations 1: RLOO compares at least 2 completions of each prompt"
+    ]
+    refused = check(RECIPE, ["--method", "rloo", "--scale_rewards", "group"])  # GRPOConfig's: not RLOOConfig's
+    assert [f.rule for f in refused.errors] == ["FT110"], refused.errors
+
+
 def test_the_trace_refuses_grpo_and_says_why() -> None:
     from fsdp_tune.errors import PreflightError
     from fsdp_tune.trace.guard import check_settings
