@@ -19,8 +19,7 @@ __all__ = ["DataKind", "Head", "MethodRow", "Metric", "Step", "Truncation"]
 
 ROWS: dict[str, MethodRow] = rows()
 METHODS = tuple(ROWS)
-SFT = METHODS[0]  # the default method, and the config whose fields the others' are told apart from
-DPO, KTO, REWARD, GRPO = "dpo", "kto", "reward", "grpo"
+SFT = METHODS[0]  # the default method (its row names SFTConfig, whose fields the others' are told apart from)
 
 
 def row_of(method: str) -> MethodRow:
@@ -55,9 +54,9 @@ def table() -> dict[str, Any]:
 def fields_of(method: str = SFT) -> dict[str, dict[str, Any]]:
     """The method's config fields: name -> {"kind", "default", "choices"?}."""
     sft = table()["fields"]
-    if method == SFT or method not in ROWS:
+    own = table()["methods"].get(method)  # none for SFTConfig itself (the default method), or an unknown name
+    if own is None:
         return sft
-    own = table()["methods"][method]
     absent = set(own["absent"])
     return {**{k: v for k, v in sft.items() if k not in absent}, **own["fields"]}
 
@@ -85,5 +84,7 @@ def flag_kind(name: str) -> str:
 
 
 def f_divergence_losses() -> tuple[str, ...]:
-    """DPO's loss types that take a non-default f_divergence_type (read from TRL's help text)."""
-    return tuple(table()["methods"][DPO].get("f_divergence_losses", ()))
+    """DPO's loss types that take a non-default f_divergence_type (read from DPOConfig's help text: the config
+    table that holds them)."""
+    tables = table()["methods"].values()
+    return tuple(next((t["f_divergence_losses"] for t in tables if "f_divergence_losses" in t), ()))

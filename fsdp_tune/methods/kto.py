@@ -31,4 +31,5 @@ ROW = MethodRow(
         Metric("eval_kl", "kl"),
         Metric("eval_rewards/margins", "margin"),
     ),
+    kl_from_batch=True,
 )

@@ -75,6 +75,12 @@ class MethodRow:
     # (RLOOTrainer; GRPOTrainer only with beta > 0): the sharded path then makes that adapter before sharding, as
     # DPO's (worker/loading/reference.py), and its reference is that frozen copy, never the adapter switched off
     copies_reference: bool = False
+    named: bool = True  # the plan, the run's lines and the runs table name it (False: the default method, SFT)
+    # its loss is a sum over tokens, which context parallelism's per-rank slices of every sequence add up to (SFT);
+    # a loss per whole sequence (preference, a score head) or built after generating is not (FT048, FT138)
+    context_parallel: bool = False
+    # it estimates a KL term from the other rows of its micro-batch, taken in order (KTO: FT113)
+    kl_from_batch: bool = False
     short: str = ""  # the name findings and lines say it by ("GRPO"); the name in capitals when empty
 
     @property

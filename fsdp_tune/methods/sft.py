@@ -18,4 +18,6 @@ ROW = MethodRow(
     step=Step(),
     fused_head=("log_probs", "entropy", "is_top1"),
     eval_metrics=(Metric("eval_loss", "loss", ".4f"), Metric("eval_mean_token_accuracy", "token accuracy")),
+    named=False,
+    context_parallel=True,
 )

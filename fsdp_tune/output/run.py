@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdp_tune.config.methods import SFT, metric_keys, row_of
+from fsdp_tune.config.methods import metric_keys, row_of
 from fsdp_tune.config.model_kinds import FAMILIES, KINDS
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
@@ -138,7 +138,7 @@ def method_lines(spec: RankSpec) -> list[str]:
     starting adapter."""
     m = spec.model
     name = spec.method.name
-    lines = [] if name == SFT else [f"  method: {row_of(name).title}"]
+    lines = [f"  method: {row_of(name).title}"] if row_of(name).named else []
     if spec.method.reference_adapter and spec.generating is None:  # GRPO's says what its reference is (grpo_lines)
         ref = "a frozen copy of the starting adapter" if m.reference == "adapter" else "the base model"
         how = 'a frozen "ref" adapter inside FSDP\'s units' if spec.loading.path == "sharded" else "TRL's"
