@@ -9,7 +9,8 @@ refuses it first (rules/method.py).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from fsdp_tune.config.methods import fields_of, row_of
 from fsdp_tune.config.schema import RunConfig
@@ -47,9 +48,22 @@ def _reference(cfg: RunConfig) -> str:
     return "ref_adapter" if started or row.copies_reference else "adapter_disabled"
 
 
-def generation_spec(cfg: RunConfig, world_size: int) -> GenerationSpec | None:
+@dataclass(frozen=True)
+class GenerationWeights:
+    """How transformers' generate() meets FSDP2's shards, as the memory plan decided it on the GPUs the ranks use
+    (preflight/memory.py plan_generation, planner/grpo.py generation_weights): an input of decide(), made before
+    the rank spec is, so that no field of it is written after decide()."""
+
+    weights: Literal["sharded", "gathered"]
+    why: str  # the decision in words, with the memory that decided it
+
+
+def generation_spec(cfg: RunConfig, world_size: int, planned: GenerationWeights | None = None) -> GenerationSpec | None:
     """A generating method's rewards as resolved (the rules refused what does not resolve: FT131), how it
-    generates and what its KL term compares with (_reference)."""
+    generates and what its KL term compares with (_reference). `planned`: the generation weights the launcher's
+    memory plan decided (--grpo_generation auto settled); without it the weights are as asked ("auto" unsettled:
+    `plan` and the trace, which decide nothing for the ranks). The ranks step together while they generate on the
+    sharded path only: gathered, no forward inside the phase calls a collective (worker/training/generation.py)."""
     if not row_of(cfg.run.method).generates:
         return None
     from fsdp_tune.rewards.resolve import Unresolved, resolve
@@ -62,12 +76,16 @@ def generation_spec(cfg: RunConfig, world_size: int) -> GenerationSpec | None:
             continue
     vllm = bool(cfg.training.get("use_vllm"))
     completion = int(cfg.training.get("max_completion_length") or 0)
+    weights = cfg.run.grpo_generation if not vllm else "sharded"  # "auto": settled by the launcher's memory plan
+    why = "asked: --grpo_generation" if cfg.run.grpo_generation != "auto" else ""
+    if planned is not None and not vllm:
+        weights, why = planned.weights, planned.why
     return GenerationSpec(
         rewards=tuple(rewards),
         generation="vllm" if vllm else "transformers",
-        synced=world_size > 1,
-        weights=cfg.run.grpo_generation if not vllm else "sharded",  # "auto": settled by the launcher's memory plan
-        weights_why="asked: --grpo_generation" if cfg.run.grpo_generation != "auto" else "",
+        synced=world_size > 1 and weights != "gathered",
+        weights=weights,
+        weights_why=why,
         weight_sync="adapter" if vllm else None,
         reference=_reference(cfg),
         max_prompt_tokens=cfg.data.max_seq_len - completion if completion else None,

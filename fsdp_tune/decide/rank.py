@@ -19,7 +19,7 @@ from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.decide.machine import Machine
-from fsdp_tune.decide.method import generation_spec, method_args, method_spec, steps
+from fsdp_tune.decide.method import GenerationWeights, generation_spec, method_args, method_spec, steps
 from fsdp_tune.decide.spec import ModelSpec, RankSpec, SaveSpec, World
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
@@ -34,7 +34,15 @@ def console_mode(verbose: bool, tty: bool) -> str:
     return "verbose" if verbose else "live" if tty else "lines"
 
 
-def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console: str = "lines") -> RankSpec:
+def decide(
+    cfg: RunConfig,
+    machine: Machine,
+    resume: str | None = None,
+    console: str = "lines",
+    generation: GenerationWeights | None = None,
+) -> RankSpec:
+    """The rank spec, every field of it. `generation`: a generating method's generation weights as the launcher's
+    memory plan decided them (preflight/memory.py plan_generation), an input made before this call."""
     d = derive(cfg, machine)  # decide/derived.py, once: every decision below reads it
     on_cpu = d.on_cpu
     output_dir = run_output_dir(cfg)  # config/run_folder.py: the one answer
@@ -71,7 +79,7 @@ def decide(cfg: RunConfig, machine: Machine, resume: str | None = None, console:
         save=save_spec(cfg),
         method=method_spec(cfg),
         steps=steps(cfg),
-        generating=generation_spec(cfg, cfg.launch.num_processes),
+        generating=generation_spec(cfg, cfg.launch.num_processes, generation),
     )
 
 

@@ -21,7 +21,7 @@ from fsdp_tune.errors import Finding, LaunchError, PreflightError, Severity, Usa
 from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome, failure_report, stopped
 from fsdp_tune.preflight import batch
-from fsdp_tune.preflight.memory import settle_generation
+from fsdp_tune.preflight.memory import plan_generation
 from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings, schedule_findings
 from fsdp_tune.rundir import manifest, outdir, ownership
 from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
@@ -163,8 +163,8 @@ def plan_run(
     cfg = checked.config
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
-    spec, findings = check_data(decide(cfg, machine, resume, console))
-    spec = settle_generation(cfg, spec, machine)  # GRPO: gathered once per generation, or sharded (planner/grpo.py)
+    generation = plan_generation(cfg, machine)  # gathered once per generation, or sharded (planner/grpo.py)
+    spec, findings = check_data(decide(cfg, machine, resume, console, generation))
     secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file
     resuming = resume_request(cfg) is not None
     findings += check_machine(cfg, spec, machine, resume_requested=resuming)

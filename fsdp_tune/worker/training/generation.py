@@ -24,8 +24,8 @@ On the sharded path the ranks keep stepping together until all finish (Generatio
 synced_gpus): every forward all-gathers, and a rank that stopped would leave the others in a collective. Gathered,
 no forward inside the phase calls a collective (the units are unsharded: their pre-forward gathers nothing), so each
 rank stops when its own completions end (GenerationSpec.synced off, decided with the weights: preflight/memory.py
-settle_generation); the next collective is after the phase, issued in the same order on every rank. The time each
-generation took is kept for the step's split (GenerationClock).
+plan_generation, an input of decide()); the next collective is after the phase, issued in the same order on every
+rank. The time each generation took is kept for the step's split (GenerationClock).
 """
 
 from __future__ import annotations
