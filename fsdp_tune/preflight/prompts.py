@@ -1,6 +1,7 @@
-"""The data pre-flight for online RL (preflight/data.py runs it in place of SFT's format checks under
---method grpo): the prompt column found, rows that cannot be used reported with file and line (and skipped on rank 0,
-counted in the summary), data that holds answers but no prompts refused naming what it is (PF014)."""
+"""The data pre-flight for online RL (preflight/data.py runs it in place of SFT's format checks under a generating
+method: --method grpo, rloo): the prompt column found, rows that cannot be used reported with file and line (and
+skipped on rank 0, counted in the summary), data that holds answers but no prompts refused naming what it is
+(PF014)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def detect(columns: list[str], rows: list[dict], source: Source) -> Format:
         except FormatError:
             raise e from None
         raise FormatError(
-            f"this is supervised fine-tuning data ({other.describe()}) without a prompt column; --method grpo "
-            "generates the answers itself and trains on prompts",
+            f"this is supervised fine-tuning data ({other.describe()}) without a prompt column; a generating "
+            "method (online RL) generates the answers itself and trains on prompts",
             "give {prompt: ...} rows (and the columns your rewards read), or name the prompt column: "
             "--dataset_columns prompt=COLUMN",
         ) from None

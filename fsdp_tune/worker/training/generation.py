@@ -108,7 +108,7 @@ def install(model, weights: str, synced: bool, clock: GenerationClock | None = N
     if getattr(original, "fsdp_tune_generation", False):
         return
     if weights not in ("sharded", "gathered"):
-        raise ValueError(f"GRPO generation weights {weights!r}: the launcher decides sharded or gathered")
+        raise ValueError(f"generation weights {weights!r}: the launcher decides sharded or gathered")
 
     @functools.wraps(original)
     def generate(*args, **kwargs):
