@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from fsdp_tune.methods.row import MethodRow, Metric, Step
+from fsdp_tune.methods.row import (
+    GENERATING_EVAL,
+    GENERATING_METRICS,
+    GENERATING_PROGRESS,
+    GENERATING_STEP,
+    MethodRow,
+)
 
 # GRPO's reference (beta > 0) and its no-grad log-prob passes depend on its config, not on the method: they
 # are GenerationSpec's (decide/method.py) and planner/grpo.py's; the trainer toggles the Trainer's gradient
@@ -18,28 +24,10 @@ ROW = MethodRow(
     packs=False,
     truncation="none",
     recompute_with_fsdp=True,
-    step=Step(
-        describe="completions generated on the ranks, then trained on as SFT rows (planner/grpo.py: the "
-        "generation and the log-prob passes before it)",
-    ),
+    step=GENERATING_STEP,
     fused_head=("log_probs", "entropy"),
-    # and each reward function's own mean: a `*` row stands for every name TRL logs there (metric_keys)
-    metrics=(
-        Metric("reward", "reward"),
-        Metric("completions/mean_length", "completion length", ".1f"),
-        Metric("kl", "KL", ".4f"),
-        Metric("rewards/*/mean", "{}"),
-        Metric("reward_std", "reward std"),
-        # the step's time split (worker/training/generating.py): TRL's step_time holds generation and scoring
-        Metric("timing/generation_s", "generation s", ".2f"),
-        Metric("timing/scoring_s", "scoring s", ".2f"),
-        Metric("step_time", "step s", ".2f"),
-    ),
-    progress=(
-        Metric("reward", "reward"),
-        Metric("completions/mean_length", "length", ".1f"),
-        Metric("kl", "kl", ".4f"),
-    ),
-    eval_metrics=(Metric("eval_reward", "reward"), Metric("eval_completions/mean_length", "length", ".1f")),
+    metrics=GENERATING_METRICS,
+    progress=GENERATING_PROGRESS,
+    eval_metrics=GENERATING_EVAL,
     panels=3,  # the reward (with each function's), the completion length, the KL
 )

@@ -7,7 +7,13 @@ training_fields.json: num_generations 2 and beta 0.05 by default (so a LoRA run 
 
 from __future__ import annotations
 
-from fsdp_tune.methods.row import MethodRow, Metric, Step
+from fsdp_tune.methods.row import (
+    GENERATING_EVAL,
+    GENERATING_METRICS,
+    GENERATING_PROGRESS,
+    GENERATING_STEP,
+    MethodRow,
+)
 
 ROW = MethodRow(
     "rloo",
@@ -23,26 +29,10 @@ ROW = MethodRow(
     packs=False,
     truncation="none",
     recompute_with_fsdp=True,  # the trainer toggles the Trainer's gradient checkpointing around generation, as GRPO's
-    step=Step(
-        describe="completions generated on the ranks, then trained on as SFT rows (planner/grpo.py: the generation "
-        "and the log-prob passes before it)",
-    ),
+    step=GENERATING_STEP,
     fused_head=("log_probs", "entropy"),
-    metrics=(
-        Metric("reward", "reward"),
-        Metric("completions/mean_length", "completion length", ".1f"),
-        Metric("kl", "KL", ".4f"),
-        Metric("rewards/*/mean", "{}"),
-        Metric("reward_std", "reward std"),
-        Metric("timing/generation_s", "generation s", ".2f"),  # worker/training/generating.py
-        Metric("timing/scoring_s", "scoring s", ".2f"),
-        Metric("step_time", "step s", ".2f"),
-    ),
-    progress=(
-        Metric("reward", "reward"),
-        Metric("completions/mean_length", "length", ".1f"),
-        Metric("kl", "kl", ".4f"),
-    ),
-    eval_metrics=(Metric("eval_reward", "reward"), Metric("eval_completions/mean_length", "length", ".1f")),
+    metrics=GENERATING_METRICS,
+    progress=GENERATING_PROGRESS,
+    eval_metrics=GENERATING_EVAL,
     panels=3,  # the reward (with each function's), the completion length, the KL
 )

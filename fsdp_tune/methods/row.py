@@ -107,3 +107,29 @@ PREFERENCE_REWARDS = (
     Metric("rewards/chosen", "chosen reward"),
     Metric("rewards/rejected", "rejected reward"),
 )
+
+
+# what every generating method's trainer logs (TRL 1.16's GRPOTrainer and RLOOTrainer alike), and each reward
+# function's own mean: a `*` row stands for every name TRL logs there (metric_keys); the step's time split is
+# worker/training/generating.py's (TRL's step_time holds generation and scoring)
+GENERATING_METRICS = (
+    Metric("reward", "reward"),
+    Metric("completions/mean_length", "completion length", ".1f"),
+    Metric("kl", "KL", ".4f"),
+    Metric("rewards/*/mean", "{}"),
+    Metric("reward_std", "reward std"),
+    Metric("timing/generation_s", "generation s", ".2f"),
+    Metric("timing/scoring_s", "scoring s", ".2f"),
+    Metric("step_time", "step s", ".2f"),
+)
+GENERATING_PROGRESS = (
+    Metric("reward", "reward"),
+    Metric("completions/mean_length", "length", ".1f"),
+    Metric("kl", "kl", ".4f"),
+)
+GENERATING_EVAL = (Metric("eval_reward", "reward"), Metric("eval_completions/mean_length", "length", ".1f"))
+# its no-grad log-prob passes and the generation depend on its config, not on the method (planner/grpo.py)
+GENERATING_STEP = Step(
+    describe="completions generated on the ranks, then trained on as SFT rows (planner/grpo.py: the generation and "
+    "the log-prob passes before it)",
+)
