@@ -72,7 +72,7 @@ def run() -> dict:
     for path in PATHS[1:]:
         flags = ["--method", "grpo", "--reward_funcs", reward, "--grpo_generation", path]
         planned = plan_run(str(config), [*flags, "--output_dir", str(work / path)], lambda _: None)
-        assert planned.spec.grpo.weights == path, planned.spec.grpo
+        assert planned.spec.generating.weights == path, planned.spec.generating
         resolved.append(torchrun.prepare(planned.config, planned.spec, planned.run_id).resolved_path)
     model = str(materialize("tiny-llama"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__]

@@ -192,10 +192,14 @@ def config_fields(config_class: type, extra: dict[str, list[str]]) -> dict[str, 
 def method_tables(sft: dict[str, dict], extra: dict[str, list[str]]) -> dict[str, dict]:
     """Each other method's config as it differs from SFTConfig: its fields that SFTConfig lacks or holds otherwise
     (another default, kind or values), and the SFTConfig fields it lacks."""
-    from trl import DPOConfig, GRPOConfig, KTOConfig, RewardConfig
+    import trl
+    from trl import DPOConfig
+
+    from fsdp_tune.methods.registry import rows
 
     out = {}
-    configs = (("dpo", DPOConfig), ("kto", KTOConfig), ("reward", RewardConfig), ("grpo", GRPOConfig))
+    others = [row for row in rows().values() if row.config_class != "SFTConfig"]
+    configs = [(row.name, getattr(trl, row.config_class)) for row in others]
     for method, config_class in configs:
         own = config_fields(config_class, extra)
         out[method] = {

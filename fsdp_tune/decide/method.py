@@ -1,6 +1,6 @@
 """The training method's part of the rank spec: its row's traits (MethodSpec), the batch and checkpoint schedule
 its config will read (Steps), the arguments its TRL config takes (DPOConfig has no `packing`, RewardConfig no
-`loss_type`), and GRPO's rewards, generation and reference (GrpoSpec). Pure, like rank.py.
+`loss_type`), and a generating method's rewards, generation and reference (GenerationSpec). Pure, like rank.py.
 
 fsdp-tune sets some SFTConfig fields for every run (max_length, packing, dataset_text_field); a method whose
 config lacks one does not get it. A field the user set that the method's config lacks never gets here: FT110
@@ -9,11 +9,12 @@ refuses it first (rules/method.py).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from fsdp_tune.config.methods import fields_of, row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.spec import GrpoSpec, MethodSpec, Steps
+from fsdp_tune.decide.spec import GenerationSpec, MethodSpec, Steps
 
 
 def method_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:
@@ -29,23 +30,40 @@ def method_spec(cfg: RunConfig) -> MethodSpec:
         name=row.name,
         data=row.data,
         head=row.head,
-        # GRPO's reference with a starting adapter (beta > 0, --reference adapter) is DPO's frozen "ref" copy
-        reference_adapter=row.reference or _reference(cfg) == "ref_adapter",
+        # a generating method's reference with a starting adapter (beta > 0, --reference adapter) is DPO's frozen
+        # "ref" copy; so is the reference of a trainer that makes that copy whatever its beta (copies_reference)
+        reference_adapter=row.reference or row.copies_reference or _reference(cfg) == "ref_adapter",
         truncation=row.truncation,
     )
 
 
 def _reference(cfg: RunConfig) -> str:
     """What a generating method's KL term compares with: nothing (beta 0), a frozen copy of the starting adapter,
-    or the same sharded model with the adapter switched off (the base, a fresh adapter's start)."""
-    if not row_of(cfg.run.method).generates or not float(cfg.training.get("beta") or 0):
+    or the same sharded model with the adapter switched off (the base, a fresh adapter's start); a trainer that
+    copies the adapter whatever its beta compares with that copy (the row's copies_reference)."""
+    row = row_of(cfg.run.method)
+    if not row.generates or not float(cfg.training.get("beta") or 0):
         return "off"
-    return "ref_adapter" if cfg.model.adapter and cfg.model.reference == "adapter" else "adapter_disabled"
+    started = cfg.model.adapter and cfg.model.reference == "adapter"
+    return "ref_adapter" if started or row.copies_reference else "adapter_disabled"
 
 
-def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
-    """GRPO's rewards as resolved (the rules refused what does not resolve: FT131), how it generates and what its
-    KL term compares with (_reference)."""
+@dataclass(frozen=True)
+class GenerationWeights:
+    """How transformers' generate() meets FSDP2's shards, as the memory plan decided it on the GPUs the ranks use
+    (preflight/memory.py plan_generation, planner/grpo.py generation_weights): an input of decide(), made before
+    the rank spec is, so that no field of it is written after decide()."""
+
+    weights: Literal["sharded", "gathered"]
+    why: str  # the decision in words, with the memory that decided it
+
+
+def generation_spec(cfg: RunConfig, world_size: int, planned: GenerationWeights | None = None) -> GenerationSpec | None:
+    """A generating method's rewards as resolved (the rules refused what does not resolve: FT131), how it
+    generates and what its KL term compares with (_reference). `planned`: the generation weights the launcher's
+    memory plan decided (--grpo_generation auto settled); without it the weights are as asked ("auto" unsettled:
+    `plan` and the trace, which decide nothing for the ranks). The ranks step together while they generate on the
+    sharded path only: gathered, no forward inside the phase calls a collective (worker/training/generation.py)."""
     if not row_of(cfg.run.method).generates:
         return None
     from fsdp_tune.rewards.resolve import Unresolved, resolve
@@ -58,12 +76,16 @@ def grpo_spec(cfg: RunConfig, world_size: int) -> GrpoSpec | None:
             continue
     vllm = bool(cfg.training.get("use_vllm"))
     completion = int(cfg.training.get("max_completion_length") or 0)
-    return GrpoSpec(
+    weights = cfg.run.grpo_generation if not vllm else "sharded"  # "auto": settled by the launcher's memory plan
+    why = "asked: --grpo_generation" if cfg.run.grpo_generation != "auto" else ""
+    if planned is not None and not vllm:
+        weights, why = planned.weights, planned.why
+    return GenerationSpec(
         rewards=tuple(rewards),
         generation="vllm" if vllm else "transformers",
-        synced=world_size > 1,
-        weights=cfg.run.grpo_generation if not vllm else "sharded",  # "auto": settled by the launcher's memory plan
-        weights_why="asked: --grpo_generation" if cfg.run.grpo_generation != "auto" else "",
+        synced=world_size > 1 and weights != "gathered",
+        weights=weights,
+        weights_why=why,
         weight_sync="adapter" if vllm else None,
         reference=_reference(cfg),
         max_prompt_tokens=cfg.data.max_seq_len - completion if completion else None,

@@ -20,7 +20,7 @@ from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_kwargs
 from fsdp_tune.decide.machine import Machine
-from fsdp_tune.decide.method import grpo_spec, method_args, method_spec, steps
+from fsdp_tune.decide.method import GenerationWeights, generation_spec, method_args, method_spec, steps
 from fsdp_tune.decide.spec import ModelSpec, Quantization, RankSpec, SaveSpec, World
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
@@ -41,9 +41,12 @@ def decide(
     resume: str | None = None,
     console: str = "lines",
     files: tuple[Look, ...] | None = None,
+    generation: GenerationWeights | None = None,
 ) -> RankSpec:
     """The rank spec, whole: nothing writes into it afterwards. `files`: the data files read once (decide/data.py
-    read_files), which the data pre-flight then checks; None for a spec that does not read them (`plan`, `--emit`)."""
+    read_files), which the data pre-flight then checks; None for a spec that does not read them (`plan`, `--emit`).
+    `generation`: a generating method's generation weights as the launcher's memory plan decided them
+    (preflight/memory.py plan_generation), an input made before this call."""
     d = derive(cfg, machine)  # decide/derived.py, once: every decision below reads it
     on_cpu = d.on_cpu
     output_dir = run_output_dir(cfg)  # config/run_folder.py: the one answer
@@ -80,7 +83,7 @@ def decide(
         save=save_spec(cfg),
         method=method_spec(cfg),
         steps=steps(cfg),
-        grpo=grpo_spec(cfg, cfg.launch.num_processes),
+        generating=generation_spec(cfg, cfg.launch.num_processes, generation),
     )
 
 

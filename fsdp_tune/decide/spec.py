@@ -22,7 +22,8 @@ from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 5  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted)
+SPEC_VERSION = 6  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
+# 6: GrpoSpec `grpo` became GenerationSpec `generating` (every generating method's)
 
 
 @dataclass(frozen=True)
@@ -192,9 +193,9 @@ class Steps:
 
 
 @dataclass(frozen=True)
-class GrpoSpec:
-    """What GRPO's ranks need beyond TRL's GRPOConfig (the trainer_args), decided on the launcher
-    (decide/method.py grpo_spec)."""
+class GenerationSpec:
+    """What a generating method's ranks need beyond its TRL config (the trainer_args: GRPOConfig, RLOOConfig),
+    decided on the launcher (decide/method.py generation_spec)."""
 
     rewards: tuple[RewardSpec, ...]
     # how completions are generated: "transformers" (generate on the sharded policy, every rank stepping until all
@@ -211,7 +212,8 @@ class GrpoSpec:
     # a merge into the sharded, perhaps 4-bit, base) | None without vLLM
     weight_sync: Literal["adapter"] | None = None
     # the KL term's reference (beta > 0): "off" (none: beta 0) | "adapter_disabled" (the same sharded model with the
-    # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter)
+    # adapter switched off: the base) | "ref_adapter" (a frozen copy of the starting adapter, --adapter; or of the
+    # fresh one, the base, where the trainer copies it whatever beta: the row's copies_reference)
     reference: Literal["off", "adapter_disabled", "ref_adapter"] = "off"
     max_prompt_tokens: int | None = None  # max_seq_len - max_completion_length: longer prompts are left out
     # GRPOConfig's, as it reads them (its defaults when unset): completions per prompt, tokens per completion (the
@@ -256,7 +258,8 @@ class RankSpec:
     # everything the libraries print); the libraries' output always goes, whole, to OUTPUT_DIR/logs/rank-K.log
     console: Literal["live", "lines", "verbose"] = "lines"
     save: SaveSpec = field(default_factory=SaveSpec)  # how the adapter is saved and reloaded (FSDP version)
-    grpo: GrpoSpec | None = None  # a generating method (GRPO): its rewards, its generation and its reference
+    # a generating method's (the row's `generates`: GRPO, RLOO): its rewards, its generation and its reference
+    generating: GenerationSpec | None = None
 
     @property
     def fsdp_config(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from fsdp_tune.errors import Finding, LaunchError, PreflightError, Severity, Usa
 from fsdp_tune.launch import torchrun
 from fsdp_tune.launch.failure import Outcome, failure_report, stopped
 from fsdp_tune.preflight import batch
-from fsdp_tune.preflight.memory import settle_generation
+from fsdp_tune.preflight.memory import plan_generation
 from fsdp_tune.preflight.resume import fsdp_version_findings, resume_findings, schedule_findings
 from fsdp_tune.rundir import manifest, outdir, ownership
 from fsdp_tune.rundir.checkpoints import folder_run_id, latest_complete, marker_run_id, verify
@@ -167,9 +167,9 @@ def plan_run(
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
     files = read_files(cfg)  # the data files, read once: the spec is decided from them, the pre-flight checks them
-    spec = decide(cfg, machine, resume, console, files)
+    generation = plan_generation(cfg, machine)  # gathered once per generation, or sharded (planner/grpo.py)
+    spec = decide(cfg, machine, resume, console, files=files, generation=generation)
     counted, findings = check_data(spec, files)
-    spec = settle_generation(cfg, spec, machine)  # GRPO: gathered once per generation, or sharded (planner/grpo.py)
     secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file
     resuming = resume_request(cfg) is not None
     findings += check_machine(cfg, spec, machine, resume_requested=resuming, counted=counted)

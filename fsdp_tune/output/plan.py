@@ -27,7 +27,7 @@ def vision_lines(plan: dict[str, Any]) -> list[str]:
 def format_plan(plan: dict[str, Any]) -> str:
     m = plan["model"]
     method = plan.get("method", SFT)
-    lines = [] if method == SFT else [f"method: {row_of(method).title}"]
+    lines = [f"method: {row_of(method).title}"] if row_of(method).named else []
     lines += [
         f"model: {m['name']} ({plan['total_params'] / 1e9:.2f}B parameters, {m['layers']} x {m['layer_class']}); "
         f"trainable {plan['trainable_params'] / 1e6:.1f}M; {plan['world_size']} ranks on {plan['device']}"

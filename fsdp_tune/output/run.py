@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdp_tune.config.methods import SFT, metric_keys, row_of
+from fsdp_tune.config.methods import metric_keys, row_of
 from fsdp_tune.config.model_kinds import FAMILIES, KINDS
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
@@ -140,12 +140,12 @@ def method_lines(spec: RankSpec) -> list[str]:
     starting adapter."""
     m = spec.model
     name = spec.method.name
-    lines = [] if name == SFT else [f"  method: {row_of(name).title}"]
-    if spec.method.reference_adapter and spec.grpo is None:  # GRPO's says what its reference is (grpo_lines)
+    lines = [f"  method: {row_of(name).title}"] if row_of(name).named else []
+    if spec.method.reference_adapter and spec.generating is None:  # GRPO's says what its reference is (grpo_lines)
         ref = "a frozen copy of the starting adapter" if m.reference == "adapter" else "the base model"
         how = 'a frozen "ref" adapter inside FSDP\'s units' if spec.loading.path == "sharded" else "TRL's"
         lines.append(f"  reference: {ref} ({how}; no grad, nothing saved for backward)")
-    if spec.grpo is not None:
+    if spec.generating is not None:
         lines += grpo_lines(spec)
     if m.adapter:
         lines.append(f"  start: the adapter in {m.adapter} (its LoRA shape, its weights)")
@@ -178,13 +178,13 @@ def vision_lines(spec: RankSpec, counted: tuple[Counted, ...] = ()) -> list[str]
 _REFERENCE = {
     "off": "none (beta 0: no KL term)",
     "adapter_disabled": "the base: the same sharded model with the adapter switched off (no grad)",
-    "ref_adapter": 'a frozen copy of the starting adapter (a "ref" adapter inside FSDP\'s units; no grad)',
+    "ref_adapter": "a frozen copy of the policy's start adapter (a \"ref\" adapter inside FSDP's units; no grad)",
 }
 
 
 def grpo_lines(spec: RankSpec) -> list[str]:
     """GRPO's rewards, how it generates, what its KL term compares with."""
-    g, t = spec.grpo, spec.trainer_args
+    g, t = spec.generating, spec.trainer_args
     rewards = ", ".join(f"{r.written} ({r.kind.replace('_', ' ')})" for r in g.rewards)
     weights = t.get("reward_weights")
     lines = [f"  rewards: {rewards}" + (f", weights {' '.join(f'{w:g}' for w in weights)}" if weights else "")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fsdp_tune.config.methods import SFT, row_of
+
 
 def format_rows(rows: list[dict]) -> str:
     """`fsdp-tune report`: runs side by side (peak memory is GPU reserved on GPU runs, RSS on CPU runs)."""
@@ -28,7 +30,7 @@ def format_rows(rows: list[dict]) -> str:
 def _method(row: dict) -> str:
     """A preference run's method and its own last metrics (`  dpo: rewards/accuracies 1.000, ...`); nothing for
     SFT."""
-    if row.get("method", "sft") == "sft":
+    if not row_of(row.get("method") or SFT).named:
         return ""
     shown = [
         f"{m['key']} {m['last']:.3f}" for m in (row.get("metric_1"), row.get("metric_2")) if m and m["last"] is not None

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fsdp_tune.config.methods import SFT, row_of
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing, model_of
 from fsdp_tune.decide.loading import why_not_sharded
@@ -117,7 +117,8 @@ def _cp_axis(cfg: RunConfig) -> list[Change | None]:
     ranks and 2k the sequence (each rank takes two chunks), gradient accumulation raised k-fold to keep the global
     batch (the data-parallel degree falls to world / k)."""
     fixed_mesh = cfg.parallelism.enabled and cfg.parallelism.dp_shard_size is not None
-    if cfg.data.max_seq_len < LONG_SEQUENCE or cp_degree(cfg) > 1 or cfg.run.method != SFT or fixed_mesh:
+    taken = row_of(cfg.run.method).context_parallel
+    if cfg.data.max_seq_len < LONG_SEQUENCE or cp_degree(cfg) > 1 or not taken or fixed_mesh:
         return []
     world = cfg.launch.num_processes
     out: list[Change | None] = [None]

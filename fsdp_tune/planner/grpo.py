@@ -20,7 +20,7 @@ entropy, no full logits). Around it, two phases SFT has not:
 Nothing of the generation outlives it: the KV cache is freed before the log-prob passes and the training forward.
 
 How the generation meets the shards is decided here, once (generation_weights; the launcher writes it into the rank
-spec, GrpoSpec.weights, and `plan` prints it): "gathered" all-gathers the whole model once per generation
+spec, GenerationSpec.weights, and `plan` prints it): "gathered" all-gathers the whole model once per generation
 (worker/training/generation.py), where the generation phase with every unit gathered, plus the CUDA context's upper
 bound, fits the card; else "sharded", which gathers every unit again for each generated token (three layers and the
 head in flight, as above). `--grpo_generation sharded|gathered` overrides the plan.
@@ -36,7 +36,8 @@ from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 
 # GRPOConfig's settings as the run gives them, else GRPOConfig's own defaults (TrainingSettings.get reads them from
-# the installed TRL: training_fields.json), as decide/method.py grpo_spec reads them for the ranks: not restated here
+# the installed TRL: training_fields.json), as decide/method.py generation_spec reads them for the ranks: not
+# restated here
 
 
 def _int(cfg: RunConfig, name: str, unset: int) -> int:
@@ -111,7 +112,7 @@ def note(cfg: RunConfig) -> str:
     passes = log_prob_passes(cfg)
     extra = f", {passes} log-prob pass(es) without gradients" if passes else ""
     return (
-        f"grpo: {rows_generated(cfg)} completions generated per rank at once ({n} per prompt, up to "
+        f"{cfg.run.method}: {rows_generated(cfg)} completions generated per rank at once ({n} per prompt, up to "
         f"{completion_length(cfg)} tokens), then trained on like SFT rows{extra}"
     )
 

@@ -112,7 +112,7 @@ def _model_entry(name: str, shape) -> dict:
 
 def generation_plan(cfg: RunConfig, gpu_key: str, gpu_memory: str | None, on_cpu: bool, loading: str) -> dict:
     """GRPO's generation weights alone (planner/grpo.py generation_weights), as memory_plan decides them, without
-    its step time and advice: what the launcher writes into the rank spec (preflight/memory.py settle_generation)."""
+    its step time and advice: an input of decide() (preflight/memory.py plan_generation)."""
     facts = model_of(cfg)
     name = _check(cfg, facts, gpu_key, loading)
     budget = None if on_cpu else parse_memory(gpu_memory) if gpu_memory else GPUS[gpu_key].memory_gib

@@ -147,7 +147,7 @@ def check_data(spec: RankSpec, files: tuple[Look, ...], tokens=None) -> tuple[tu
         tokens = TokenCheck(spec)
     counted, findings = check_sources(spec.data.sources, files, tokens, spec.method.name)
     findings += vision_data_findings(spec, counted)  # images for this model and trainer (preflight/vision.py)
-    if spec.grpo is not None and not any(f.severity is Severity.ERROR for f in findings):
+    if spec.generating is not None and not any(f.severity is Severity.ERROR for f in findings):
         from fsdp_tune.preflight.rewards import check_rewards
 
         findings += check_rewards(spec)  # the user's rewards called on one row, in a process of their own

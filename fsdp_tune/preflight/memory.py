@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.method import GenerationWeights
 from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity, UsageError
 
@@ -93,27 +94,26 @@ def check_memory(
     ]
 
 
-def settle_generation(cfg: RunConfig, spec: RankSpec, machine: Machine) -> RankSpec:
-    """GRPO's generation weights (--grpo_generation auto: gathered once per generation where the plan finds room,
-    else sharded) decided on the GPUs the ranks use, by the plan `fsdp-tune plan` prints (planner/grpo.py
-    generation_weights), and written into the rank spec with whether the ranks step together while they generate
-    (GrpoSpec.synced: only on the sharded path): the ranks read both, never decide them."""
-    from dataclasses import replace
+def plan_generation(cfg: RunConfig, machine: Machine) -> GenerationWeights | None:
+    """A generating method's generation weights (--grpo_generation auto: gathered once per generation where the
+    plan finds room, else sharded), decided on the GPUs the ranks use by the plan `fsdp-tune plan` prints
+    (planner/grpo.py generation_weights): an input of decide() (decide/method.py GenerationWeights), so the rank
+    spec is made once with it. The plan is made on where a first decision puts the ranks (their device, the GPUs
+    they see, their loading path): decide() is pure, and that draft is dropped. None: nothing to plan (not a
+    generating method, or vLLM generates)."""
+    from fsdp_tune.decide.rank import decide
 
-    g = spec.grpo
+    draft = decide(cfg, machine)
+    g = draft.generating
     if g is None or g.generation == "vllm":
-        return spec
-    gpus = ranks_gpus(spec, machine) if spec.device == "cuda" else []
+        return None
+    gpus = ranks_gpus(draft, machine) if draft.device == "cuda" else []
     gpu, memory = planned_gpu(gpus) if gpus else ("h100", None)
     from fsdp_tune.planner.plan import generation_plan
 
     try:
-        decided = generation_plan(cfg, gpu, memory, on_cpu=spec.device == "cpu", loading=spec.loading.path)
-        weights, why = decided["weights"], decided["why"]
+        decided = generation_plan(cfg, gpu, memory, on_cpu=draft.device == "cpu", loading=draft.loading.path)
+        return GenerationWeights(decided["weights"], decided["why"])
     except UsageError as err:  # a model the planner cannot measure: what was asked, else today's path
         weights = g.weights if g.weights != "auto" else "sharded"
-        why = f"memory not planned ({err}): {weights}"
-    synced = (
-        g.synced and weights != "gathered"
-    )  # gathered, no forward calls a collective (worker/training/generation.py)
-    return replace(spec, grpo=replace(g, weights=weights, weights_why=why, synced=synced))
+        return GenerationWeights(weights, f"memory not planned ({err}): {weights}")

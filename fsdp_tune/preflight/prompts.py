@@ -1,6 +1,7 @@
-"""The data pre-flight for online RL (preflight/data.py runs it in place of SFT's row checks under --method grpo;
-decide/datafiles.py prompt_format found the prompt column, or refused data that holds answers but no prompts,
-PF014): rows that cannot be used reported with file and line (and skipped on rank 0, counted in the summary)."""
+"""The data pre-flight for online RL (preflight/data.py runs it in place of SFT's row checks under a generating
+method: --method grpo, rloo; decide/datafiles.py prompt_format found the prompt column, or refused data that holds
+answers but no prompts, PF014): rows that cannot be used reported with file and line (and skipped on rank 0, counted
+in the summary)."""
 
 from __future__ import annotations
 

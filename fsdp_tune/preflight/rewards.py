@@ -32,13 +32,13 @@ KEY = "--reward_funcs"
 def check_rewards(spec: RankSpec) -> list[Finding]:
     from fsdp_tune.preflight.prompts import first_row
 
-    if spec.grpo is None:
+    if spec.generating is None:
         return []
     findings = _generation(spec)
     row = next((r for s in spec.data.sources if (r := first_row(s)) is not None), None)
     where = spec.data.sources[0].files.get("train", [spec.data.dataset_name])[0] if spec.data.sources else ""
-    findings += [f for r in spec.grpo.rewards if r.kind == "builtin" for f in _builtin(r, row, where)]
-    users = [r for r in spec.grpo.rewards if r.kind == "python"]
+    findings += [f for r in spec.generating.rewards if r.kind == "builtin" for f in _builtin(r, row, where)]
+    users = [r for r in spec.generating.rewards if r.kind == "python"]
     if users and row is None:
         message = "no local row to call the rewards on before launch (a Hub dataset): the ranks check every result"
         return [*findings, Finding("PF088", Severity.NOTE, KEY, "command line", message, "")]
@@ -48,7 +48,7 @@ def check_rewards(spec: RankSpec) -> list[Finding]:
 
 
 def _generation(spec: RankSpec) -> list[Finding]:
-    if spec.grpo.generation != "vllm" or spec.device == "cpu":  # on CPU: FT137
+    if spec.generating.generation != "vllm" or spec.device == "cpu":  # on CPU: FT137
         return []
     if importlib.util.find_spec("vllm") is None:
         message = "vllm is not installed"

@@ -35,7 +35,7 @@ from fsdp_tune.sources.model import model_config
 class RewardSpec:
     """One GRPO reward, as the launcher resolved and checked it (rewards/resolve.py); the ranks build its callable
     (worker/training/rewards.py); part of the rank spec
-    (decide/spec.py GrpoSpec)."""
+    (decide/spec.py GenerationSpec)."""
 
     name: str  # what TRL logs it as (rewards/NAME/mean): the function's name, or the reward model's folder name
     # "builtin" (rewards/builtin.py) | "python" (the user's) | "reward_run" (a --method reward run's adapter on its

@@ -1,9 +1,9 @@
-"""GRPO's settings (--method grpo): its rewards, the generation batch, completion lengths, beta, its loss types and
-their parameters, its generation backends, and what it takes but does not use. TRL checks some of these only when
-GRPOConfig or the trainer is built on every rank (a batch that does not hold whole groups, reward weights of another
-length, some loss settings), warns in the rank's log for others (a loss type with the other importance-sampling
-level), and says nothing about the rest (a negative beta, a sapo temperature under another loss type, an entropy bound
-without the adaptive entropy)."""
+"""A generating method's settings (the row's `generates`: --method grpo, rloo): its rewards, the generation batch,
+completion lengths, beta, its loss types and their parameters, its generation backends, and what it takes but
+does not use. TRL checks some of these only when GRPOConfig or the trainer is built on every rank (a batch that
+does not hold whole groups, reward weights of another length, some loss settings), warns in the rank's log for
+others (a loss type with the other importance-sampling level), and says nothing about the rest (a negative beta,
+a sapo temperature under another loss type, an entropy bound without the adaptive entropy)."""
 
 from __future__ import annotations
 
@@ -19,25 +19,31 @@ from fsdp_tune.rules.registry import error, rule, warning
 KEY = "run.reward_funcs"
 
 
-def is_grpo(cfg: RunConfig) -> bool:
-    """The method generates its completions and scores them with rewards (its row's trait)."""
+def generates(cfg: RunConfig) -> bool:
+    """The method generates its completions and scores them with rewards (its row's trait). The rules here are
+    every generating method's (the family keeps GRPO's name, as their ids do); a setting one method's config lacks
+    is refused before them (FT110), so they read what that config holds."""
     return row_of(cfg.run.method).generates
+
+
+def _says(cfg: RunConfig) -> str:
+    return row_of(cfg.run.method).says
 
 
 @rule("FT130", "grpo", "GRPO needs its rewards; rewards need GRPO")
 def rewards_given(cfg: RunConfig) -> Iterator[Finding]:
-    if is_grpo(cfg) and not cfg.run.reward_funcs:
-        message = "--method grpo scores each completion with reward functions, and none is given"
+    if generates(cfg) and not cfg.run.reward_funcs:
+        message = f"--method {cfg.run.method} scores each completion with reward functions, and none is given"
         hint = "--reward_funcs my_rewards.py:my_function (or a built-in: length_reward, think_format_reward, ...)"
         yield error(cfg, "FT130", KEY, message, hint)
-    elif cfg.run.reward_funcs and not is_grpo(cfg):
+    elif cfg.run.reward_funcs and not generates(cfg):
         yield warning(cfg, "FT130", KEY, f"has no effect under --method {cfg.run.method}", "drop it, or --method grpo")
 
 
 @rule("FT131", "grpo", "each reward names a built-in, a function (file.py:fn, pkg.mod.fn) or a reward model")
 def rewards_resolve(cfg: RunConfig) -> Iterator[Finding]:
     """Found without running anything (rewards/resolve.py); the pre-flight imports and calls them (PF088)."""
-    if not is_grpo(cfg):
+    if not generates(cfg):
         return
     from fsdp_tune.rewards.resolve import Unresolved, resolve
 
@@ -55,7 +61,7 @@ def rewards_resolve(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT132", "grpo", "reward_weights: one weight per reward")
 def reward_weights(cfg: RunConfig) -> Iterator[Finding]:
-    weights = cfg.training.get("reward_weights") if is_grpo(cfg) else None
+    weights = cfg.training.get("reward_weights") if generates(cfg) else None
     n = len(cfg.run.reward_funcs)
     if weights is not None and n and len(weights) != n:
         message = f"{len(weights)} reward_weights for {n} rewards ({', '.join(cfg.run.reward_funcs)}): TRL refuses it"
@@ -66,12 +72,12 @@ def reward_weights(cfg: RunConfig) -> Iterator[Finding]:
 def generation_groups(cfg: RunConfig) -> Iterator[Finding]:
     """GRPO normalizes each reward within the group of completions of one prompt, so every batch it generates holds
     whole groups (GRPOConfig raises otherwise, on every rank)."""
-    if not is_grpo(cfg):
+    if not generates(cfg):
         return
     t = cfg.training
     n = int(t.get("num_generations"))
     if n < 2:
-        message = f"num_generations {n}: GRPO compares at least 2 completions of each prompt"
+        message = f"num_generations {n}: {_says(cfg)} compares at least 2 completions of each prompt"
         yield error(cfg, "FT133", "training.num_generations", message, "--num_generations 4")
         return
     if t.get("generation_batch_size") is not None and t.get("steps_per_generation") is not None:
@@ -98,7 +104,9 @@ def generation_groups(cfg: RunConfig) -> Iterator[Finding]:
             hint = f"--num_generations_eval {_divisor(held, g)}"
             yield error(cfg, "FT133", "training.per_device_eval_batch_size", message, hint)
     if t.get("auto_find_batch_size"):
-        message = "auto_find_batch_size halves the batch on out-of-memory, breaking the groups GRPO normalizes over"
+        message = (
+            f"auto_find_batch_size halves the batch on out-of-memory, breaking the groups {_says(cfg)} compares over"
+        )
         hint = "drop it; lower --per_device_train_batch_size"
         yield error(cfg, "FT133", "training.auto_find_batch_size", message, hint)
 
@@ -109,7 +117,7 @@ def _divisor(total: int, start: int) -> int:
 
 @rule("FT134", "grpo", "prompt and completion fit max_seq_len")
 def completion_length(cfg: RunConfig) -> Iterator[Finding]:
-    if not is_grpo(cfg):
+    if not generates(cfg):
         return
     completion = int(cfg.training.get("max_completion_length") or 0)
     if completion >= cfg.data.max_seq_len:
@@ -123,7 +131,7 @@ def completion_length(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT135", "grpo", "beta: the KL term's weight, 0 or more")
 def beta_range(cfg: RunConfig) -> Iterator[Finding]:
-    if not is_grpo(cfg):
+    if not generates(cfg):
         return
     beta = float(cfg.training.get("beta") or 0)
     if beta < 0:
@@ -147,7 +155,7 @@ VLLM_ONLY = ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min
 
 @rule("FT136", "grpo", "GRPO's loss types and the parameters each reads")
 def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
-    if not is_grpo(cfg):
+    if not generates(cfg):
         return
     t = cfg.training
     loss, level = t.get("loss_type"), t.get("importance_sampling_level")
@@ -179,11 +187,11 @@ def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT137", "grpo", "how GRPO generates: transformers on the ranks, or vLLM (GPUs, colocated)", decided=True)
 def generation_backend(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
-    """vLLM is decided as data in the rank spec (GrpoSpec.generation, weight_sync "adapter") and was never run here:
-    by reading. TRL's own sync merges the adapter into the sharded base (model.merge_adapter() on every rank,
+    """vLLM is decided as data in the rank spec (GenerationSpec.generation, weight_sync "adapter") and was never run
+    here: by reading. TRL's own sync merges the adapter into the sharded base (model.merge_adapter() on every rank,
     vllm_generation.py), which a 4-bit base cannot take (trl#5975, peft#2501); fsdp-tune syncs the adapter alone
     (worker/training/vllm_sync.py), which TRL's vLLM server does not take, so server mode is refused."""
-    if not is_grpo(cfg):
+    if not generates(cfg):
         return
     t = cfg.training
     if t.get("use_vllm"):
@@ -254,7 +262,7 @@ def _vllm(cfg: RunConfig, on_cpu: bool) -> Iterator[Finding]:
 @rule("FT138", "grpo", "GRPO settings that refuse each other, or that have no effect here")
 def grpo_leftovers(cfg: RunConfig) -> Iterator[Finding]:
     yield from _generation_weights(cfg)
-    if not is_grpo(cfg):
+    if not generates(cfg):
         return
     t = cfg.training
     if t.get("log_completions_hub_repo") and not t.get("log_completions"):
@@ -266,10 +274,12 @@ def grpo_leftovers(cfg: RunConfig) -> Iterator[Finding]:
         )
     if t.get("remove_unused_columns"):
         message = "keeps only the prompt column: the rewards then receive none of the dataset's other columns"
-        yield warning(cfg, "FT138", "training.remove_unused_columns", message, "drop it (GRPO's default is false)")
+        hint = f"drop it ({_says(cfg)}'s default is false)"
+        yield warning(cfg, "FT138", "training.remove_unused_columns", message, hint)
     if cfg.parallelism.enabled and (cfg.parallelism.cp_size > 1 or cfg.parallelism.sp_size > 1):
         message = (
-            "GRPO builds its inputs after generating, which context/sequence parallelism cannot shard (TRL refuses)"
+            f"{_says(cfg)} builds its inputs after generating, which context/sequence parallelism cannot shard "
+            "(TRL refuses)"
         )
         yield error(cfg, "FT138", "parallelism.cp_size", message, "--parallelism_config_cp_size 1")
 
@@ -280,7 +290,7 @@ def _generation_weights(cfg: RunConfig) -> Iterator[Finding]:
     if not cfg.is_set("run.grpo_generation") or cfg.run.grpo_generation == "auto":
         return
     key, asked = "run.grpo_generation", cfg.run.grpo_generation
-    if not is_grpo(cfg):
+    if not generates(cfg):
         yield warning(cfg, "FT138", key, f"has no effect under --method {cfg.run.method}", "drop it")
     elif cfg.training.get("use_vllm"):
         yield warning(cfg, "FT138", key, "has no effect with --use_vllm: vLLM generates", "drop it")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import DPO, KTO, f_divergence_losses, fields_of, methods_taking, row_of
+from fsdp_tune.config.methods import f_divergence_losses, fields_of, methods_taking, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
@@ -57,6 +57,12 @@ def other_methods_fields(cfg: RunConfig) -> Iterator[Finding]:
             yield warning(cfg, "FT110", f"data.{name}", f"has no effect under --method {method}: {why}", "drop it")
 
 
+def dpo_losses(cfg: RunConfig) -> bool:
+    """The method's config has DPOConfig's loss settings (its f-divergence among them), read from the installed
+    TRL's fields (training_fields.json), not from the method's name."""
+    return "f_divergence_type" in fields_of(cfg.run.method)
+
+
 def loss_types(cfg: RunConfig) -> tuple[str, ...]:
     value = cfg.training.get("loss_type")
     return tuple(value) if isinstance(value, (list, tuple)) else (str(value),)
@@ -66,8 +72,9 @@ def loss_types(cfg: RunConfig) -> tuple[str, ...]:
 def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
     """What DPOTrainer refuses in its constructor on every rank (exo_pair without label smoothing, an
     f-divergence or WPO weighting with loss types that cannot take them) or only warns about (robust's smoothing
-    outside [0, 0.5), where its loss divides by 1 - 2 * smoothing), and loss_weights' length."""
-    if cfg.run.method != DPO:
+    outside [0, 0.5), where its loss divides by 1 - 2 * smoothing), and loss_weights' length: for a method whose
+    config has DPOConfig's loss settings (dpo_losses)."""
+    if not dpo_losses(cfg):
         return
     losses, t = loss_types(cfg), cfg.training
     smoothing = float(t.get("label_smoothing") or 0)
@@ -117,8 +124,8 @@ def beta_positive(cfg: RunConfig) -> Iterator[Finding]:
 def kto_batches(cfg: RunConfig) -> Iterator[Finding]:
     """KTOTrainer pairs each completion with the next one's prompt within a micro-batch to estimate the KL term
     (kto_trainer.py: rotated within chunks of per_device_train_batch_size), so it refuses a batch of 1 and any
-    order but sequential; apo_zero_unpaired has no KL term."""
-    if cfg.run.method != KTO or "apo_zero_unpaired" in loss_types(cfg):
+    order but sequential (the row's kl_from_batch); apo_zero_unpaired has no KL term."""
+    if not row_of(cfg.run.method).kl_from_batch or "apo_zero_unpaired" in loss_types(cfg):
         return
     t = cfg.training
     if int(t.get("per_device_train_batch_size") or 8) < 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import SFT, row_of
+from fsdp_tune.config.methods import ROWS, row_of
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 from fsdp_tune.decide.derived import evaluation, mesh_active, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
@@ -222,16 +222,18 @@ def cp_method(cfg: RunConfig) -> Iterator[Finding]:
     sequence (transformers trainer.py _prepare_context_parallel_inputs). SFT's loss is a sum over tokens, which the
     ranks' slices add up to; the preference methods' and the reward model's are per sequence (log-probabilities
     summed under a completion mask that is not sharded, a score read at the last token), which no rank's slice
-    holds. GRPO is refused by FT138."""
+    holds (the row's context_parallel). A generating method is refused by FT138."""
     method = cfg.run.method
-    if method != SFT and not row_of(method).generates:
+    row = row_of(method)
+    if not row.context_parallel and not row.generates:
         yield error(
             cfg,
             "FT048",
             "parallelism.cp_size",
             f"--method {method} scores whole sequences, and context parallelism gives each rank a slice of every "
-            "sequence (the Trainer shards only input_ids, labels and position_ids): only SFT trains under it",
-            "--parallelism_config_cp_size 1, or --method sft",
+            "sequence (the Trainer shards only input_ids, labels and position_ids): "
+            f"only {', '.join(r.says for r in ROWS.values() if r.context_parallel)} trains under it",
+            "--parallelism_config_cp_size 1, or --method " + next(n for n, r in ROWS.items() if r.context_parallel),
         )
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import DPO, row_of
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import Derived
 from fsdp_tune.errors import Finding
-from fsdp_tune.rules.method import compares, loss_types
+from fsdp_tune.rules.method import compares, dpo_losses, loss_types
 from fsdp_tune.rules.registry import error, rule, warning
 
 # DPO's loss types that read label_smoothing (dpo_trainer.py _compute_loss)
@@ -54,7 +54,7 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
             unused += [(n, "only read with --sync_ref_model") for n in synced]
         if row.reference and not t.get("precompute_ref_log_probs"):
             unused.append(("precompute_ref_batch_size", "only read with --precompute_ref_log_probs"))
-    if method == DPO:
+    if dpo_losses(cfg):
         losses = loss_types(cfg)
         if not any(x in SMOOTHED for x in losses):
             unused.append(("label_smoothing", f"only {', '.join(SMOOTHED)} read it, not {', '.join(losses)}"))
@@ -72,7 +72,7 @@ def ignored_settings(cfg: RunConfig) -> Iterator[Finding]:
         why = "without --adapter the reference is the base model (the new adapter starts at zero)"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it, or add --adapter RUN_DIR")
     elif cfg.is_set("model.reference") and row.generates and not float(t.get("beta") or 0):
-        why = "with beta 0 GRPO has no KL term, so no reference"
+        why = f"with beta 0 {row.says} has no KL term, so no reference"
         yield warning(cfg, "FT120", "model.reference", f"has no effect: {why}", "drop it, or set --beta 0.04")
     elif cfg.is_set("model.reference") and not compares(cfg):
         why = f"--method {method} has no reference model"

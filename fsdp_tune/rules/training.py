@@ -48,7 +48,7 @@ _POSITIVE_INT = (
     "steps_per_generation",
     "num_iterations",
 )
-_POSITIVE_HINT = {"generation_batch_size": "drop it: GRPO then generates the batch x ranks x steps_per_generation"}
+_POSITIVE_HINT = {"generation_batch_size": "drop it: the method generates the batch x ranks x steps_per_generation"}
 
 
 @rule("FT072", "training", "numeric ranges")

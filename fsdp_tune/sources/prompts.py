@@ -1,5 +1,5 @@
-"""Prompt-only data for online RL (--method grpo), told apart by its columns and turned into TRL's own row (pure
-Python: the launcher detects and checks local files with it, rank 0 converts every row with it).
+"""Prompt-only data for online RL (a generating method: --method grpo, rloo), told apart by its columns and turned into
+TRL's own row (pure Python: the launcher detects and checks local files with it, rank 0 converts every row with it).
 
     prompt_only  a `prompt` column: a string (plain) or a list of {role, content} turns ending with the user's
                  (conversational, TRL applies the chat template with the generation prompt); every other column
@@ -49,13 +49,13 @@ def detect_prompts(
     columns, column_map = set(columns), dict(column_map or {})
     if forced not in (None, "auto", PROMPT_ONLY):
         raise FormatError(
-            f"format {forced} is not prompts: --method grpo generates the answers and scores them",
+            f"format {forced} is not prompts: a generating method (online RL) generates the answers and scores them",
             "--dataset_format prompt_only (or auto)",
         )
     prompt = column_map.get("prompt", "prompt")
     if prompt not in columns:
         raise FormatError(
-            f"no {prompt!r} column (columns: {', '.join(sorted(columns)) or 'none'}): --method grpo trains on "
+            f"no {prompt!r} column (columns: {', '.join(sorted(columns)) or 'none'}): a generating method trains on "
             "prompts, {prompt: TEXT} or {prompt: [{role: user, content: ...}]}, and any columns the rewards read",
             "name the prompt column: --dataset_columns prompt=COLUMN",
         )

@@ -4,8 +4,9 @@ transformers' generate() as today (every unit all-gathered again per token), the
 worker/training/generation.py install(..., "gathered") (the model gathered once). Greedy decoding; each rank has its
 own prompts and rank 1 stops after 3 new tokens where rank 0 goes on to 8, so the ranks finish decoding apart: on
 today's path synced_gpus keeps them stepping together (every forward all-gathers); gathered, no forward calls a
-collective, so each rank stops when its own completions end (GrpoSpec.synced is off there). FSDP2's all-gathers are
-counted (_fsdp_param_group.foreach_all_gather, the one call every unshard makes), and the forwards each rank ran.
+collective, so each rank stops when its own completions end (GenerationSpec.synced is off there). FSDP2's
+all-gathers are counted (_fsdp_param_group.foreach_all_gather, the one call every unshard makes), and the forwards
+each rank ran.
 
 torchrun --standalone --nproc_per_node 2 tests/dist/generation_driver.py OUT_DIR   (writes OUT_DIR/rank-K.json)
 """

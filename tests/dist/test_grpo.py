@@ -1,14 +1,15 @@
-"""GRPO on 2 CPU ranks (#32). One torchrun launch runs four recipes (tests/dist/recipes_in_one_group.py; the rank
-specs come from the launcher's own plan_run): LoRA with beta > 0 and a learnable reward of the user's, by file path,
-that reads the dataset's columns (checkpoints every 4 steps); QLoRA with a built-in, the user's reward by dotted
-module path and a reward model (a sequence classifier's folder), weighted; the LoRA run resumed from its
-checkpoint-8 (its steps 9-12 are the straight run's); and a run whose model holds a trainable parameter FSDP does
-not manage, which the distributed self-check stops at step 1. Every run of the launch has rank 1's completions end
-after 2 tokens (FSDP_TUNE_TEST_SHORT_GENERATION): the ranks finish decoding apart and the generation still steps them
-together; the LoRA runs generate on the sharded policy (--grpo_generation sharded), the others gather the policy once
-per generation (training/generation.py). Then, through the CLI as users run it: a reward that returns NaN on the
-data's first row refused before launch, and one that raises at step 2 stopping the run in one line with nothing
-half-written."""
+"""GRPO on 2 CPU ranks (#32). One torchrun launch runs five recipes (tests/dist/recipes_in_one_group.py; the rank specs
+come from the launcher's own plan_run): LoRA with beta > 0 and a learnable reward of the user's, by file path, that
+reads the dataset's columns (checkpoints every 4 steps); QLoRA with a built-in, the user's reward by dotted module
+path and a reward model (a sequence classifier's folder), weighted; the LoRA run resumed from its checkpoint-8 (its
+steps 9-12 are the straight run's); RLOO (--method rloo, 2 steps: the same generation and rewards by the row's
+trait, RLOOTrainer's loss, its frozen "ref" copy as the reference); and a run whose model holds a trainable
+parameter FSDP does not manage, which the distributed self-check stops at step 1. Every run of the launch has rank
+1's completions end after 2 tokens (FSDP_TUNE_TEST_SHORT_GENERATION): the ranks finish decoding apart and the
+generation still steps them together; the LoRA runs generate on the sharded policy (--grpo_generation sharded), the
+others gather the policy once per generation (training/generation.py). Then, through the CLI as users run it: a
+reward that returns NaN on the data's first row refused before launch, and one that raises at step 2 stopping the
+run in one line with nothing half-written."""
 
 from __future__ import annotations
 
@@ -126,11 +127,20 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
         tmp_path / "unmanaged",
         (*GROUPS, "--dataset_name", data, "--reward_funcs", "my_rewards.py:fewer_chars"),
     )
-    assert lora.spec.grpo.reference == "adapter_disabled" and qlora.spec.grpo.reference == "off"
+    # RLOO (#47): the same generation, rewards and FSDP2 handling, read by the row's trait; its reference is the frozen
+    # "ref" copy RLOOTrainer makes whatever beta (made before sharding), its beta 0.05 by default
+    rloo = plan_member("rloo", tmp_path / "rloo", (
+        "--method", "rloo", "--num_generations", "4", "--per_device_train_batch_size", "8",
+        "--max_completion_length", "8", "--learning_rate", "0.02", "--dataset_name", data,
+        "--reward_funcs", "my_rewards.py:fewer_chars", "--max_steps", "2",
+    ))  # fmt: skip
+    assert rloo.spec.method.reference_adapter and rloo.spec.generating.reference == "ref_adapter"
+    assert lora.spec.generating.reference == "adapter_disabled" and qlora.spec.generating.reference == "off"
     # today's path as asked; the others gathered once per generation (auto on CPU ranks: planner/grpo.py)
-    assert lora.spec.grpo.weights == "sharded" and qlora.spec.grpo.weights == unmanaged.spec.grpo.weights == "gathered"
-    assert [r.kind for r in qlora.spec.grpo.rewards] == ["python", "builtin", "reward_model"]
-    paths = [lora.resolved, qlora.resolved, _resumed(tmp_path, lora), unmanaged.resolved]
+    weights = [m.spec.generating.weights for m in (lora, qlora, unmanaged)]
+    assert weights == ["sharded", "gathered", "gathered"], weights
+    assert [r.kind for r in qlora.spec.generating.rewards] == ["python", "builtin", "reward_model"]
+    paths = [lora.resolved, qlora.resolved, _resumed(tmp_path, lora), rloo.resolved, unmanaged.resolved]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "tests.dist.recipes_in_one_group", *paths]
     faults = {"FSDP_TUNE_TEST_SHORT_GENERATION": "1:2", "FSDP_TUNE_TEST_UNMANAGED": "unmanaged"}
@@ -139,7 +149,7 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
     )
     logs = "".join(
         (tmp_path / n / "logs" / "rank-0.log").read_text()[-3000:]
-        for n in ("lora", "qlora", "resumed", "unmanaged")
+        for n in ("lora", "qlora", "resumed", "rloo", "unmanaged")
         if (tmp_path / n / "logs" / "rank-0.log").exists()
     )
     # the last recipe fails on both ranks at step 1, in one line; everything before it finished
@@ -173,6 +183,16 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
     assert "generation gathers" not in (tmp_path / "lora" / "logs" / "rank-0.log").read_text()
     assert q["adapter_check"]["ok"] and scored <= set(q["method_metrics"]), q  # the reward model scored too
     assert (tmp_path / "seen" / "grpo_rewards.scores-0.json").exists()  # imported by its module path
+
+    r = json.loads((tmp_path / "rloo" / "fsdp_tune_summary.json").read_text())
+    assert r["method"] == "rloo" and r["steps"] == 2 and len(r["losses"]) == 2, r
+    assert r["adapter_check"]["ok"] and r["adapter_check"]["zero_lora_B"] == 0, r  # saved, re-opened, trained
+    assert {"reward", "rewards/fewer_chars/mean", "kl", "timing/generation_s"} <= set(r["method_metrics"]), r
+    assert r["method_metrics"]["kl"]["last"] > 0, r  # the policy moved away from its frozen "ref" copy
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "rloo" / "adapter_model.safetensors"), "pt") as saved:
+        assert not [k for k in saved.keys() if ".ref." in k]  # the reference copy is not part of the adapter
 
     straight = {r["step"]: r for r in _metrics(tmp_path / "lora")}
     resumed = {r["step"]: r for r in _metrics(tmp_path / "resumed")}

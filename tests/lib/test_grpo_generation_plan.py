@@ -1,6 +1,6 @@
 """GRPO's generation weights as the plan decides them (planner/grpo.py generation_weights): gathered once per
 generation where the generation phase with the whole model gathered fits the card, else sharded; the rank spec
-carries the launcher's decision (GrpoSpec.weights) and `--grpo_generation` overrides it."""
+carries the launcher's decision (GenerationSpec.weights) and `--grpo_generation` overrides it."""
 
 from __future__ import annotations
 
@@ -50,33 +50,57 @@ def test_an_8b_lora_gathers_on_one_h100_and_on_two() -> None:
 
 
 def test_the_launcher_writes_the_decision_into_the_rank_spec_and_dry_run_shows_it() -> None:
-    from fsdp_tune.decide.method import grpo_spec
+    from fsdp_tune.decide.method import generation_spec
 
-    spec = grpo_spec(_lora_8b("--num_processes", "2"), 2)
+    spec = generation_spec(_lora_8b("--num_processes", "2"), 2)
     assert spec.weights == "auto" and spec.synced  # settled by the launcher (launch/train.py plan_run)
-    assert grpo_spec(_lora_8b("--grpo_generation", "sharded"), 2).weights == "sharded"
-    assert grpo_spec(_lora_8b("--use_vllm", "True", "--grpo_generation", "gathered"), 2).weights == "sharded"
+    assert generation_spec(_lora_8b("--grpo_generation", "sharded"), 2).weights == "sharded"
+    assert generation_spec(_lora_8b("--use_vllm", "True", "--grpo_generation", "gathered"), 2).weights == "sharded"
 
 
 def test_the_launcher_settles_auto_as_the_plan_decides_it() -> None:
-    """settle_generation (called by launch/train.py plan_run) writes the plan's decision into the rank spec: the
-    smallest GPU the ranks use, or the CPU ranks'; a forced path stays as asked, with the plan's figures; the ranks
-    step together while generating on the sharded path only."""
+    """plan_generation (called by launch/train.py plan_run before decide()) is the plan's decision, which decide()
+    puts in the rank spec it makes (nothing is written into it afterwards): the smallest GPU the ranks use, or the
+    CPU ranks'; a forced path stays as asked, with the plan's figures; the ranks step together while generating on
+    the sharded path only."""
     from dataclasses import replace
 
     from fsdp_tune.decide.machine import Machine
     from fsdp_tune.decide.rank import decide
-    from fsdp_tune.preflight.memory import settle_generation
+    from fsdp_tune.preflight.memory import plan_generation
 
     cfg = _lora_8b("--num_processes", "2")
     big = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_memory_mib=(81559, 81559))
     small = replace(big, gpu_memory_mib=(81559, 16384))  # the run is planned on the smaller card
-    settled = settle_generation(cfg, decide(cfg, big, None, "lines"), big).grpo
+    settled = decide(cfg, big, None, "lines", plan_generation(cfg, big)).generating
     assert settled.weights == "gathered" and "fits 79.6 GiB" in settled.weights_why, settled
     assert not settled.synced  # gathered: no collective inside the generation, each rank stops on its own
-    settled = settle_generation(cfg, decide(cfg, small, None, "lines"), small).grpo
+    settled = decide(cfg, small, None, "lines", plan_generation(cfg, small)).generating
     assert settled.weights == "sharded" and "exceeds 16.0 GiB" in settled.weights_why, settled
     assert settled.synced  # sharded: every forward all-gathers, the ranks step together
     forced = _lora_8b("--num_processes", "2", "--grpo_generation", "sharded")
-    settled = settle_generation(forced, decide(forced, big, None, "lines"), big).grpo
+    settled = decide(forced, big, None, "lines", plan_generation(forced, big)).generating
     assert settled.weights == "sharded" and settled.weights_why.startswith("--grpo_generation sharded"), settled
+
+
+def test_no_field_of_the_rank_spec_is_written_after_decide(tmp_path) -> None:
+    """train's plan (launch/train.py plan_run, what --dry_run --json prints and the ranks read) is decide()'s spec:
+    the generation weights are one of its inputs, not a patch afterwards. Only the data's detected formats are the
+    pre-flight's (check_data: another part of #47)."""
+    from dataclasses import replace
+
+    from fsdp_tune.decide.machine import Machine
+    from fsdp_tune.decide.rank import decide
+    from fsdp_tune.launch.train import plan_run
+    from fsdp_tune.preflight.memory import plan_generation
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(f'{{"prompt": "Tell me about {w}."}}\n' for w in ("cats", "dogs") * 8))
+    big = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_memory_mib=(81559, 81559))
+    flags = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B", "--use_peft_lora", "True", "--bf16", "True"]
+    flags += [*GRPO, "--max_seq_len", "1024", "--num_processes", "2", "--dataset_name", str(data)]
+    planned = plan_run(None, [*flags, "--output_dir", str(tmp_path / "out")], lambda _: None, machine=big)
+    cfg = planned.config
+    decided = decide(cfg, big, None, "lines", plan_generation(cfg, big))
+    assert planned.spec.generating.weights == "gathered" and not planned.spec.generating.synced
+    assert replace(planned.spec, data=decided.data) == decided

@@ -223,8 +223,8 @@ def test_the_reference_is_the_adapter_switched_off_or_a_frozen_copy(tmp_path, to
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from fsdp_tune.decide.spec import GrpoSpec
-    from fsdp_tune.worker.training.grpo import GrpoOnFsdp
+    from fsdp_tune.decide.spec import GenerationSpec
+    from fsdp_tune.worker.training.generating import GeneratingOnFsdp
     from fsdp_tune.worker.training.trainer import Saving, fsdp_trainer
 
     model = _tiny_peft(tok)
@@ -232,14 +232,14 @@ def test_the_reference_is_the_adapter_switched_off_or_a_frozen_copy(tmp_path, to
         output_dir=str(tmp_path), beta=0.04, num_generations=2, per_device_train_batch_size=2,
         max_completion_length=4, use_cpu=True, report_to="none", max_steps=1,
     )  # fmt: skip
-    trainer = fsdp_trainer(GRPOTrainer, GrpoOnFsdp)(
+    trainer = fsdp_trainer(GRPOTrainer, GeneratingOnFsdp)(
         model=model,
         args=args,
         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
         train_dataset=Dataset.from_list([{"prompt": "Say it."}] * 4),
         processing_class=tok,
         saving=Saving(False, "gather_trainable", "local_rows", "adapter_file", False, None),
-        grpo=GrpoSpec(rewards=(), reference=reference, synced=False),
+        generating=GenerationSpec(rewards=(), reference=reference, synced=False),
     )
     assert trainer.beta == 0.04 and trainer.args.beta == 0.04 and trainer.ref_model is None
     assert ("ref" in trainer.model.peft_config) == (reference == "ref_adapter")

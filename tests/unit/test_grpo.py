@@ -237,7 +237,7 @@ def test_each_reward_functions_mean_is_a_metric() -> None:
 )
 def test_the_rank_spec_says_how_grpo_generates_and_what_it_compares_with(flags, reference) -> None:
     spec = spec_for(*flags, "--output_dir", "/tmp/g", "--use_cpu", "true", config=RECIPE)
-    g = spec.grpo
+    g = spec.generating
     assert (g.reference, g.generation, g.synced, g.weight_sync, g.max_prompt_tokens) == (
         reference,
         "transformers",
@@ -254,23 +254,39 @@ def test_vllm_is_decided_as_data_with_the_adapter_alone_synced() -> None:
     from fsdp_tune.decide.machine import Machine
 
     spec = spec_for("--use_vllm", "true", "--output_dir", "/tmp/g", config=RECIPE, machine=Machine(cuda=True, gpus=2))
-    assert (spec.device, spec.grpo.generation, spec.grpo.weight_sync) == ("cuda", "vllm", "adapter")
-    assert from_dict(spec.as_dict()).grpo == spec.grpo
+    assert (spec.device, spec.generating.generation, spec.generating.weight_sync) == ("cuda", "vllm", "adapter")
+    assert from_dict(spec.as_dict()).generating == spec.generating
 
 
 def test_a_starting_adapter_is_the_reference_as_a_frozen_copy(tmp_path) -> None:
     """--adapter with beta > 0: the reference is the start ("ref_adapter"), or the base with --reference base."""
-    from fsdp_tune.decide.method import grpo_spec
+    from fsdp_tune.decide.method import generation_spec
 
     spec, checked = checked_spec("--beta", "0.04", "--output_dir", "/tmp/g", config=RECIPE)
     cfg = checked.config
     from dataclasses import replace
 
     started = replace(cfg, model=replace(cfg.model, adapter=str(tmp_path), reference="adapter"))
-    assert grpo_spec(started, 2).reference == "ref_adapter"
-    assert (
-        grpo_spec(replace(started, model=replace(started.model, reference="base")), 2).reference == "adapter_disabled"
-    )
+    assert generation_spec(started, 2).reference == "ref_adapter"
+    based = replace(started, model=replace(started.model, reference="base"))
+    assert generation_spec(based, 2).reference == "adapter_disabled"
+
+
+@pytest.mark.parametrize("flags,reference", [((), "ref_adapter"), (("--beta", "0"), "off")])
+def test_rloo_is_a_generating_method_with_its_own_defaults_and_reference(flags, reference) -> None:
+    """RLOO's differences from GRPO are its config's (num_generations 2, beta 0.05: a reference by default) and its
+    row's copies_reference (RLOOTrainer copies the adapter into "ref" whatever beta: made before sharding, always)."""
+    from fsdp_tune.validate import check
+
+    spec = spec_for("--method", "rloo", *flags, "--output_dir", "/tmp/g", "--use_cpu", "true", config=RECIPE)
+    assert spec.method.name == "rloo" and spec.method.reference_adapter and spec.generating.reference == reference
+    assert [r.name for r in spec.generating.rewards] == ["length_reward"] and "loss_type" not in spec.trainer_args
+    one = check(RECIPE, ["--method", "rloo", "--num_generations", "1"])
+    assert [f.message for f in one.errors if f.rule == "FT133"] == [
+        "num_generations 1: RLOO compares at least 2 completions of each prompt"
+    ]
+    refused = check(RECIPE, ["--method", "rloo", "--scale_rewards", "group"])  # GRPOConfig's: not RLOOConfig's
+    assert [f.rule for f in refused.errors] == ["FT110"], refused.errors
 
 
 def test_the_trace_refuses_grpo_and_says_why() -> None:

@@ -57,6 +57,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 # (errors.py, ...) is a package of its own here.
 LAYERS = (
     ("fsdp_tune", "assets", "errors", "printable", "redact", "runfiles", "typed"),  # plain data, file names, escapes
+    # each training method's torch-free row (one entry per method): plain data every layer above reads by its traits
+    # (the method's rank hook is the worker's: worker/methods/)
+    ("methods",),
     ("summary",),  # the typed run summary
     ("config",),  # files and flags -> the typed RunConfig
     ("sources", "schedulers"),  # a model's config (the model door), the data's rows; a scheduler's topology

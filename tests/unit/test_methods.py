@@ -28,10 +28,13 @@ def test_each_method_has_its_trl_configs_fields() -> None:
     assert fields_of("dpo")["loss_type"]["kind"] == "list" and "sppo_hard" in fields_of("dpo")["loss_type"]["choices"]
     assert fields_of("kto")["train_sampling_strategy"]["default"] == "sequential"
     assert "loss_type" not in fields_of("reward") and fields_of("sft")["loss_type"]["kind"] == "str"
-    assert methods_taking("beta") == ("dpo", "kto", "grpo") and methods_taking("desirable_weight") == ("kto",)
+    assert methods_taking("beta") == ("dpo", "kto", "grpo", "rloo") and methods_taking("desirable_weight") == ("kto",)
     grpo = fields_of("grpo")
     assert "max_length" not in grpo and grpo["num_generations"] == {"kind": "int", "default": 8}
     assert set(grpo["loss_type"]["choices"]) >= {"grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo"}
+    rloo = fields_of("rloo")  # RLOOConfig: GRPO's generation settings, its own defaults, its loss without a type
+    assert rloo["num_generations"] == {"kind": "int", "default": 2} and rloo["beta"]["default"] == 0.05
+    assert "loss_type" not in rloo and "normalize_advantages" in rloo and "max_completion_length" in rloo
     assert grpo["vllm_mode"]["choices"] == ["colocate", "server"] and grpo["scale_rewards"]["choices"] == [
         "batch",
         "group",

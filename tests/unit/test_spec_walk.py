@@ -18,7 +18,7 @@ import pytest
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.spec import (
     DataSpec,
-    GrpoSpec,
+    GenerationSpec,
     Loading,
     MethodSpec,
     ModelSpec,
@@ -72,16 +72,16 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "console": (RANK, "worker/process.py"),
         "save": (RANK, "worker/recipe.py"),
         "steps": (PREFLIGHT, "preflight/batch.py"),  # the ranks' Trainer reads trainer_args; the trace reads it too
-        "grpo": (RANK, "worker/training/methods.py"),
+        "generating": (RANK, "worker/training/generating.py"),
     },
-    GrpoSpec: {
+    GenerationSpec: {
         "rewards": (RANK, "worker/training/rewards.py"),
-        "generation": (RANK, "worker/training/grpo.py"),
-        "synced": (RANK, "worker/training/grpo.py"),
-        "weights": (RANK, "worker/training/grpo.py"),  # gathered once per generation, or sharded (generation.py)
+        "generation": (RANK, "worker/training/generating.py"),
+        "synced": (RANK, "worker/training/generating.py"),
+        "weights": (RANK, "worker/training/generating.py"),  # gathered once per generation, or sharded (generation.py)
         "weights_why": (PLAN, PLAN_TEXT),  # the launcher's reason, shown by --dry_run
-        "weight_sync": (RANK, "worker/training/grpo.py"),
-        "reference": (RANK, "worker/training/grpo.py"),
+        "weight_sync": (RANK, "worker/training/generating.py"),
+        "reference": (RANK, "worker/training/generating.py"),
         "max_prompt_tokens": (RANK, "worker/data/prompts.py"),
         "num_generations": (PLAN, PLAN_TEXT),  # the ranks' GRPOConfig reads trainer_args'
         "max_completion_length": (RANK, "worker/training/rewards.py"),  # the length rewards' scale

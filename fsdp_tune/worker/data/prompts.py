@@ -26,7 +26,7 @@ TOO_LONG = "the prompt leaves no room for a completion within max_seq_len"
 def prepare_prompts(spec: RankSpec, tokenizer, processor=None) -> Prepared:
     """(train, eval or None, the data report): TRL's prompt rows, converted once by rank 0 of each machine
     (`processor`: a vision-language model's, which GRPO does not take: FT126)."""
-    limit = spec.grpo.max_prompt_tokens if spec.grpo else None
+    limit = spec.generating.max_prompt_tokens if spec.generating else None
     key = hashlib.sha256(f"{cache_key(spec, tokenizer)}:grpo:{limit}".encode()).hexdigest()[:16]
     return load_prepared(spec, tokenizer, key, build)
 
@@ -63,4 +63,5 @@ def kind(tokenizer, limit: int | None) -> Columns:
 
 def build(spec: RankSpec, tokenizer, folder: Path) -> None:
     """Convert, mix and save; the folder appears whole or not at all."""
-    build_columns(kind(tokenizer, spec.grpo.max_prompt_tokens if spec.grpo else None), spec, tokenizer, folder)
+    limit = spec.generating.max_prompt_tokens if spec.generating else None
+    build_columns(kind(tokenizer, limit), spec, tokenizer, folder)

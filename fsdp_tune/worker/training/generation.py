@@ -1,4 +1,4 @@
-"""GRPO's generation on the FSDP2 policy, as the rank spec's GrpoSpec.weights says (decided on the launcher:
+"""A generating method's generation on the FSDP2 policy, as the rank spec's GenerationSpec.weights says (the launcher:
 planner/grpo.py generation_weights):
 
 "sharded" (today's path): transformers' generate() on the sharded model; each forward's pre-forward hook all-gathers
@@ -20,12 +20,12 @@ pre-forward registers no post-backward hooks. Completions are those of the shard
 forward (tests/dist/test_grpo_generation.py compares greedy decoding on 2 ranks). On CUDA the all-gathers are the
 same collectives, issued once (by reading: not run on a GPU here).
 
-On the sharded path the ranks keep stepping together until all finish (GrpoSpec.synced: transformers' synced_gpus):
-every forward all-gathers, and a rank that stopped would leave the others in a collective. Gathered, no forward
-inside the phase calls a collective (the units are unsharded: their pre-forward gathers nothing), so each rank stops
-when its own completions end (GrpoSpec.synced off, decided with the weights: preflight/memory.py settle_generation);
-the next collective is after the phase, issued in the same order on every rank. The time each generation took is
-kept for the step's split (GenerationClock).
+On the sharded path the ranks keep stepping together until all finish (GenerationSpec.synced: transformers'
+synced_gpus): every forward all-gathers, and a rank that stopped would leave the others in a collective. Gathered,
+no forward inside the phase calls a collective (the units are unsharded: their pre-forward gathers nothing), so each
+rank stops when its own completions end (GenerationSpec.synced off, decided with the weights: preflight/memory.py
+plan_generation, an input of decide()); the next collective is after the phase, issued in the same order on every
+rank. The time each generation took is kept for the step's split (GenerationClock).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def install(model, weights: str, synced: bool, clock: GenerationClock | None = N
     if getattr(original, "fsdp_tune_generation", False):
         return
     if weights not in ("sharded", "gathered"):
-        raise ValueError(f"GRPO generation weights {weights!r}: the launcher decides sharded or gathered")
+        raise ValueError(f"generation weights {weights!r}: the launcher decides sharded or gathered")
 
     @functools.wraps(original)
     def generate(*args, **kwargs):

@@ -25,11 +25,11 @@ RAM_EFFICIENT = "FSDP_CPU_RAM_EFFICIENT_LOADING"  # transformers' rank-0-only lo
 def reward_kwargs(spec: RankSpec, tokenizer, step=lambda: None) -> dict[str, Any]:
     """GRPOTrainer's reward_funcs and reward_processing_classes for the spec's rewards. `step()`: the global step,
     for the guard's messages."""
-    if spec.grpo is None:
+    if spec.generating is None:
         return {}
-    length = spec.grpo.max_completion_length or 512  # None: generation's own limit; the length rewards need one
+    length = spec.generating.max_completion_length or 512  # None: generation's own limit; the length rewards need one
     funcs, classes = [], []
-    for reward in spec.grpo.rewards:
+    for reward in spec.generating.rewards:
         if reward.kind in ("reward_run", "reward_model"):
             model, reward_tokenizer = reward_model(reward, spec)
             funcs.append(model)

@@ -1,6 +1,6 @@
-"""GRPO's vLLM generation with the adapter alone synced (GrpoSpec.weight_sync "adapter"). BY READING: no GPU and no
-vLLM were available where this was written; the wiring is tested with stand-ins (tests/lib/test_grpo_pieces.py), the
-generation itself never ran.
+"""GRPO's vLLM generation with the adapter alone synced (GenerationSpec.weight_sync "adapter"). BY READING: no GPU and
+no vLLM were available where this was written; the wiring is tested with stand-ins (tests/lib/test_grpo_pieces.py),
+the generation itself never ran.
 
 TRL 1.16's sync (vllm_generation.py _iter_named_params) merges the adapter into the base on every rank
 (model.merge_adapter()) and streams the merged weights to vLLM, then unmerges: on a sharded 4-bit base the merge
