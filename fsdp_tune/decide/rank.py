@@ -40,6 +40,7 @@ def decide(
     machine: Machine,
     resume: str | None = None,
     console: str = "lines",
+    *,
     files: tuple[Look, ...] | None = None,
     generation: GenerationWeights | None = None,
 ) -> RankSpec:

@@ -72,23 +72,21 @@ def test_the_launcher_settles_auto_as_the_plan_decides_it() -> None:
     cfg = _lora_8b("--num_processes", "2")
     big = Machine(cuda=True, gpus=2, gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_memory_mib=(81559, 81559))
     small = replace(big, gpu_memory_mib=(81559, 16384))  # the run is planned on the smaller card
-    settled = decide(cfg, big, None, "lines", plan_generation(cfg, big)).generating
+    settled = decide(cfg, big, None, "lines", generation=plan_generation(cfg, big)).generating
     assert settled.weights == "gathered" and "fits 79.6 GiB" in settled.weights_why, settled
     assert not settled.synced  # gathered: no collective inside the generation, each rank stops on its own
-    settled = decide(cfg, small, None, "lines", plan_generation(cfg, small)).generating
+    settled = decide(cfg, small, None, "lines", generation=plan_generation(cfg, small)).generating
     assert settled.weights == "sharded" and "exceeds 16.0 GiB" in settled.weights_why, settled
     assert settled.synced  # sharded: every forward all-gathers, the ranks step together
     forced = _lora_8b("--num_processes", "2", "--grpo_generation", "sharded")
-    settled = decide(forced, big, None, "lines", plan_generation(forced, big)).generating
+    settled = decide(forced, big, None, "lines", generation=plan_generation(forced, big)).generating
     assert settled.weights == "sharded" and settled.weights_why.startswith("--grpo_generation sharded"), settled
 
 
 def test_no_field_of_the_rank_spec_is_written_after_decide(tmp_path) -> None:
     """train's plan (launch/train.py plan_run, what --dry_run --json prints and the ranks read) is decide()'s spec:
-    the generation weights are one of its inputs, not a patch afterwards. Only the data's detected formats are the
-    pre-flight's (check_data: another part of #47)."""
-    from dataclasses import replace
-
+    the generation weights and the data files read once are its inputs, not patches afterwards."""
+    from fsdp_tune.decide.data import read_files
     from fsdp_tune.decide.machine import Machine
     from fsdp_tune.decide.rank import decide
     from fsdp_tune.launch.train import plan_run
@@ -101,6 +99,6 @@ def test_no_field_of_the_rank_spec_is_written_after_decide(tmp_path) -> None:
     flags += [*GRPO, "--max_seq_len", "1024", "--num_processes", "2", "--dataset_name", str(data)]
     planned = plan_run(None, [*flags, "--output_dir", str(tmp_path / "out")], lambda _: None, machine=big)
     cfg = planned.config
-    decided = decide(cfg, big, None, "lines", plan_generation(cfg, big))
+    decided = decide(cfg, big, None, "lines", files=read_files(cfg), generation=plan_generation(cfg, big))
     assert planned.spec.generating.weights == "gathered" and not planned.spec.generating.synced
-    assert replace(planned.spec, data=decided.data) == decided
+    assert planned.spec == decided
