@@ -25,16 +25,16 @@ def secret_env(cfg: RunConfig) -> dict[str, str]:
     return {"HF_TOKEN": str(token)} if token else {}
 
 
-def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:
+def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool, accelerate_fsdp: bool = True) -> dict[str, str]:
     """The ranks' environment: what accelerate launch exports for the config's launch keys
-    (accelerate/utils/launch.py), so the ranks' Accelerator behaves the same, and fsdp-tune's own."""
+    (accelerate/utils/launch.py), so the ranks' Accelerator behaves the same, and fsdp-tune's own. Without
+    accelerate's FSDP (`accelerate_fsdp` False: a model transformers shards at load, expert parallelism) no FSDP
+    variable: accelerate refuses such a model launched under an FSDP config (parallelism_config.py:381)."""
     lc = cfg.launch
-    env: dict[str, str] = {
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "ACCELERATE_USE_FSDP": "true",
-        "FSDP_CPU_RAM_EFFICIENT_LOADING": str(cfg.fsdp.cpu_ram_efficient_loading).lower(),
-    }
+    env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if accelerate_fsdp:
+        env["ACCELERATE_USE_FSDP"] = "true"
+        env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(cfg.fsdp.cpu_ram_efficient_loading).lower()
     if machine.omp_num_threads is None and cfg.launch.nproc_per_node > 1:
         # what torchrun sets then (torch/distributed/run.py), said here so it prints no banner about it
         env["OMP_NUM_THREADS"] = "1"

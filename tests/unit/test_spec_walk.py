@@ -193,6 +193,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "why": (RANK, "worker/loading/build.py"),  # into the load report; the plan shows it too
         "sharded": (RANK, "worker/loading/build.py"),
         "transformers_fsdp_config": (RANK, "decide/spec.py"),  # RankSpec.trainer_args_on, for a rank falling back
+        "distributed_config": (RANK, "worker/loading/pretrained.py"),  # from_pretrained(distributed_config=...)
     },
     ShardedPlan: {
         "layer_cls": (RANK, "worker/loading/sharded.py"),
