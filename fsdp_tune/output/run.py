@@ -34,6 +34,7 @@ def format_summary(s: RunSummary) -> str:
         lines.append(
             f"  self-check after step 1: {checked['sharded']} trainable tensors sharded over the ranks, "
             f"{checked['whole']} whole and identical on every rank, gradients reduced"
+            + (f"; {checked['experts']} expert tensors each rank's own" if checked.get("experts") else "")
         )
     grew = s.vocab_grew
     if grew:

@@ -220,6 +220,7 @@ ENV = {
         "FSDP_TUNE_TEST_FAKE_HUB",
         "FSDP_TUNE_TEST_SHORT_GENERATION",
         "FSDP_TUNE_TEST_UNMANAGED",
+        "FSDP_TUNE_TEST_COPIED_EXPERTS",
     },
     # a debugging switch that changes which ranks' lines reach the console, never what a rank runs
     "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},
