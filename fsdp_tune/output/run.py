@@ -79,6 +79,15 @@ def method_summary(s: RunSummary) -> list[str]:
     return [f"  {s.method}: " + ", ".join(shown)]
 
 
+def _expert_mesh(sizes: dict[str, int]) -> str:
+    """The fsdp line of an expert-parallel run: transformers' meshes, not accelerate's plugin."""
+    fsdp, ep = sizes["fsdp_size"], sizes["ep_size"]
+    return (
+        f"  fsdp: FSDP2 by transformers at load (DistributedConfig), device mesh fsdp {fsdp}; experts: ep {ep} x "
+        f"efsdp {fsdp // ep} (each rank 1/{ep} of every layer's experts, tokens exchanged by all-to-all)"
+    )
+
+
 def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute."""
     w, f = spec.world, spec.unit_fsdp_config  # under sharded loading fsdp-tune makes the units accelerate would
@@ -101,6 +110,8 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     if spec.parallelism:
         sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.items() if k.endswith("_size") and v > 1}
         lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
+    if spec.loading.distributed_config:
+        lines[-1] = _expert_mesh(spec.loading.distributed_config)
     lines += [
         f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP",
         f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "
