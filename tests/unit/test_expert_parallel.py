@@ -114,3 +114,20 @@ def test_tensor_parallel_lora_stays_refused_with_the_reason_found(tmp_path) -> N
     flags = [*BASE, *ATTENTION, *_moe(tmp_path), "--use_parallelism_config", "--tp_size", "2"]
     found = [f for f in check(None, flags).findings if f.rule == "FT035"]
     assert found and "peft/tuners/lora/layer.py:1102" in found[0].message
+
+
+def test_the_plan_counts_experts_per_rank_and_the_all_to_all(tmp_path) -> None:
+    """Mixtral-like: 8 experts, top-2, hidden 4096, 32 layers; 8 ranks at ep 8, one 4096-token row a step in bf16:
+    each (token, expert) pair leaves its rank 7 times in 8, four exchanges (dispatch, combine, both again backward)."""
+    from types import SimpleNamespace
+
+    from fsdp_tune.planner.experts import describe, expert_parallel
+
+    shape = SimpleNamespace(n_experts=8, top_k=2, hidden_size=4096, n_layers=32)
+    flags = [*BASE, *ATTENTION, *_moe(tmp_path, "mixtral", 8), "--use_parallelism_config", "--ep_size", "8"]
+    flags += ["--num_processes", "8", "--per_device_train_batch_size", "1", "--max_seq_len", "4096"]
+    ep = expert_parallel(check(None, flags).config, shape, compute_bytes=2)
+    assert ep["experts_per_rank"] == 1 and ep["expert_copies"] == 1
+    assert ep["all_to_all_gb_per_step_per_gpu"] == pytest.approx(32 * 4 * 4096 * 2 * 7 / 8 * 4096 * 2 / 1e9)
+    assert "each rank holds 1 of every layer's 8 experts" in describe(ep)
+    assert expert_parallel(check(None, [*BASE, *ATTENTION, *_moe(tmp_path)]).config, shape, 2) is None
