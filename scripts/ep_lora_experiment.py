@@ -13,6 +13,8 @@ Strategies:
   experts_after    LoRA on the fused experts (target_parameters) attached after the sharded load
   attn_all_after   attn_after on q_proj, k_proj, v_proj and o_proj (o_proj is row-parallel under tp_size)
   attn_reduced     attn_after, plus the adapters' gradients averaged over the data-parallel ranks after backward
+                   (what transformers' Trainer does for it, and what fsdp-tune runs); then the adapter saved with
+                   PEFT's save_pretrained and the sharded model's logits on a fixed row beside it
   attn_sharded     attn_after, then each lora_A/lora_B module sharded with FSDP2's fully_shard on the model's fsdp mesh,
                    so FSDP all-gathers them for compute and reduce-scatters (averages) their gradients
 
@@ -51,6 +53,7 @@ import torch.distributed as dist
 
 STEPS = 3
 SEQ = 16
+PROBE = torch.arange(1, 17).unsqueeze(0)  # the row whose logits the sharded and the reloaded model must agree on
 CASES = ("experts_after:ep=2", "attn_after:ep=2", "attn_sharded:ep=2", "attn_sharded:ep=1", "attn_after:tp=2")
 FAMILIES = {
     "qwen3_moe": (
@@ -113,7 +116,19 @@ def shard_adapters(model) -> None:
             fully_shard(module, mesh=mesh, reshard_after_forward=True)
 
 
-def train(path: str, family: str, strategy: str, sizes: dict) -> dict:
+def save_with_logits(model, save_dir: str) -> None:
+    """The adapter as PEFT saves it (a collective: every rank calls it, rank 0 writes) and the sharded model's
+    logits on a fixed row, for a test to reload the adapter outside any mesh and compare."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=PROBE).logits
+    model.save_pretrained(save_dir, is_main_process=dist.get_rank() == 0)
+    if dist.get_rank() == 0:
+        torch.save(logits, os.path.join(save_dir, "sharded_logits.pt"))
+    dist.barrier()
+
+
+def train(path: str, family: str, strategy: str, sizes: dict, save_dir: str) -> dict:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
@@ -147,15 +162,18 @@ def train(path: str, family: str, strategy: str, sizes: dict) -> dict:
     others = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(others, local.contiguous())
     same = all(torch.equal(others[0], o) for o in others)
+    if strategy.endswith("reduced"):
+        save_with_logits(model, save_dir)
     return {"losses": losses, "trainable": len(trainable), "param_types": kinds, "adapter_same_on_ranks": same}
 
 
-def run_case(path: str, family: str, case: str) -> dict:
+def run_case(path: str, family: str, case: str, root: str) -> dict:
     strategy, _, size = case.partition(":")
     kind, _, n = size.partition("=")
     sizes = {"fsdp_size": 2, "ep_size": int(n)} if kind == "ep" else {"tp_size": int(n)}
     try:
-        record = {"ok": True, **train(path, family, strategy, sizes)}
+        save_dir = os.path.join(root, case.replace(":", "-").replace("=", ""))
+        record = {"ok": True, "saved": save_dir, **train(path, family, strategy, sizes, save_dir)}
     except Exception as exc:  # the record is the experiment's result
         frames = traceback.extract_tb(exc.__traceback__)[-14:]
         record = {
@@ -174,7 +192,7 @@ def main() -> None:
     if dist.get_rank() == 0 and not os.path.isdir(path):
         build(family, path)
     dist.barrier()
-    records = [run_case(path, family, case) for case in cases]
+    records = [run_case(path, family, case, os.path.dirname(path)) for case in cases]
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(records, f, indent=1)

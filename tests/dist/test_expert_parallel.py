@@ -20,7 +20,7 @@ from tests.conftest import REPO, offline_env
 from tests.dist.conftest import TIMEOUT, launch_group
 from tests.dist.families import build_all
 
-CASES = ["experts_after:ep=2", "attn_after:ep=2", "attn_all_after:tp=2"]
+CASES = ["experts_after:ep=2", "attn_after:ep=2", "attn_reduced:ep=2", "attn_all_after:tp=2"]
 REL_TOL = 1e-6  # float32 on CPU; measured: the losses and the adapters are equal, bit for bit
 EP2 = ("--use_parallelism_config", "true", "--ep_size", "2")
 RUN = ("--lora_target_modules", "q_proj,k_proj,v_proj,o_proj", "--max_steps", "3")
@@ -39,6 +39,26 @@ def cases(tmp_path_factory, model_cache) -> dict[str, dict]:
     )
     assert proc.returncode == 0 and out.exists(), proc.stderr[-6000:]
     return {r["case"]: r for r in json.loads(out.read_text())}
+
+
+def test_adapter_reloaded_outside_the_mesh_gives_the_sharded_models_logits(cases) -> None:
+    """The expert-parallel model's adapter (trained at ep_size 2, its gradients averaged as the Trainer does), saved
+    by PEFT, onto its base in one plain process: the logits the sharded model gave on the same row."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run = cases["attn_reduced:ep=2"]
+    assert run["ok"] and run["adapter_same_on_ranks"], run
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(os.path.dirname(run["saved"]), "tiny-qwen3_moe"))
+    model = PeftModel.from_pretrained(base, run["saved"]).eval()
+    sharded = torch.load(os.path.join(run["saved"], "sharded_logits.pt"))
+    with torch.no_grad():
+        logits = model(input_ids=torch.arange(1, 17).unsqueeze(0)).logits
+        with model.disable_adapter():
+            plain = model(input_ids=torch.arange(1, 17).unsqueeze(0)).logits
+    assert torch.allclose(logits, sharded, atol=1e-5), (logits - sharded).abs().max()
+    assert not torch.allclose(plain, sharded, atol=1e-5)  # the adapter is in those logits
 
 
 def test_lora_attached_after_the_sharded_load_diverges_across_ranks(cases) -> None:
