@@ -110,10 +110,12 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str]) -> str:
     if spec.parallelism:
         sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.items() if k.endswith("_size") and v > 1}
         lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
+    saved = f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP"
     if spec.loading.distributed_config:
         lines[-1] = _expert_mesh(spec.loading.distributed_config)
+        saved = "  checkpoints: none (a model sharded at load is not checkpointed, FT141); final adapter: whole"
     lines += [
-        f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP",
+        saved,
         f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "
         f"attention {spec.model.attn_implementation or 'as transformers picks (sdpa, else eager)'}; "
         f"checkpointing: {_CHECKPOINTING[spec.checkpointing]}",

@@ -48,7 +48,7 @@ def test_ep_size_reaches_the_ranks_as_distributed_config(tmp_path, spelling) -> 
     assert spec.parallelism is None
     shown = describe_launch(checked.config, spec, [])  # what --dry_run prints
     assert "from_pretrained(distributed_config=DistributedConfig(fsdp_size=2, ep_size=2))" in shown
-    assert "experts: ep 2 x efsdp 1" in shown
+    assert "experts: ep 2 x efsdp 1" in shown and "checkpoints: none" in shown
 
 
 def test_a_recipe_section_and_a_plain_run(tmp_path) -> None:
@@ -131,3 +131,14 @@ def test_the_plan_counts_experts_per_rank_and_the_all_to_all(tmp_path) -> None:
     assert ep["all_to_all_gb_per_step_per_gpu"] == pytest.approx(32 * 4 * 4096 * 2 * 7 / 8 * 4096 * 2 / 1e9)
     assert "each rank holds 1 of every layer's 8 experts" in describe(ep)
     assert expert_parallel(check(None, [*BASE, *ATTENTION, *_moe(tmp_path)]).config, shape, 2) is None
+
+
+def test_the_trace_refuses_expert_parallelism(tmp_path) -> None:
+    """plan --trace builds accelerate's FSDP2 units; an ep run's model is transformers' DistributedConfig's."""
+    from fsdp_tune.errors import PreflightError
+    from fsdp_tune.trace.guard import check_settings
+
+    cfg = check(None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2]).config
+    with pytest.raises(PreflightError) as refused:
+        check_settings(cfg, on_cpu=False)
+    assert any(f.key == "ep_size" for f in refused.value.findings)
