@@ -120,8 +120,9 @@ def check(model, device: str) -> dict:
                     f"for a tensor of {p.numel()} (x{copies} replicas): the ranks do not split it"
                 )
     _check_whole(whole, device)
+    result = {"step": 1, "sharded": len(sharded), "whole": len(whole), "ok": True}
     experts = _check_experts(model, device)
-    return {"step": 1, "sharded": len(sharded), "whole": len(whole), "experts": experts, "ok": True}
+    return {**result, "experts": experts} if experts else result
 
 
 def _expert_split(p) -> bool:
