@@ -90,7 +90,7 @@ STRATEGY_BY_NUMBER = {
 PARALLELISM_PREFIX = "parallelism_config_"
 PARALLELISM_KEYS = (
     "dp_replicate_size dp_shard_size tp_size cp_size cp_backend cp_comm_strategy sp_size sp_backend "
-    "sp_seq_length sp_seq_length_is_variable sp_attn_implementation"
+    "sp_seq_length sp_seq_length_is_variable sp_attn_implementation ep_size"
 ).split()
 
 # Flag spellings that differ from the field they set. Everything else: a field name of the
@@ -139,6 +139,13 @@ FLAG_ALIASES: dict[str, str] = {
     "load_in_8bit": "quantization.use_8bit_quantization",
     "bnb_4bit_use_double_quant": "quantization.use_nested_quant",
     "use_parallelism_config": "parallelism.enabled",
+    # the Transformers FSDP2 guide's sizes as DistributedConfig spells them, and expert parallelism's other names
+    # (Megatron's expert_model_parallel_size, vLLM/SGLang's expert_parallel_size); under --use_parallelism_config
+    "fsdp_size": "parallelism.dp_shard_size",
+    "ep_size": "parallelism.ep_size",
+    "tp_size": "parallelism.tp_size",
+    "expert_parallel_size": "parallelism.ep_size",
+    "expert_model_parallel_size": "parallelism.ep_size",
     "attn_implementation": "model.attn_implementation",
     "streaming": "data.dataset_streaming",  # TRL's DatasetMixtureConfig: stream every dataset (rules/data.py)
 }

@@ -102,6 +102,9 @@ class ParallelismSettings:
     sp_seq_length: int | None = _f(None, kind="int")
     sp_seq_length_is_variable: bool = _f(True)
     sp_attn_implementation: str | None = _f(None, kind="str")
+    # transformers' DistributedConfig(ep_size): experts split over ep_size ranks inside the dp_shard (fsdp_size)
+    # dimension, not a dimension of its own (the world stays dp_replicate x dp_shard x tp); accelerate has no such key
+    ep_size: int = _f(1)
 
     SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
 

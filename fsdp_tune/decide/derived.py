@@ -91,6 +91,14 @@ def mesh_active(cfg: RunConfig) -> bool:
     return p.enabled and any(v > 1 for k, v in mesh_sizes(cfg).items() if k != "dp_shard_size")
 
 
+def expert_parallel_size(cfg: RunConfig) -> int:
+    """How many ranks split each layer's experts (transformers' DistributedConfig ep_size); 1: no expert
+    parallelism. Above 1 the model is sharded at load by from_pretrained(distributed_config=...)
+    (decide/loading.py distributed_config), not by accelerate."""
+    p = cfg.parallelism
+    return p.ep_size if p.enabled and p.ep_size > 1 else 1
+
+
 def shard_group(cfg: RunConfig) -> int:
     """How many ranks one parameter is sharded over: every rank for plain FSDP; under a mesh accelerate shards
     over the flattened dp_shard x cp dimensions (replicas across dp_replicate hold the same shards)."""

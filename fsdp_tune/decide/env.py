@@ -25,16 +25,18 @@ def secret_env(cfg: RunConfig) -> dict[str, str]:
     return {"HF_TOKEN": str(token)} if token else {}
 
 
-def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool) -> dict[str, str]:
+def rank_env(cfg: RunConfig, machine: Machine, on_cpu: bool, accelerate_fsdp: bool = True) -> dict[str, str]:
     """The ranks' environment: what accelerate launch exports for the config's launch keys
-    (accelerate/utils/launch.py), so the ranks' Accelerator behaves the same, and fsdp-tune's own."""
+    (accelerate/utils/launch.py), so the ranks' Accelerator behaves the same, and fsdp-tune's own. Without
+    accelerate's FSDP (`accelerate_fsdp` False: a model transformers shards at load, expert parallelism) it is
+    switched off by name, so that one inherited from a shell or an `accelerate launch` does not turn it on: accelerate
+    refuses such a model under an FSDP config (parallelism_config.py:381), and its Trainer never creates the
+    optimizer then."""
     lc = cfg.launch
-    env: dict[str, str] = {
-        "PYTHONUNBUFFERED": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "ACCELERATE_USE_FSDP": "true",
-        "FSDP_CPU_RAM_EFFICIENT_LOADING": str(cfg.fsdp.cpu_ram_efficient_loading).lower(),
-    }
+    env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["ACCELERATE_USE_FSDP"] = str(accelerate_fsdp).lower()
+    if accelerate_fsdp:
+        env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(cfg.fsdp.cpu_ram_efficient_loading).lower()
     if machine.omp_num_threads is None and cfg.launch.nproc_per_node > 1:
         # what torchrun sets then (torch/distributed/run.py), said here so it prints no banner about it
         env["OMP_NUM_THREADS"] = "1"

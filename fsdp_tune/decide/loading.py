@@ -19,7 +19,7 @@ from typing import Any
 
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, mesh_sizes
+from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, expert_parallel_size, mesh_sizes
 from fsdp_tune.decide.spec import Loading, ShardedPlan
 from fsdp_tune.decide.vision import layer_classes
 from fsdp_tune.sources.model import ModelFacts
@@ -27,6 +27,18 @@ from fsdp_tune.sources.moe import has_experts
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 WEIGHT_FILES = (SINGLE_FILE, INDEX_FILE)
+
+
+EXPERT_PARALLEL = "expert parallelism: transformers shards the model as it loads (DistributedConfig)"
+
+
+def distributed_config(cfg: RunConfig) -> dict[str, int] | None:
+    """transformers' DistributedConfig for an expert-parallel run: FSDP over every rank (fsdp_size: the
+    rules keep dp_replicate, tp, cp and sp at 1, FT139), experts split over ep_size of them; None otherwise."""
+    ep = expert_parallel_size(cfg)
+    if ep == 1:
+        return None
+    return {"fsdp_size": mesh_sizes(cfg)["dp_shard_size"], "ep_size": ep}
 
 
 def remote_code_reason(trust_remote_code: bool, auto_map: Any) -> str | None:
@@ -70,6 +82,8 @@ def _setting_reason(cfg: RunConfig) -> str | None:
         return "trainable_token_indices: PEFT copies the chosen embedding rows from the loaded weights"
     if cfg.quantization.use_8bit_quantization:
         return "8-bit (LLM.int8) weights"
+    if expert_parallel_size(cfg) > 1:
+        return EXPERT_PARALLEL
     sizes = mesh_sizes(cfg) if cfg.parallelism.enabled else {}
     if sizes.get("tp_size", 1) > 1 or sizes.get("sp_size", 1) > 1:
         return "tensor or sequence parallelism places the weights its own way"
@@ -138,7 +152,7 @@ def decide_loading(cfg: RunConfig, d: Derived, fsdp_config: dict[str, Any], qlor
     fsdp_config (`fsdp_config`; the Trainer then gets trainer_fsdp_config's)."""
     path, why = loading_path(cfg, d.model)
     if path != "sharded":
-        return Loading(path, why)
+        return Loading(path, why, distributed_config=distributed_config(cfg))
     return Loading(path, why, sharded_plan(cfg, d, qlora_policy), transformers_fsdp_config=fsdp_config)
 
 
@@ -155,4 +169,7 @@ def describe(loading: Loading) -> str:
             "sharded: each rank reads only its own shards from the safetensors files "
             "(--loading transformers: from_pretrained on every rank)"
         )
+    if loading.distributed_config:
+        sizes = ", ".join(f"{k}={v}" for k, v in loading.distributed_config.items())
+        return f"transformers: from_pretrained(distributed_config=DistributedConfig({sizes})) on every rank"
     return f"transformers: from_pretrained on every rank ({note})" if note else "transformers"

@@ -55,18 +55,20 @@ def decide(
     units = fsdp_config(cfg, d)  # the transformers path's fsdp_config
     loading = decide_loading(cfg, d, units, qlora_policy)  # decide/loading.py
     args = trainer_args(cfg, d, output_dir, trainer_fsdp_config_for(loading, units))
+    if loading.distributed_config:  # sharded at load: accelerate must not wrap it again (its FSDP plugin off)
+        args["fsdp"] = False
     return RankSpec(
         world=world(cfg),
         device="cpu" if on_cpu else "cuda",
         backend=backend(d),
         timeout_s=int(cfg.training.get("ddp_timeout") or DEFAULT_TIMEOUT_S),
-        env=rank_env(cfg, machine, on_cpu),
+        env=rank_env(cfg, machine, on_cpu, accelerate_fsdp=loading.distributed_config is None),
         cpu_fsdp_shim=on_cpu,
         fsdp_version=cfg.fsdp.version,
         precision=d.precision,
         checkpointing=checkpointing(cfg, d),
         trainer_args=args,
-        parallelism=mesh(cfg, on_cpu),
+        parallelism=None if loading.distributed_config else mesh(cfg, on_cpu),
         fsdp_mixed_precision=qlora_policy,
         model=model_spec(cfg, d),
         lora=lora_kwargs(cfg, d.model),

@@ -22,8 +22,9 @@ from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 6  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
-# 6: GrpoSpec `grpo` became GenerationSpec `generating` (every generating method's)
+SPEC_VERSION = 7  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
+# 6: GrpoSpec `grpo` became GenerationSpec `generating` (every generating method's); 7: Loading.distributed_config
+# (transformers' DistributedConfig sizes under expert parallelism)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,10 @@ class Loading:
     # on the sharded path, the transformers path's fsdp_config: the units the builder makes follow it, and a rank
     # that falls back gives it to the Trainer (the Trainer is otherwise told NO_WRAP); None on the transformers path
     transformers_fsdp_config: dict[str, Any] | None = None
+    # expert parallelism: transformers' DistributedConfig(**distributed_config) (fsdp_size, ep_size) given to
+    # from_pretrained, which shards the model at load (FSDP2 on its own mesh, experts split over ep_size ranks); the
+    # Trainer then neither wraps nor shards it (no accelerate FSDP). None: accelerate's FSDP, as the fsdp_config says
+    distributed_config: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,9 @@ class MethodRow:
     # its loss is a sum over tokens, which context parallelism's per-rank slices of every sequence add up to (SFT);
     # a loss per whole sequence (preference, a score head) or built after generating is not (FT048, FT138)
     context_parallel: bool = False
+    # trained under expert parallelism (transformers' DistributedConfig; the Trainer's own loss, nothing generated or
+    # compared with a reference): run on CPU ranks by tests/dist/test_expert_parallel.py (FT141 refuses the others)
+    expert_parallel: bool = False
     # it estimates a KL term from the other rows of its micro-batch, taken in order (KTO: FT113)
     kl_from_batch: bool = False
     short: str = ""  # the name findings and lines say it by ("GRPO"); the name in capitals when empty

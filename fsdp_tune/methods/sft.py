@@ -20,4 +20,5 @@ ROW = MethodRow(
     eval_metrics=(Metric("eval_loss", "loss", ".4f"), Metric("eval_mean_token_accuracy", "token accuracy")),
     named=False,
     context_parallel=True,
+    expert_parallel=True,
 )

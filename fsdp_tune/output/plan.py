@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdp_tune.config.methods import SFT, row_of
+from fsdp_tune.planner import experts
 from fsdp_tune.planner.grpo import GENERATION, LOG_PROBS
 
 METHOD_PHASES = (GENERATION, LOG_PROBS)  # phases before the training step (GRPO's), said even off the peak
@@ -66,6 +67,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     for name, gib in plan["host_components"].items():
         if gib:
             lines.append(f"  {name:<46} {gib:8.2f} GiB")
+    if plan.get("expert_parallel"):
+        lines.append(experts.describe(plan["expert_parallel"]))
     lines += _step_line(plan.get("step_time"))
     lines += [f"note: {n}" for n in plan.get("notes", [])] + [f"assumed: {a}" for a in plan.get("assumptions", [])]
     return "\n".join(lines + _advice(plan))

@@ -35,6 +35,7 @@ def format_summary(s: RunSummary) -> str:
         lines.append(
             f"  self-check after step 1: {checked['sharded']} trainable tensors sharded over the ranks, "
             f"{checked['whole']} whole and identical on every rank, gradients reduced"
+            + (f"; {checked['experts']} expert tensors each rank's own" if checked.get("experts") else "")
         )
     grew = s.vocab_grew
     if grew:
@@ -79,6 +80,15 @@ def method_summary(s: RunSummary) -> list[str]:
     return [f"  {s.method}: " + ", ".join(shown)]
 
 
+def _expert_mesh(sizes: dict[str, int]) -> str:
+    """The fsdp line of an expert-parallel run: transformers' meshes, not accelerate's plugin."""
+    fsdp, ep = sizes["fsdp_size"], sizes["ep_size"]
+    return (
+        f"  fsdp: FSDP2 by transformers at load (DistributedConfig), device mesh fsdp {fsdp}; experts: ep {ep} x "
+        f"efsdp {fsdp // ep} (each rank 1/{ep} of every layer's experts, tokens exchanged by all-to-all)"
+    )
+
+
 def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted: tuple[Counted, ...] = ()) -> str:
     """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute, and what the
     data pre-flight counted beside it (`counted`: rows tokenized, images)."""
@@ -102,8 +112,12 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
     if spec.parallelism:
         sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.items() if k.endswith("_size") and v > 1}
         lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
+    saved = f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP"
+    if spec.loading.distributed_config:
+        lines[-1] = _expert_mesh(spec.loading.distributed_config)
+        saved = "  checkpoints: none (a model sharded at load is not checkpointed, FT141); final adapter: whole"
     lines += [
-        f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP",
+        saved,
         f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "
         f"attention {spec.model.attn_implementation or 'as transformers picks (sdpa, else eager)'}; "
         f"checkpointing: {_CHECKPOINTING[spec.checkpointing]}",

@@ -12,6 +12,7 @@ from fsdp_tune.decide.trl_defaults import defaults_note
 from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.advice import Target, search
 from fsdp_tune.planner.allocator import CUDA_CONTEXT_GIB, assumptions, device_memory
+from fsdp_tune.planner.experts import expert_parallel
 from fsdp_tune.planner.grpo import generation_weights
 from fsdp_tune.planner.memory import LOADINGS, GiB, estimate
 from fsdp_tune.planner.shape import measure
@@ -20,6 +21,11 @@ from fsdp_tune.planner.steptime import parse_memory, step_time
 from fsdp_tune.planner.vision import describe, image_load
 from fsdp_tune.sources.model import ModelFacts, not_found
 
+EP_NOTE = (
+    "expert parallelism: the memory and all-gather terms are FSDP2's over every rank, experts included, and the "
+    "loading phase has every rank read the whole checkpoint; transformers' DistributedConfig gathers no expert "
+    "held whole on its rank and reads each rank's shard only: over-estimates (not measured under ep_size)"
+)
 _CTX = CUDA_CONTEXT_GIB[1]  # the CUDA context's upper bound, beside the gathered model (planner/grpo.py)
 
 
@@ -55,7 +61,8 @@ def memory_plan(
     plan a published run as it was made); `loading` is how the weights reach the ranks (LOADINGS): by default
     the path the run takes (decide/loading.py, as the rank spec decides it); `host_gib`: the RAM of the machine
     the plan is for, when it is this one (host_fits judges the node's peak against it; None: not judged); `model`:
-    the model's facts as the rank spec decided them (ModelSpec.facts), else found once here as decide finds them."""
+    the model's facts as the rank spec decided them (ModelSpec.facts), else found once here as decide finds them.
+    It is long because it is the plan's one result, field by field."""
     facts = model if model is not None else model_of(cfg)
     loading, note = (loading, None) if loading else loading_path(cfg, facts)
     name = _check(cfg, facts, gpu_key, loading)
@@ -86,6 +93,7 @@ def memory_plan(
         "advice": [],
         "advice_searched": 0,
     }
+    _experts(cfg, shape, st, result)
     _vision(cfg, shape, image_size, result)
     _generation(cfg, shape, st, est.phases, None if on_cpu else budget, result, gpu)
     if on_cpu:
@@ -130,6 +138,13 @@ def _generation(cfg: RunConfig, shape, st: Stack, phases: dict, budget: float | 
     result["grpo_generation"] = decided = generation_weights(cfg, shape, st, phases, budget, _CTX)
     if result["step_time"] and decided["weights"] == "gathered":
         result["step_time"] = step_time(cfg, shape, gpu, generation_once=True)
+
+
+def _experts(cfg: RunConfig, shape, st: Stack, result: dict) -> None:
+    """Expert parallelism: experts per rank and the all-to-all (planner/experts.py), and what the rest overstates."""
+    result["expert_parallel"] = ep = expert_parallel(cfg, shape, st.compute_bytes)
+    if ep:
+        result["notes"].append(EP_NOTE)
 
 
 def _vision(cfg: RunConfig, shape, image_size, result: dict) -> None:

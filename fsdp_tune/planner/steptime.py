@@ -10,6 +10,7 @@ from fsdp_tune.decide.derived import cp_degree, gradient_checkpointing, shard_gr
 from fsdp_tune.decide.gpus import Gpu
 from fsdp_tune.decide.method import steps
 from fsdp_tune.errors import UsageError
+from fsdp_tune.planner.experts import expert_parallel
 from fsdp_tune.planner.memory import GiB, offloaded_activation_bytes
 from fsdp_tune.planner.method import step_of
 from fsdp_tune.planner.shape import ModelShape
@@ -84,6 +85,8 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool
     checkpointed = cfg.fsdp.activation_checkpointing or gradient_checkpointing(cfg)
     ring = accum * ring_bytes_sent(shape, st, tokens // accum, cp_degree(cfg), 2 if checkpointed else 1)
     comm += ring  # context parallelism's K/V ring shares the link with FSDP's collectives
+    ep = expert_parallel(cfg, shape, stack_of(cfg).compute_bytes)
+    comm += ep["all_to_all_gb_per_step_per_gpu"] * 1e9 if ep else 0.0  # the experts' token exchange
     host = 0.0
     if cfg.fsdp.cpu_offload:
         # every all-gather first copies this rank's shard to the GPU; gradients of what trains come back

@@ -1,4 +1,5 @@
-"""accelerate's ParallelismConfig: CP/SP/TP/HSDP sizes against the world size and FSDP version."""
+"""accelerate's ParallelismConfig: CP/SP/TP/HSDP sizes against the world size and FSDP version; transformers'
+DistributedConfig under expert parallelism (ep_size): against the world, the model and what LoRA can reach."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import math
 from collections.abc import Iterator
 
 from fsdp_tune.config.methods import ROWS, row_of
+from fsdp_tune.config.run_folder import resume_request
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
-from fsdp_tune.decide.derived import evaluation, mesh_active, mesh_sizes
+from fsdp_tune.decide.derived import Derived, evaluation, expert_parallel_size, mesh_active, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rules.registry import error, finding, rule, warning
+from fsdp_tune.sources.classes import expert_parallel_plan
+from fsdp_tune.sources.moe import EXPERT_COUNT_KEYS, param_targets
 
 
 @rule("FT040", "parallelism", "parallelism_config_* flags without --use_parallelism_config are ignored")
@@ -264,7 +268,159 @@ def tp_with_lora(cfg: RunConfig) -> Iterator[Finding]:
             "FT035",
             "parallelism.tp_size",
             "tensor parallelism is not something accelerate applies: the model must be loaded tensor-parallel by "
-            "transformers, which the Trainer then refuses to prepare under FSDP2 ('a model and optimizer must be "
-            "passed together'); and PEFT's LoRA on row-parallel layers (o_proj, down_proj) fails in the forward",
+            "transformers (DistributedConfig(tp_size)), and PEFT 0.21's LoRA on its row-parallel layers (o_proj, "
+            "down_proj) fails in the first forward (peft/tuners/lora/layer.py:1102 through "
+            "transformers/distributed/tensor_parallel.py:136: the adapter gets the rank's slice of the input; "
+            "measured on CPU at transformers 5.24, tests/dist/test_expert_parallel.py)",
             "use HSDP (dp_replicate_size x dp_shard_size) or plain FSDP; set tp_size to 1",
         )
+
+
+EP_SIZE = "parallelism.ep_size"
+# transformers 5.24 and peft 0.21, found on 2 CPU ranks (scripts/ep_lora_experiment.py,
+# tests/dist/test_expert_parallel.py)
+EXPERTS_LORA_FAILS = (
+    "PEFT's LoRA on the fused experts fails in the first forward under ep_size > 1 (\"aten.baddbmm.default got "
+    'mixed torch.Tensor and DTensor", peft/tuners/lora/layer.py:2323): transformers makes each experts module an '
+    "FSDP2 unit of its own on the expert mesh (transformers/distributed/fsdp.py:202), so its weights are still "
+    "sharded DTensors when PEFT's ParamWrapper, which wraps that module, folds W + B@A into them "
+    "(peft/tuners/lora/layer.py:2594) with plain-tensor factors sized for every expert"
+)
+
+
+def _experts(config: dict | None) -> int | None:
+    text = (config or {}).get("text_config") if isinstance((config or {}).get("text_config"), dict) else config
+    return next((text[k] for k in EXPERT_COUNT_KEYS if isinstance((text or {}).get(k), int)), None)
+
+
+@rule("FT139", "parallelism", "expert parallelism (ep_size) against the world, the mesh and the model", decided=True)
+def ep_size_fits(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    """long because it is DistributedConfig's checks in its order: the size, the mesh, the world, the model."""
+    p, ep = cfg.parallelism, cfg.parallelism.ep_size
+    if p.enabled and ep < 1:
+        yield error(cfg, "FT139", EP_SIZE, f"ep_size must be at least 1, got {ep}", "use 1 or more")
+    if expert_parallel_size(cfg) == 1:
+        return
+    others = [f"{k}={v}" for k, v in mesh_sizes(cfg).items() if k != "dp_shard_size" and v > 1]
+    if others or cfg.fsdp.version != 2:
+        combined = ", ".join(others) if others else "FSDP1"
+        yield error(
+            cfg,
+            "FT139",
+            EP_SIZE,
+            f"ep_size={ep} with {combined}: fsdp-tune runs expert parallelism inside FSDP2's sharding dimension only "
+            "(DistributedConfig(fsdp_size=world, ep_size)), the combination checked on CPU",
+            "set the other parallelism sizes to 1 and fsdp_version 2",
+        )
+    shard = mesh_sizes(cfg)["dp_shard_size"]
+    if shard % ep:
+        yield error(
+            cfg,
+            "FT139",
+            EP_SIZE,
+            f"ep_size={ep} does not divide the {shard} ranks FSDP shards over (fsdp_size): transformers refuses it "
+            "(distributed/configuration_utils.py: `ep_size` must divide `fsdp_size * tp_size`)",
+            f"an ep_size that divides {shard}, e.g. {max(k for k in range(1, ep + 1) if shard % k == 0)}",
+        )
+    config = d.model.config
+    if config is None:
+        return
+    experts = _experts(config)
+    if not experts or experts < 2:
+        yield error(
+            cfg, "FT139", EP_SIZE, f"{config.get('model_type')} has no experts to split", "drop ep_size (or set 1)"
+        )
+    elif experts % ep:
+        yield error(
+            cfg,
+            "FT139",
+            EP_SIZE,
+            f"{experts} experts cannot be split evenly over ep_size={ep} ranks (transformers refuses it: "
+            "distributed/expert_parallel.py, 'Cannot evenly shard')",
+            "an ep_size that divides the number of experts",
+        )
+    elif expert_parallel_plan(config) is False:
+        yield error(
+            cfg,
+            "FT139",
+            EP_SIZE,
+            f"{config.get('model_type')}'s config class has no base_model_ep_plan: transformers refuses ep_size > 1 "
+            "for it (distributed/mixin.py _resolve_parallel_plans)",
+            "drop ep_size: plain FSDP2 shards each layer with all its experts",
+        )
+
+
+@rule("FT140", "parallelism", "LoRA on the experts under expert parallelism", decided=True)
+def ep_lora_on_experts(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
+    if expert_parallel_size(cfg) == 1 or not cfg.lora.use_peft_lora:
+        return
+    reach = param_targets(cfg, d.model.config)
+    named = [t for t in (reach.explicit if reach else ()) if "experts" in t]
+    if reach and (reach.experts or named):
+        path = "peft.target_parameters" if named else "lora.lora_target_modules"
+        shown = ", ".join(named or reach.experts)
+        yield error(
+            cfg,
+            "FT140",
+            path,
+            f"LoRA would reach the experts ({shown}) at ep_size={cfg.parallelism.ep_size}: {EXPERTS_LORA_FAILS}",
+            "target attention and the dense layers only (e.g. --lora_target_modules q_proj,k_proj,v_proj,o_proj), "
+            "or drop ep_size to train the experts' LoRA under plain FSDP2",
+        )
+
+
+# what an expert-parallel run has not been run with: each a key, why, and the fix
+EP_NOT_RUN = (
+    ("lora.use_peft_lora", lambda c: not c.lora.use_peft_lora, "full fine-tuning", "--use_peft_lora true"),
+    (
+        "quantization.use_4bit_quantization",
+        lambda c: c.quantization.use_4bit_quantization or c.quantization.use_8bit_quantization,
+        "4-bit or 8-bit (bitsandbytes) weights",
+        "drop the quantization flags",
+    ),
+    (
+        "run.method",
+        lambda c: not row_of(c.run.method).expert_parallel,
+        f"a method other than {', '.join(n for n, r in ROWS.items() if r.expert_parallel)}",
+        "--method " + ", ".join(n for n, r in ROWS.items() if r.expert_parallel),
+    ),
+    (
+        "training.save_strategy",
+        lambda c: c.training.get("save_strategy") != "no",
+        "checkpoints: the Trainer refuses to checkpoint a model sharded at load ('Resuming is not supported for "
+        "models sharded at load time', transformers/trainer.py:633), so such a run cannot be resumed; the final "
+        "adapter is still saved whole",
+        "--save_strategy no",
+    ),
+    (
+        "training.resume_from_checkpoint",
+        lambda c: resume_request(c) is not None,
+        "resuming (transformers/trainer.py:633: no checkpoint of a model sharded at load)",
+        "start the run afresh",
+    ),
+)
+
+
+@rule("FT141", "parallelism", "what an expert-parallel run cannot take")
+def ep_not_run(cfg: RunConfig) -> Iterator[Finding]:
+    if expert_parallel_size(cfg) == 1:
+        return
+    ep = cfg.parallelism.ep_size
+    for path, applies, what, fix in EP_NOT_RUN:
+        if applies(cfg):
+            yield error(cfg, "FT141", path, f"ep_size={ep} with {what}: not run under expert parallelism", fix)
+    f = cfg.fsdp
+    for name, dropped, fix in (
+        ("cpu_offload", f.cpu_offload, "drop fsdp_cpu_offload"),
+        ("activation_checkpointing", f.activation_checkpointing, "--gradient_checkpointing true instead"),
+        ("reshard_after_forward", not f.reshard_after_forward, "drop fsdp_reshard_after_forward (it reshards)"),
+    ):
+        if dropped:
+            yield warning(
+                cfg,
+                "FT141",
+                f"fsdp.{name}",
+                f"dropped at ep_size={ep}: transformers shards the model as it loads (DistributedConfig, its layers "
+                "resharded after forward) and accelerate's FSDP plugin, which applies this setting, is off",
+                fix,
+            )

@@ -1,5 +1,6 @@
 """Facts about a model's classes read from the text of transformers' modeling/configuration files (no torch):
-which attention implementations its class supports, and whether its embeddings are tied.
+which attention implementations its class supports, whether its embeddings are tied, and whether its config class
+has an expert-parallel plan (what `DistributedConfig(ep_size=N)` applies).
 
 transformers decides the attention when `attn_implementation` is None: SDPA when the class supports it,
 else eager, without a word (modeling_utils.get_correct_attn_implementation); asked for SDPA explicitly, a
@@ -18,6 +19,7 @@ from fsdp_tune.sources import model as model_source
 
 _HEAD = re.compile(r"^class (\w+)\(([^)]*)\):", re.M)
 _FLAG = re.compile(r"^\s+_supports_(sdpa|flash_attn|flex_attn)\b[^=\n]*=\s*(True|False)[ \t]*(?:#\s*(.*))?$", re.M)
+_EP_PLAN = re.compile(r"^\s+base_model_ep_plan\b[^=\n]*=\s*\{", re.M)
 _TIED = re.compile(r"^\s+tie_word_embeddings\s*:[^=\n]*=\s*(True|False)", re.M)
 # an attn_implementation value -> the class flag that allows it (None: always allowed; values not here: unchecked)
 FLAGS = {
@@ -81,12 +83,27 @@ def tied_embeddings(config: dict | None) -> bool | None:
         return None
     if isinstance(config.get("tie_word_embeddings"), bool):
         return config["tie_word_embeddings"]
-    src = model_source.for_config(config)
+    path = _configuration_file(config)
+    found = _TIED.search(path.read_text(encoding="utf-8", errors="replace")) if path else None
+    return found.group(1) == "True" if found else None
+
+
+def expert_parallel_plan(config: dict | None) -> bool | None:
+    """Whether the model's config class declares `base_model_ep_plan` (transformers refuses `ep_size > 1` for a
+    class without one: distributed/mixin.py `_resolve_parallel_plans`, "has no `ep_plan`"); None when the model's
+    config or code is not on this machine."""
+    path = _configuration_file(config)
+    if path is None:
+        return None
+    return _EP_PLAN.search(path.read_text(encoding="utf-8", errors="replace")) is not None
+
+
+def _configuration_file(config: dict | None) -> Path | None:
+    src = model_source.for_config(config) if config else None
     if src is None:
         return None
     path = Path(src.modeling_file).with_name(Path(src.modeling_file).name.replace("modeling_", "configuration_"))
-    found = _TIED.search(path.read_text(encoding="utf-8", errors="replace")) if path.is_file() else None
-    return found.group(1) == "True" if found else None
+    return path if path.is_file() else None
 
 
 @functools.lru_cache(maxsize=16)

@@ -111,6 +111,8 @@ def check_settings(cfg: RunConfig, on_cpu: bool | None = None) -> None:
         )
     if p.enabled and (p.tp_size > 1 or p.cp_size > 1 or p.sp_size > 1):
         reasons.append(("parallelism_config", "tensor, context or sequence parallelism is not traced", "dp only"))
+    if p.enabled and p.ep_size > 1:  # the trace builds accelerate's FSDP2 units, not transformers' DistributedConfig
+        reasons.append(("ep_size", "expert parallelism (transformers' DistributedConfig) is not traced", "ep_size 1"))
     if cfg.quantization.use_8bit_quantization:
         reasons.append(("use_8bit_quantization", "8-bit (LLM.int8) weights are not traced", "4-bit or none"))
     if row_of(cfg.run.method).head != "lm":  # the trace builds a causal LM; a reward model is a sequence classifier

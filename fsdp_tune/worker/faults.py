@@ -9,6 +9,8 @@ FSDP_TUNE_TEST_SHORT_GENERATION="RANK:N"  that rank's completions end after N to
 FSDP_TUNE_TEST_UNMANAGED=NAME     a trainable parameter FSDP does not manage joins the sharded model of the run
                                   whose folder is NAME ("*": any), as an adapter added after sharding would: never
                                   reduced, its copies drift apart (the self-check's test)
+FSDP_TUNE_TEST_COPIED_EXPERTS=NAME  under expert parallelism, every rank's experts become the first expert-parallel
+                                  rank's (transformers#45662's wrong mesh) in the run whose folder is NAME ("*": any)
 Nothing here acts unless one of these is set.
 """
 
@@ -32,6 +34,7 @@ from fsdp_tune.worker.rank import rank, restart_count
 KILL, HANG, POISON = "FSDP_TUNE_TEST_KILL", "FSDP_TUNE_TEST_HANG", "FSDP_TUNE_TEST_POISON_STEP"
 SHORT = "FSDP_TUNE_TEST_SHORT_GENERATION"
 UNMANAGED = "FSDP_TUNE_TEST_UNMANAGED"
+COPIED_EXPERTS = "FSDP_TUNE_TEST_COPIED_EXPERTS"
 FAKE_HUB = "FSDP_TUNE_TEST_FAKE_HUB"
 
 
@@ -128,6 +131,23 @@ def unmanaged_parameter(model, output_dir: str) -> None:
         return out + module.fsdp_tune_test_bias
 
     layer.register_forward_hook(add)
+
+
+def copied_experts(model, output_dir: str) -> None:
+    """FSDP_TUNE_TEST_COPIED_EXPERTS: each expert-parallel parameter's local slice overwritten by the first
+    expert-parallel rank's (a broadcast over the "ep" mesh dimension)."""
+    wanted = os.environ.get(COPIED_EXPERTS)
+    if not wanted or wanted not in ("*", Path(output_dir).name):
+        return
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    for p in model.parameters():
+        if isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ()):
+            group = p.device_mesh.get_group("ep")
+            with torch.no_grad():
+                dist.broadcast(p.to_local(), src=dist.get_global_rank(group, 0), group=group)
 
 
 class FaultInjectionCallback(TrainerCallback):

@@ -127,6 +127,7 @@ class Recipe:
             loaded = load(self.spec, tokenizer, args, lambda: self.trainer_config("transformers"))
             if loaded.path == "sharded":
                 faults.unmanaged_parameter(loaded.model, self.spec.output_dir)  # test-only: the self-check's divergence
+            faults.copied_experts(loaded.model, self.spec.output_dir)  # test-only: the expert self-check's wrong mesh
         if is_main():
             phases.show_model(self.phases.took["build_model"], loaded.model, self.spec.model)
         return loaded

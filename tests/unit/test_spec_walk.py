@@ -198,6 +198,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "why": (RANK, "worker/loading/build.py"),  # into the load report; the plan shows it too
         "sharded": (RANK, "worker/loading/build.py"),
         "transformers_fsdp_config": (RANK, "decide/spec.py"),  # RankSpec.trainer_args_on, for a rank falling back
+        "distributed_config": (RANK, "worker/loading/pretrained.py"),  # from_pretrained(distributed_config=...)
     },
     ShardedPlan: {
         "layer_cls": (RANK, "worker/loading/sharded.py"),
@@ -224,6 +225,7 @@ ENV = {
         "FSDP_TUNE_TEST_FAKE_HUB",
         "FSDP_TUNE_TEST_SHORT_GENERATION",
         "FSDP_TUNE_TEST_UNMANAGED",
+        "FSDP_TUNE_TEST_COPIED_EXPERTS",
     },
     # a debugging switch that changes which ranks' lines reach the console, never what a rank runs
     "worker/logs.py": {"FSDP_TUNE_ALL_RANKS_TO_CONSOLE"},

@@ -1,6 +1,8 @@
 """The transformers path: the base model through from_pretrained on every rank (dtype, attention, QLoRA's
-BitsAndBytesConfig), as the rank spec says; accelerate's fully_shard then shards it in the Trainer. A reward model
-is a sequence classifier with one score (its head is new: from_pretrained initialises it)."""
+BitsAndBytesConfig), as the rank spec says; accelerate's fully_shard then shards it in the Trainer, or, under expert
+parallelism, transformers shards it as it loads (DistributedConfig: FSDP2 on its mesh, each rank its share of the
+experts) and the Trainer takes it as it is. A reward model is a sequence classifier with one score (its head is new:
+from_pretrained initialises it)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,10 @@ def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]
         kwargs["revision"] = m.revision
     if m.quantization:
         kwargs["quantization_config"] = quantization_config(spec)
+    if spec.loading.distributed_config:
+        from transformers.distributed import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(**spec.loading.distributed_config)
     if spec.method.head == "score":  # RewardTrainer's own choice for a model it loads by name: one score
         classifier = AutoModelForSequenceClassification
         model = open_model(classifier, m.name_or_path, m.trust_remote_code, num_labels=1, **kwargs)

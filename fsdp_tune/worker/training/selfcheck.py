@@ -8,6 +8,10 @@ the run at step 1 with one line naming the parameter, instead of training ranks 
     whole     a plain tensor, or a DTensor replicated over a mesh dimension (HSDP's replicas): its value and its
               gradient must be the same on every rank holding a copy (a gradient that differs was never reduced:
               a trainable parameter FSDP does not manage, such as an adapter added after sharding)
+    experts   under expert parallelism (transformers' DistributedConfig(ep_size)), every parameter, frozen ones too,
+              split over the mesh dimension named "ep": each expert-parallel rank must hold experts of its own, so
+              the ranks' local slices must differ (a copy of rank 0's experts on every rank, transformers#45662, is
+              a model that routes tokens to experts it does not have)
 
 Cheap: one all-reduce of a structure hash (every rank has the same trainable parameters, shapes, dtypes and
 placements), one of the sharded row counts, one of three float64 checksums (sum, sum of squares, a position-weighted
@@ -116,7 +120,37 @@ def check(model, device: str) -> dict:
                     f"for a tensor of {p.numel()} (x{copies} replicas): the ranks do not split it"
                 )
     _check_whole(whole, device)
-    return {"step": 1, "sharded": len(sharded), "whole": len(whole), "ok": True}
+    result = {"step": 1, "sharded": len(sharded), "whole": len(whole), "ok": True}
+    experts = _check_experts(model, device)
+    return {**result, "experts": experts} if experts else result
+
+
+def _expert_split(p) -> bool:
+    """A DTensor sharded over a mesh dimension named "ep" of more than one rank."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor) or "ep" not in (p.device_mesh.mesh_dim_names or ()):
+        return False
+    dim = p.device_mesh.mesh_dim_names.index("ep")
+    return p.device_mesh.shape[dim] > 1 and p.placements[dim].is_shard()
+
+
+def _check_experts(model, device: str) -> int:
+    """Every expert-parallel parameter's local slice differs from the other expert-parallel ranks' (one
+    all-reduce over the ep group); how many were checked."""
+    split = [(canonical_name(n), p) for n, p in model.named_parameters() if _expert_split(p)]
+    if not split:
+        return 0
+    mesh = split[0][1].device_mesh
+    group = mesh.get_group(mesh.mesh_dim_names.index("ep"))
+    high, low = _spread([v for _, p in split for v in _sums(p)], device, group)
+    for i, (name, _) in enumerate(split):
+        if high[3 * i : 3 * i + 3] == low[3 * i : 3 * i + 3]:
+            raise SelfCheckFailed(
+                f"distributed self-check failed after step 1: {name} is split over the expert-parallel ranks but "
+                "every rank holds the same experts (a copy of one rank's, not its own share)"
+            )
+    return len(split)
 
 
 def _copies(p) -> int:
