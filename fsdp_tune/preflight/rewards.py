@@ -7,6 +7,8 @@ process of their own (rewards/probe.py). No torch here; the user's code runs in 
     PF088  the user's reward cannot be imported, raises, or returns what GRPO cannot use (an error); no local row to
            call it on, a Hub dataset (a note: the ranks check every result)
     PF089  vLLM asked for and not installed (on a CPU run FT137 refuses it)
+    PF097  a reward model's folder (or a reward run's base) needs its own Python code and trust_remote_code is off:
+           the ranks' loader door would refuse it after launch (worker/loading/door.py)
 (PF086, the data's notes, is preflight/prompts.py's.)
 """
 
@@ -19,11 +21,13 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict
+from pathlib import Path
 
 from fsdp_tune.decide.spec import RankSpec, RewardSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rewards.builtin import BUILTINS
 from fsdp_tune.rewards.probe import MARK
+from fsdp_tune.runfiles import RESOLVED_NAME
 
 PROBE_SECONDS = 120
 KEY = "--reward_funcs"
@@ -34,7 +38,7 @@ def check_rewards(spec: RankSpec) -> list[Finding]:
 
     if spec.generating is None:
         return []
-    findings = _generation(spec)
+    findings = _generation(spec) + [f for r in spec.generating.rewards for f in _code(r, spec)]
     row = next((r for s in spec.data.sources if (r := first_row(s)) is not None), None)
     where = spec.data.sources[0].files.get("train", [spec.data.dataset_name])[0] if spec.data.sources else ""
     findings += [f for r in spec.generating.rewards if r.kind == "builtin" for f in _builtin(r, row, where)]
@@ -45,6 +49,33 @@ def check_rewards(spec: RankSpec) -> list[Finding]:
     if users:
         findings += _probe(users, row, where)
     return findings
+
+
+def _code(reward: RewardSpec, spec: RankSpec) -> list[Finding]:
+    """PF097: what the ranks open for a reward model (its folder: the tokenizer, the classifier; a reward run's base)
+    asked of the same loader rules they apply, before launch: a folder needing code without the opt-in."""
+    if reward.kind not in ("reward_model", "reward_run") or spec.model.trust_remote_code:
+        return []
+    from fsdp_tune.config.folders import FolderRefused, read_json
+    from fsdp_tune.sources.model import local_folder, model_facts
+    from fsdp_tune.sources.modelcheck import code_asked
+
+    names = [reward.target]
+    if reward.kind == "reward_run":
+        try:
+            names.append(read_json(Path(reward.target, RESOLVED_NAME))["spec"]["model"]["name_or_path"])
+        except (FolderRefused, KeyError, TypeError):
+            pass  # the ranks say what is wrong with the run's folder
+    for name in names:
+        folder = local_folder(str(name))
+        asked = code_asked(folder, model_facts(str(name))) if folder is not None else []
+        if asked:
+            message = f"{folder / asked[0]}: the reward model needs its own Python code (auto_map), run only on opt-in"
+            hint = (
+                "read the folder's .py files, then pass --trust_remote_code true (it applies to every model of the run)"
+            )
+            return [Finding("PF097", Severity.ERROR, KEY, reward.written, message, hint)]
+    return []
 
 
 def _generation(spec: RankSpec) -> list[Finding]:

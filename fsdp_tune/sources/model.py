@@ -340,3 +340,10 @@ def _special_block(mappings: Path) -> str:
     text = mappings.read_text(encoding="utf-8", errors="replace")
     start = text.find("SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
     return text[start : text.find("\n)", start)] if start >= 0 else ""
+
+
+def local_folder(name: str) -> Path | None:
+    """The folder `name` loads from on this machine (the model door, sources/model.py: a local folder, or its
+    snapshot in the Hub cache); None when it is neither."""
+    facts = model_facts(name)
+    return Path(facts.path) if facts.where in ("local", "cache") and Path(facts.path or "").is_dir() else None

@@ -12,8 +12,9 @@ import json
 import re
 from pathlib import Path
 
+from fsdp_tune.config.folders import code_configs
 from fsdp_tune.errors import Finding, Severity
-from fsdp_tune.sources.model import ModelFacts, model_facts
+from fsdp_tune.sources.model import CONFIG, ModelFacts, model_facts
 
 # Any of these makes a tokenizer AutoTokenizer can load (fast JSON, sentencepiece, BPE/WordPiece vocabularies, tiktoken)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt")
@@ -154,3 +155,22 @@ def _header_shapes(path: Path) -> dict[str, list[int]]:
     if not isinstance(table, dict):
         return {}
     return {k: v.get("shape", []) for k, v in table.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def native_classes(file: str, data: dict) -> bool:
+    """Whether transformers has its own classes for what `file` describes (then trust_remote_code=False loads
+    those, and the auto_map's code is not needed). Read without importing torch: the model types from the text of
+    transformers' auto mappings, class names from its lazy module's listing."""
+    import transformers
+
+    if file == CONFIG:
+        return data.get("model_type") in known_model_types()
+    named = data.get("tokenizer_class") or data.get("processor_class") or data.get("image_processor_type")
+    return isinstance(named, str) and named.removesuffix("Fast") in dir(transformers)
+
+
+def code_asked(folder: Path, facts: ModelFacts) -> list[str]:
+    """The files of `folder` (config.json, the tokenizer's, the processor's) whose auto_map names code transformers
+    has no class of its own for: what loading it without trust_remote_code refuses (worker/loading/door.py
+    prepared on the ranks, chat and merge; the reward pre-flight before launch). `facts`: the model door's."""
+    return [f for f, data in code_configs(folder, facts.config, CONFIG).items() if not native_classes(f, data)]

@@ -69,7 +69,7 @@ def locate(name: str, run_dir: Path | None = None, given: bool = False) -> str:
     the run's recorded working folder (a run from before the absolute record), the name from here, or a Hub id's
     snapshot in the Hub cache. A base that is none of these is refused at once (exit 2), where transformers would
     retry the Hub for minutes and fail."""
-    from fsdp_tune.worker.loading.door import local_folder
+    from fsdp_tune.sources.model import local_folder
 
     path = Path(name).expanduser()
     if given and path.is_dir():

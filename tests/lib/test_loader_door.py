@@ -186,6 +186,28 @@ def test_a_reward_model_that_ships_code_is_refused_on_the_ranks(tiny, tmp_path) 
     assert not (tmp_path / "ran").exists()
 
 
+def test_a_reward_model_that_ships_code_is_refused_before_launch(tiny, tmp_path) -> None:
+    """The same folder, asked of the same rules by the reward pre-flight (PF097): refused before any rank starts;
+    with the opt-in, or for a folder without code of its own, nothing is said."""
+    from fsdp_tune.preflight.rewards import _code
+    from fsdp_tune.rewards.resolve import RewardSpec
+
+    folder = _remote(copied(tiny, tmp_path / "rm"), tmp_path / "ran", "tokenizer_config.json")
+    reward = RewardSpec(name="rm", kind="reward_model", target=str(folder), written="rm")
+
+    def spec(trust: bool):
+        return type("Spec", (), {"model": type("Model", (), {"trust_remote_code": trust})()})()
+
+    (found,) = _code(reward, spec(False))
+    assert found.rule == "PF097" and found.key == "--reward_funcs" and found.source == "rm"
+    assert found.message.startswith(f"{folder / 'tokenizer_config.json'}: the reward model needs its own Python code")
+    assert "--trust_remote_code true" in found.hint
+    assert _code(reward, spec(True)) == []
+    plain = RewardSpec(name="rm", kind="reward_model", target=str(copied(tiny, tmp_path / "plain")), written="p")
+    assert _code(plain, spec(False)) == []
+    assert not (tmp_path / "ran").exists()
+
+
 def test_transformers_cannot_prompt_even_when_asked_with_none(tiny, tmp_path, monkeypatch) -> None:
     """The belt under the braces: transformers' own prompt (trust_remote_code None) raises instead of reading
     stdin once the door has been used."""

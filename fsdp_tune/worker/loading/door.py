@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from fsdp_tune.config.folders import FolderRefused, check_adapter, code_configs
-from fsdp_tune.sources.model import CONFIG, model_facts
+from fsdp_tune.sources.model import CONFIG, local_folder, model_facts
+from fsdp_tune.sources.modelcheck import code_asked
 
 WARNED: set[str] = set()
 
@@ -30,27 +31,6 @@ def no_prompt() -> None:
     dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
 
 
-def local_folder(name: str) -> Path | None:
-    """The folder `name` loads from on this machine (the model door, sources/model.py: a local folder, or its
-    snapshot in the Hub cache); None when it is neither."""
-    facts = model_facts(name)
-    return Path(facts.path) if facts.where in ("local", "cache") and Path(facts.path or "").is_dir() else None
-
-
-def _native(file: str, data: dict) -> bool:
-    """Whether transformers has its own classes for what `file` describes (then trust_remote_code=False loads
-    those, and the auto_map's code is not needed). Read without importing torch: the model types from the text of
-    transformers' auto mappings, class names from its lazy module's listing."""
-    import transformers
-
-    from fsdp_tune.sources.modelcheck import known_model_types
-
-    if file == CONFIG:
-        return data.get("model_type") in known_model_types()
-    named = data.get("tokenizer_class") or data.get("processor_class") or data.get("image_processor_type")
-    return isinstance(named, str) and named.removesuffix("Fast") in dir(transformers)
-
-
 def prepared(name: str, trust_remote_code: bool, what: str = "the model") -> None:
     """Before any transformers call on `name`: the prompt off, and its code refused or announced (see the module's
     docstring); a model_type transformers does not know refused in one line."""
@@ -61,8 +41,7 @@ def prepared(name: str, trust_remote_code: bool, what: str = "the model") -> Non
     facts = model_facts(name)
     if facts.problem:  # a config.json that is there and cannot be read: the loader's answer, not transformers'
         raise FolderRefused(f"{facts.config_file}: {facts.problem}", "restore the config.json the model came with")
-    configs = code_configs(folder, facts.config, CONFIG)
-    asking = [f for f, data in configs.items() if trust_remote_code or not _native(f, data)]
+    asking = list(code_configs(folder, facts.config, CONFIG)) if trust_remote_code else code_asked(folder, facts)
     if asking and not trust_remote_code:
         raise FolderRefused(
             f"{folder / asking[0]}: {what} needs its own Python code (auto_map), which runs only when you allow it",
