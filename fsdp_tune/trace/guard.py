@@ -109,8 +109,8 @@ def check_settings(cfg: RunConfig, on_cpu: bool | None = None) -> None:
                 "TRANSFORMER_BASED_WRAP",
             )
         )
-    if p.enabled and (p.tp_size > 1 or p.cp_size > 1 or p.sp_size > 1):
-        reasons.append(("parallelism_config", "tensor, context or sequence parallelism is not traced", "dp only"))
+    if p.enabled and (p.tp_size > 1 or p.sp_size > 1):
+        reasons.append(("parallelism_config", "tensor or sequence parallelism is not traced", "dp or cp only"))
     if cfg.quantization.use_8bit_quantization:
         reasons.append(("use_8bit_quantization", "8-bit (LLM.int8) weights are not traced", "4-bit or none"))
     if row_of(cfg.run.method).head != "lm":  # the trace builds a causal LM; a reward model is a sequence classifier
