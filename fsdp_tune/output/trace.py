@@ -11,7 +11,9 @@ ASSUMED = (
     "device as the ranks build it (the rank spec for a GPU machine)",
     "every sequence full length (no padding, every label trained); a warm-up step first, the second step measured",
     "CUDA-only kernels stood in by ops of the same live memory: TRL's Triton tile and fp32 accumulation, dropout's "
-    "bool mask, bitsandbytes' 4-bit matmul (dequantize + linear past 1536 tokens, its fused kernel below)",
+    "bool mask, bitsandbytes' 4-bit matmul (dequantize + linear past 1536 tokens, its fused kernel below); activation "
+    "offload's save_on_cpu copies counted in host RAM (the copy back allocated on the device); transformers' SDPA "
+    "mask skipped as it is for the rows' all-ones mask on real tensors (fake ones would build an S x S mask)",
 )
 CANNOT_SEE = (
     "CUDA kernel workspaces and algorithm choices, the caching allocator's reserve and fragmentation, the CUDA "

@@ -284,7 +284,13 @@ def mesh_notes(cfg: RunConfig) -> list[str]:
         notes.append(
             f"context parallelism: each rank holds 1/{cp_degree(cfg)} of every sequence's activations; the ring "
             f"attention's K/V blocks ({cfg.parallelism.cp_comm_strategy}) and fp32 dq/dk/dv are counted in the "
-            "layer's backward"
+            "layer's backward, at the attention's moment (after the MLP's)"
+        )
+        notes.append(
+            "context parallelism assumes SDPA runs its flash, memory-efficient or cuDNN kernel on every block (the "
+            "only ones torch's ring handles: _context_parallel/_attention.py custom_ops); SDPA falling back to its "
+            "math kernel is not planned: it would hold the blocks' scores (local tokens x the sequence, per head) "
+            "and run far slower (TRL#3994)"
         )
     if sizes.get("tp", 1) > 1:
         notes.append("tensor parallelism is not modelled: weights and activations per rank are over-counted")

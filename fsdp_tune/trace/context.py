@@ -104,7 +104,21 @@ def sharder(parallelism_config, model):
     trainer = types.SimpleNamespace(accelerator=accelerator)
 
     def shard(batch: dict):
-        cp_context, batch = Trainer._prepare_context_parallel_inputs(trainer, model, batch)
+        with _quiet("transformers.trainer"):  # "Shift labels not found ...": what the ranks log once, not the plan
+            cp_context, batch = Trainer._prepare_context_parallel_inputs(trainer, model, batch)
         return cp_context(), batch
 
     return shard
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    import logging
+
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

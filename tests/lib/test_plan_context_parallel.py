@@ -50,11 +50,12 @@ def test_per_gpu_memory_falls_with_cp_size(seq: int) -> None:
 
 
 def test_one_million_tokens_on_cp_8_is_in_the_published_range() -> None:
-    """TRL#6846: 56.2 GB. The plan's allocated peak with the CUDA context (the low end of its range) is within 30%
-    above it (BENCHMARKS.md section 6 says why it is over); without CP the run is far past the card."""
+    """TRL#6846: 56.2 GB. The plan's allocated peak with the CUDA context (the low end of its range) is within 15%
+    above it (+12%; BENCHMARKS.md section 6 says why it is over; `plan --trace` gives 55.0 GB); without CP the run is
+    far past the card."""
     plan = _plan(1048576, 8)
     low_gb = plan["range_gib"][0] * 2**30 / 1e9
-    assert plan["fits"] and 1.0 <= low_gb / TRL_6846_GB <= 1.3, low_gb
+    assert plan["fits"] and 1.0 <= low_gb / TRL_6846_GB <= 1.15, low_gb
     assert not _plan(1048576, 1)["fits"]
     # without activation offload the 36 checkpointed inputs (131072 tokens x 4096 x bf16 each) stay on the GPU
     kept = _plan(1048576, 8, offload=False)["components"]["activations kept (checkpointed layers)"]

@@ -66,6 +66,7 @@ def test_activation_offload_keeps_every_layers_checkpointed_input_in_host_memory
     _, result = traced
     assert result["host_activations_gib"] == pytest.approx(LAYERS * (SEQ // CP) * HIDDEN * 2 / 2**30, rel=0.01)
     assert result["comparison"]["host_activations_difference"] == pytest.approx(0, abs=0.01)
+    assert "host memory: 1.12 GiB of checkpointed activations (save_on_cpu); plan 1.12 GiB" in format_trace(result)
 
 
 def test_fake_tensors_build_no_attention_mask_where_real_full_rows_build_none() -> None:
