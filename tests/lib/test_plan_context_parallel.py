@@ -87,6 +87,30 @@ def test_ring_attention_terms_follow_torch() -> None:
     assert ring_attention(shape, st, local, 8, "alltoall") == pytest.approx(ring, 0.001)
 
 
+def test_the_rings_moment_is_the_peak_when_its_buffers_outgrow_the_mlps() -> None:
+    """cp 64 on 64 ranks at 1M tokens: the whole sequence's K/V (allgather) is 64 x 4 KiB a local token, more than the
+    MLP's saves and gradients; the layer's backward peaks in the attention, where the recomputed layer holds its
+    saves less the MLP's and the residual stream's two gradients (2 x 4096 x bf16 a token) are alive."""
+    from fsdp_tune.planner.shape import measure
+    from fsdp_tune.planner.stack import stack_of
+    from fsdp_tune.planner.terms import layer_saved, mlp_saved
+    from fsdp_tune.planner.weights import adapters_of
+
+    flags = _flags(1048576, 64)
+    flags[flags.index("--num_processes") + 1] = "64"
+    checked = check(None, flags)
+    assert not checked.errors, checked.errors
+    cfg = checked.config
+    plan = memory_plan(cfg, gpu_key="h100")
+    local, kv = 1048576 // 64, 1024
+    ring = local * (64 * 2 * kv * 2 + 4 * (4096 + 2 * kv) + 2 * 4 * 2 * kv)
+    assert plan["components"]["ring attention: K/V in flight, fp32 grads"] == pytest.approx(ring / 2**30, 0.001)
+    shape, st, ad = measure("Qwen/Qwen3-8B"), stack_of(cfg), adapters_of(cfg)
+    attention_saves = local * (layer_saved(shape, st, ad, 0) - mlp_saved(shape, st, ad))
+    assert plan["components"]["recomputed layer"] == pytest.approx(attention_saves / 2**30, 0.001)
+    assert plan["components"]["backward transients (one layer)"] == pytest.approx(local * 2 * 4096 * 2 / 2**30, 0.001)
+
+
 def test_step_time_at_one_million_tokens_is_compute_bound_and_near_the_published_one() -> None:
     st = _plan(1048576, 8)["step_time"]
     assert st["bound"] == "compute"
