@@ -11,7 +11,9 @@ ASSUMED = (
     "device as the ranks build it (the rank spec for a GPU machine)",
     "every sequence full length (no padding, every label trained); a warm-up step first, the second step measured",
     "CUDA-only kernels stood in by ops of the same live memory: TRL's Triton tile and fp32 accumulation, dropout's "
-    "bool mask, bitsandbytes' 4-bit matmul (dequantize + linear past 1536 tokens, its fused kernel below)",
+    "bool mask, bitsandbytes' 4-bit matmul (dequantize + linear past 1536 tokens, its fused kernel below); activation "
+    "offload's save_on_cpu copies counted in host RAM (the copy back allocated on the device); transformers' SDPA "
+    "mask skipped as it is for the rows' all-ones mask on real tensors (fake ones would build an S x S mask)",
 )
 CANNOT_SEE = (
     "CUDA kernel workspaces and algorithm choices, the caching allocator's reserve and fragmentation, the CUDA "
@@ -38,7 +40,20 @@ def compare(plan: dict[str, Any], trace: dict[str, Any]) -> dict[str, Any]:
         traced = sum(trace["comm_gb_per_step"].values())
         out["plan_comm_gb_per_step"] = round(st["comm_gb_per_step_per_gpu"], 3)
         out["comm_difference"] = _rel(st["comm_gb_per_step_per_gpu"], traced)
+        ring = trace["comm_gb_per_step"].get(RING)
+        if ring:  # context parallelism: the ring's K/V and dK/dV traffic, planned apart
+            out["plan_ring_gb_per_step"] = round(st.get("ring_gb_per_step_per_gpu") or 0.0, 3)
+            out["ring_difference"] = _rel(out["plan_ring_gb_per_step"], ring)
+    host = trace.get("host_activations_gib")
+    planned_host = plan.get("host_components", {}).get(OFFLOADED)
+    if host and planned_host is not None:  # activation offload: per node in the plan, per rank in the trace
+        out["plan_host_activations_gib"] = round(planned_host / max(trace.get("ranks_per_node") or 1, 1), 3)
+        out["host_activations_difference"] = _rel(out["plan_host_activations_gib"], host)
     return out
+
+
+RING = "context-parallel ring"  # trace/step.py Executed.RING
+OFFLOADED = "training: checkpointed activations (save_on_cpu)"  # planner/memory.py's host component
 
 
 def _rel(planned: float, traced: float) -> float | None:
@@ -78,8 +93,16 @@ def format_trace(trace: dict[str, Any]) -> str:
         step += f" (plan {c['plan_tflops_per_step']:.0f}, {c['tflops_difference']:+.1%})"
     step += "; " + ", ".join(f"{k} {v:.1f} GB" for k, v in comm.items() if v >= 0.05)
     if "plan_comm_gb_per_step" in c:
-        step += f" (plan {c['plan_comm_gb_per_step']:.1f} GB in all, {c['comm_difference']:+.1%})"
+        step += f" (plan {c['plan_comm_gb_per_step']:.1f} GB in all, {c['comm_difference']:+.1%}"
+        if "plan_ring_gb_per_step" in c:
+            step += f"; the ring: plan {c['plan_ring_gb_per_step']:.1f} GB, {c['ring_difference']:+.1%}"
+        step += ")"
     lines.append(step)
+    if trace.get("host_activations_gib"):
+        line = f"  host memory: {trace['host_activations_gib']:.2f} GiB of checkpointed activations (save_on_cpu)"
+        if "plan_host_activations_gib" in c:
+            line += f"; plan {c['plan_host_activations_gib']:.2f} GiB ({c['host_activations_difference']:+.1%})"
+        lines.append(line + ", per rank")
     lines += [f"  note: {n}" for n in trace.get("notes", [])]
     lines += [f"  assumed: {a}" for a in ASSUMED]
     lines += [f"  cannot see: {n}" for n in CANNOT_SEE]

@@ -30,6 +30,7 @@ from fsdp_tune.planner.terms import (
     loss_bytes,
     quantized_backward,
     ring_attention,
+    ring_moment,
 )
 from fsdp_tune.planner.vision import add_tower
 from fsdp_tune.planner.weights import (
@@ -145,9 +146,6 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, s
             "gathered FSDP units": resident + (units * u["layer"]),
             "recomputed layer": recompute,
             "backward transients (one layer)": tokens * layer_backward_transients(shape, st, seq),
-            "ring attention: K/V in flight, fp32 grads": ring_attention(
-                shape, st, tokens, cp_degree(cfg), cfg.parallelism.cp_comm_strategy
-            ),
         },
         PHASES[3]: {},
     }
@@ -161,6 +159,9 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, s
         backward = phases[PHASES[2]]
         if grads + dequantized > backward["backward transients (one layer)"]:
             backward.update({"backward transients (one layer)": grads, "4-bit dequantized weight": dequantized})
+    ring = ring_attention(shape, st, tokens, cp_degree(cfg), cfg.parallelism.cp_comm_strategy)
+    if ring:  # context parallelism: the layer's backward peaks in its MLP or in its ring attention, after the MLP
+        _ring_or_mlp(phases[PHASES[2]], *ring_moment(shape, st, ad, tokens, quantized), ring)
     if ad.full and world > 1:  # unsharded grads of a unit and the retained reduce-scatter input
         grad_bytes = st.compute_bytes if st.pure_bf16 else 4
         phases[PHASES[2]]["unsharded grads, reduce-scatter buffer"] = 2 * grad_bytes * u["layer"] / st.compute_bytes
@@ -181,6 +182,21 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, s
         trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
         phases[PHASES[3]]["AdamW foreach temporaries"] = trainable * st.trainable_bytes / 4 / world
     return phases
+
+
+RING = "ring attention: K/V in flight, fp32 grads"
+
+
+def _ring_or_mlp(backward: dict, saved: float, grads: float, ring: float) -> None:
+    """The layer's backward phase at the larger of its two moments: the MLP's (as built: the recomputed layer, its
+    backward transients or a 4-bit backward's) or the ring attention's (terms.ring_moment: the MLP's saves freed,
+    the ring's buffers and the residual gradients alive)."""
+    moments = ("recomputed layer", "backward transients (one layer)", "4-bit dequantized weight")
+    if saved + grads + ring <= sum(backward.get(k, 0.0) for k in moments):
+        backward[RING] = 0.0  # not in the peak: shown as such
+        return
+    backward.pop("4-bit dequantized weight", None)
+    backward.update({"recomputed layer": saved, "backward transients (one layer)": grads, RING: ring})
 
 
 def static_components(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, offload: bool) -> dict:
@@ -269,7 +285,13 @@ def mesh_notes(cfg: RunConfig) -> list[str]:
         notes.append(
             f"context parallelism: each rank holds 1/{cp_degree(cfg)} of every sequence's activations; the ring "
             f"attention's K/V blocks ({cfg.parallelism.cp_comm_strategy}) and fp32 dq/dk/dv are counted in the "
-            "layer's backward"
+            "layer's backward, at the attention's moment (after the MLP's)"
+        )
+        notes.append(
+            "context parallelism assumes SDPA runs its flash, memory-efficient or cuDNN kernel on every block (the "
+            "only ones torch's ring handles: _context_parallel/_attention.py custom_ops); SDPA falling back to its "
+            "math kernel is not planned: it would hold the blocks' scores (local tokens x the sequence, per head) "
+            "and run far slower (TRL#3994)"
         )
     if sizes.get("tp", 1) > 1:
         notes.append("tensor parallelism is not modelled: weights and activations per rank are over-counted")

@@ -73,15 +73,26 @@ def layer_saved(shape: ModelShape, st: Stack, ad: Adapters, seq_len: int, quanti
     return saved
 
 
-def _linear_inputs(shape: ModelShape, st: Stack, ad: Adapters, quantized: bool) -> float:
+def mlp_saved(shape: ModelShape, st: Stack, ad: Adapters, quantized: bool = False) -> float:
+    """Bytes per token of layer_saved that the layer's MLP half saves (its norm, SwiGLU's or the experts' saves, its
+    linears' inputs): freed by the time the layer's backward reaches the attention."""
+    c, h = st.compute_bytes, shape.hidden_size
+    saved = 4 * h + 4 + (c * h if ad.full else 0)  # the post-attention norm (layer_saved: every norm hidden-wide)
+    saved += c * 3 * shape.mlp_width + (c * h * shape.top_k if shape.n_experts else 0)
+    return saved + _linear_inputs(shape, st, ad, quantized, ("mlp_in", "mlp_mid"))
+
+
+def _linear_inputs(
+    shape: ModelShape, st: Stack, ad: Adapters, quantized: bool, names: tuple[str, ...] = tuple(LINEAR_INPUTS)
+) -> float:
     """Inputs saved because a matmul's weight trains (LoRA's A, or every weight), or because bitsandbytes
     <= 0.43 saved them. One copy per distinct input tensor when nothing drops it out; with LoRA dropout each
     adapter saves its own dropped copy and the mask (bool on CUDA, the compute dtype on CPU). The attention
-    output that o_proj reads is the tensor the attention kernel saved already."""
+    output that o_proj reads is the tensor the attention kernel saved already. `names`: the inputs counted."""
     c = st.compute_bytes
     mask = c if st.device == "cpu" else 1
     saved = 0.0
-    for name, leaves in LINEAR_INPUTS.items():
+    for name, leaves in ((n, LINEAR_INPUTS[n]) for n in names):
         if shape.n_experts and name in ("mlp_in", "mlp_mid"):
             continue  # fused experts are no Linear: counted with the MLP
         width = _input_width(shape, name)
@@ -175,7 +186,7 @@ def ring_attention(shape: ModelShape, st: Stack, tokens: int, cp: int, strategy:
     (_cp_options.convert_to_f32 is True); the dK/dV blocks rotated back by all-to-all, in fp32, the one sent and
     the one arriving. The forward (and the recompute's) holds less: the same K/V and an fp32 output merger (4 q
     per token), freed before the backward starts. SDPA's flash / memory-efficient kernels (what CP requires,
-    FT048) have no s^2 term."""
+    FT048) have no s^2 term. These live while the backward is in the attention, after the MLP's (ring_moment)."""
     if cp <= 1:
         return 0.0
     kv_block = 2 * shape.kv_dim * st.compute_bytes  # one token's K and V
@@ -185,13 +196,23 @@ def ring_attention(shape: ModelShape, st: Stack, tokens: int, cp: int, strategy:
     return tokens * (in_flight + grads + rotated)
 
 
+def ring_moment(shape: ModelShape, st: Stack, ad: Adapters, tokens: int, quantized: bool) -> tuple[float, float]:
+    """(saved activations, gradients) beside the ring's buffers (ring_attention) while a layer's backward runs its
+    ring attention: the recomputed layer's saves less its MLP's (freed once the backward has passed the MLP), the
+    residual stream's incoming and accumulating gradients. The layer's backward peaks here or in the MLP
+    (layer_backward_transients), whichever is larger (what `plan --trace` measures under context parallelism)."""
+    saved = layer_saved(shape, st, ad, 0, quantized) - mlp_saved(shape, st, ad, quantized)
+    return tokens * saved, tokens * 2 * st.compute_bytes * shape.hidden_size
+
+
 def ring_bytes_sent(shape: ModelShape, st: Stack, tokens: int, cp: int, forwards: int) -> float:
     """Bytes one rank sends around the ring for one micro-batch (`tokens` local tokens), every attention layer:
     its K/V block to the cp - 1 others in each forward (`forwards`: 2 with activation checkpointing's recompute),
-    again in the backward, and the fp32 dK/dV blocks cp - 1 times back. The all-gather strategy moves the same
-    bytes as the ring's cp - 1 sends."""
+    again in the backward, and the fp32 dK/dV block cp times (_templated_ring_attention_backward sends it at every
+    step of the ring, the last one home). The all-gather strategy moves the same bytes as the ring's cp - 1
+    sends."""
     if cp <= 1:
         return 0.0
     kv_block = tokens * 2 * shape.kv_dim * st.compute_bytes
     grad_block = tokens * 2 * shape.kv_dim * 4
-    return shape.n_layers * (cp - 1) * ((forwards + 1) * kv_block + grad_block)
+    return shape.n_layers * ((cp - 1) * (forwards + 1) * kv_block + cp * grad_block)

@@ -6,7 +6,8 @@ QLoRA's packed weights, FSDP2 units, activation checkpointing, mixed precision, 
 tensors become FakeTensors (shapes, dtypes, no storage) on a `cpu` fake device, a fake process group stands in for
 every other rank, and torch's FSDPMemTracker records live memory by category while one step runs: transformers'
 forward, TRL's fused LM head, backward, gradient clipping, AdamW. A few decoder layers are traced (all layers are
-identical) and every phase of the step is extrapolated linearly to the model's depth.
+identical) and every phase of the step is extrapolated linearly to the model's depth. Under context parallelism
+the step runs inside torch's context_parallel with torch's ring attention on the fake process group (context.py).
 
 Rank side: this package imports torch and the HF stack; `plan` imports it only when --trace is given.
 """

@@ -19,7 +19,7 @@ from fsdp_tune.decide.derived import derive
 from fsdp_tune.decide.loading import sharded_plan
 from fsdp_tune.decide.spec import RankSpec, ShardedPlan
 from fsdp_tune.sources.moe import has_experts
-from fsdp_tune.trace.guard import refusal
+from fsdp_tune.trace import context
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Built:
     quant_tensors: list = field(default_factory=list)  # the replicated 4-bit quant state, filled by materialize
     offload: bool = False
     mesh: dict | None = None
+    parallelism_config: object = None  # accelerate's ParallelismConfig: the device mesh FSDP and the cp ring share
     dtype: str = "bfloat16"  # the base model's dtype (what 4-bit weights are quantized from)
     notes: list[str] = field(default_factory=list)  # what the build stood in for
 
@@ -79,10 +80,6 @@ def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:
     from fsdp_tune.worker.loading import units as sharded_units
 
     plan = unit_plan(spec, cfg)
-    if plan.activation_checkpointing_offload:
-        raise refusal(
-            "TR002", "fsdp_activation_checkpointing_offload", "--trace", "activation offload is not traced", "drop it"
-        )
     notes = []
     attention = spec.model.attn_implementation
     if attention and attention.startswith("flash"):  # flash-attn is a CUDA package: SDPA's flash kernel saves alike
@@ -102,14 +99,17 @@ def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:
         _upcast_trainable(model)
     classes = sharded_units.layer_classes(model, plan.layer_cls or getattr(model, "_no_split_modules", None) or [])
     if plan.activation_checkpointing:
-        sharded_units.apply_ac(model, classes, False)
+        sharded_units.apply_ac(model, classes, plan.activation_checkpointing_offload)
     mesh = spec.parallelism or {"dp_replicate_size": 1, "dp_shard_size": spec.world.world_size}
-    kwargs = _fsdp_kwargs(replace(spec, device="cpu", loading=replace(spec.loading, sharded=plan)), mesh)
+    kwargs, pc = _fsdp_kwargs(replace(spec, device="cpu", loading=replace(spec.loading, sharded=plan)), mesh)
     sharded_units.apply_fsdp2(model, classes, **kwargs)
     if spec.checkpointing == "gradient":
         _trainer_checkpointing(model, spec)
-    offload = bool(plan.cpu_offload)
-    return Built(model, classes, layers, packed, offload=offload, mesh=mesh, dtype=spec.model.dtype, notes=notes)
+    if context.cp_size(spec) > 1:
+        context.attach_hooks(model)
+    built = Built(model, classes, layers, packed, offload=bool(plan.cpu_offload), mesh=mesh, dtype=spec.model.dtype)
+    built.parallelism_config, built.notes = pc, notes
+    return built
 
 
 def check_sharding(built: Built, world_size: int) -> str | None:
@@ -120,7 +120,8 @@ def check_sharding(built: Built, world_size: int) -> str | None:
     from torch.distributed.fsdp import FSDPModule
 
     mesh = built.mesh or {}
-    shard, replicate = int(mesh.get("dp_shard_size", world_size)), int(mesh.get("dp_replicate_size", 1))
+    replicate = int(mesh.get("dp_replicate_size", 1))
+    shard = int(mesh.get("dp_shard_size", world_size)) * int(mesh.get("cp_size", 1))  # accelerate: dp_shard x cp
     if dist.get_world_size() != world_size:
         return f"the fake process group has {dist.get_world_size()} ranks, the run {world_size}"
     for name, module in built.model.named_modules():
@@ -170,9 +171,9 @@ def _upcast_trainable(model) -> None:
             p.data = p.data.to(torch.float32)
 
 
-def _fsdp_kwargs(spec: RankSpec, mesh: dict) -> dict:
+def _fsdp_kwargs(spec: RankSpec, mesh: dict) -> tuple[dict, object]:
     """fully_shard's arguments as worker/loading/sharded.py's _fsdp_kwargs makes them, on a CPU device mesh over the
-    fake group."""
+    fake group; and the ParallelismConfig that holds the mesh (its cp dimension is the ring's)."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     from fsdp_tune.worker.loading import sharded as sharded_load
@@ -182,7 +183,7 @@ def _fsdp_kwargs(spec: RankSpec, mesh: dict) -> dict:
     kwargs = sharded_load._fsdp_kwargs(spec, args)
     if isinstance(kwargs["offload_policy"], CPUOffloadPolicy):  # host shards (unpinned here: no accelerator)
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-    return kwargs
+    return kwargs, args.parallelism_config
 
 
 def _trainer_checkpointing(model, spec: RankSpec) -> None:

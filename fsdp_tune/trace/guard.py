@@ -109,8 +109,8 @@ def check_settings(cfg: RunConfig, on_cpu: bool | None = None) -> None:
                 "TRANSFORMER_BASED_WRAP",
             )
         )
-    if p.enabled and (p.tp_size > 1 or p.cp_size > 1 or p.sp_size > 1):
-        reasons.append(("parallelism_config", "tensor, context or sequence parallelism is not traced", "dp only"))
+    if p.enabled and (p.tp_size > 1 or p.sp_size > 1):
+        reasons.append(("parallelism_config", "tensor or sequence parallelism is not traced", "dp or cp only"))
     if p.enabled and p.ep_size > 1:  # the trace builds accelerate's FSDP2 units, not transformers' DistributedConfig
         reasons.append(("ep_size", "expert parallelism (transformers' DistributedConfig) is not traced", "ep_size 1"))
     if cfg.quantization.use_8bit_quantization:

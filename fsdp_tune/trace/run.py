@@ -6,13 +6,14 @@ tracker would otherwise count), then the step that is measured."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.planner.method import step_of
 from fsdp_tune.trace import build as builder
-from fsdp_tune.trace import guard
+from fsdp_tune.trace import context, guard
 
 GiB = 2**30
 DEPTHS = (3, 4)  # the fewest layers with a first, a middle and a last one, and one more
@@ -20,6 +21,13 @@ STEP_NOTE = (
     "the policy's forward, then its no-grad forwards (DPO's reference; KTO's KL forward before it and two after) with "
     "the adapter off (a fresh adapter is the base; fsdp-tune's frozen 'ref' adapter is of the same size), the "
     "method's loss on each sequence's log-probabilities, the backward"
+)
+CP_NOTE = (
+    "context parallelism: each micro-batch sharded as the Trainer shards it (torch's head-tail load balancing, "
+    "1/cp of the sequence a rank) inside torch's context_parallel; attention through torch's ring "
+    "(_templated_ring_attention and its backward: K/V gathered, fp32 merger and dq/dk/dv, dK/dV rotated), each "
+    "block by SDPA's CPU flash kernel in the CUDA flash kernel's place (worker/cpu_cp.py): a block's output and "
+    "fp32 logsumexp, never S x S scores; rank 0 of the ring traced"
 )
 MAX_MICRO_BATCHES = 2  # a third micro-batch of an accumulated step repeats the second's memory
 
@@ -34,6 +42,7 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     offload: bool = False  # sharded parameters, gradients and optimizer state in host memory
     uniform: bool = True  # every decoder layer the same size (what extrapolating in layers assumes)
+    host_activations: int = 0  # the most bytes activation offload (save_on_cpu) held in host memory at once
 
 
 def rank_spec(cfg: RunConfig):
@@ -67,7 +76,10 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
         cfg
     ).no_grad_forwards:  # the step of TRL's DPOTrainer / KTOTrainer, with what stands in for the reference
         result["notes"] = [*result["notes"], f"{cfg.run.method}: {STEP_NOTE}"]
+    if context.cp_size(spec) > 1:
+        result["notes"] = [*result["notes"], CP_NOTE]
     result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
+    result["ranks_per_node"] = spec.world.nproc_per_node
     result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
     return result
 
@@ -93,11 +105,12 @@ def trace_at(spec, cfg: RunConfig, layers: int) -> Trace:
 
 def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
     """Long because it is the order the pieces must come in: materialize, the warm-up step, then the measured step
-    with the tracker below the CUDA stand-ins and the counters above them."""
+    with the tracker below the CUDA stand-ins and the counters above them; under context parallelism all of it
+    inside torch's ring attention (trace/context.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fsdp_tune.trace import step
-    from fsdp_tune.trace.standins import cuda_paths
+    from fsdp_tune.trace.standins import Host, cuda_paths
     from fsdp_tune.trace.tracker import PhaseTracker
 
     micro, accumulation = spec.steps.per_device_train_batch_size, spec.steps.gradient_accumulation_steps
@@ -105,7 +118,9 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
     clip = spec.steps.max_grad_norm
     method = cfg.run.method
     rows = micro * step_of(cfg).rows_with_grad  # DPO: the chosen and rejected rows, concatenated
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    cp = context.cp_size(spec) > 1
+    host = Host()
+    with FakeTensorMode(allow_non_fake_inputs=True), _ring(spec, cp):
         builder.materialize(built)
         model = built.model
         step.fused_head(model, method)
@@ -113,14 +128,16 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
         opt = step.optimizer(model, spec.steps.optim)
         vocab = model.get_input_embeddings().weight.shape[0]
         inputs = step.batch(vocab, rows, spec.data.max_seq_len)
+        shard = context.sharder(built.parallelism_config, model) if cp else None
+        run = dict(method=method, shard=shard)
         with cuda_paths():
-            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, method=method)
+            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, **run)
         tracker = PhaseTracker(model, opt, built.layer_classes, built.offload, model.get_input_embeddings())
         tracker.count(built.quant_tensors)
         tracker.track_inputs((inputs,))
-        executed = step.Executed()
-        with tracker, cuda_paths(), executed:  # the counters see bitsandbytes' matmul before its stand-in
-            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, phase=tracker.mark, method=method)
+        executed = step.Executed(context.in_ring)
+        with tracker, cuda_paths(host), executed:  # the counters see bitsandbytes' matmul before its stand-in
+            step.train_step(model, opt, inputs, micro_batches, spec.precision, clip, phase=tracker.mark, **run)
     scale = accumulation / micro_batches  # per optimizer step
     return Trace(
         layers=built.layers,
@@ -131,7 +148,15 @@ def _run(spec, cfg: RunConfig, built, started: float) -> Trace:
         notes=built.notes,
         offload=built.offload,
         uniform=builder.uniform_layers(built),
+        host_activations=host.peak,
     )
+
+
+def _ring(spec, cp: bool):
+    """torch's ring attention for SDPA's CPU kernel while the step runs (context parallelism only)."""
+    if not cp:
+        return contextlib.nullcontext()
+    return context.ring(spec.parallelism.get("cp_comm_strategy") or "allgather")
 
 
 def _line(a: float, b: float, na: int, nb: int, n: int) -> float:
@@ -144,7 +169,7 @@ def extrapolate(traces: list[Trace], full: int) -> dict:
     if len(traces) == 1:
         t = traces[0]
         phases = {k: (v, dict(c)) for k, (v, c) in t.peaks.items()}
-        flops, comm = t.flops, dict(t.comm)
+        flops, comm, host = t.flops, dict(t.comm), t.host_activations
     else:
         a, b = traces
         phases = {}
@@ -154,6 +179,7 @@ def extrapolate(traces: list[Trace], full: int) -> dict:
             phases[key] = (_line(va, vb, a.layers, b.layers, full), cats)
         flops = _line(a.flops, b.flops, a.layers, b.layers, full)
         comm = {k: _line(a.comm.get(k, 0), b.comm.get(k, 0), a.layers, b.layers, full) for k in a.comm | b.comm}
+        host = _line(a.host_activations, b.host_activations, a.layers, b.layers, full)
     peak = max(phases, key=lambda k: phases[k][0])
     total, cats = phases[peak]
     return {
@@ -174,6 +200,7 @@ def extrapolate(traces: list[Trace], full: int) -> dict:
         "trace_seconds": [round(t.seconds, 1) for t in traces],
         "notes": traces[-1].notes,
         "host_categories": host_categories() if traces[-1].offload else [],
+        "host_activations_gib": round(host / GiB, 3),  # save_on_cpu's copies, the most at once
     }
 
 

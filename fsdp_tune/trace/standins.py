@@ -13,11 +13,21 @@ libraries' CUDA code paths), so the live memory the trace sees is the GPU run's,
   (a heuristic that needs the device): the fused kernel is assumed. Its backward's dequantize runs unchanged.
   bitsandbytes re-wraps FSDP's unsharded weight in a Params4bit to give it the module's quant state, which a
   FakeTensor cannot be; the quant state is attached directly.
+- Activation offload (accelerate's offload_wrapper: torch's save_on_cpu around each checkpointed layer): on a GPU
+  each tensor saved inside it (the checkpoint's inputs) is copied to pinned host memory and copied back to a new
+  device tensor at the recompute. On the trace's `cpu` device the copy would be one more tensor on the device the
+  tracker counts, and the copy back the same tensor: here the copy is host bytes (counted in `Host`) and the copy
+  back allocates the device tensor it makes on a GPU.
+- Values fake tensors do not have: transformers' SDPA mask skips the S x S mask when the 2-D attention mask is all
+  ones (masking_utils `_ignore_causal_mask_sdpa`), but takes every fake tensor for a traced graph and builds it. The
+  trace's rows are full length, as TRL's collator gives them an all-ones mask: the check is made on that mask's
+  values, so no S x S mask is built where a GPU run builds none.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -85,12 +95,67 @@ def _gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8b
     return out
 
 
+class Host:
+    """Bytes save_on_cpu keeps in host memory: live now, and the most at once."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def add(self, n: int) -> None:
+        self.live += n
+        self.peak = max(self.peak, self.live)
+
+
+class _HostCopy:
+    """A saved tensor's pinned host copy, by its shape (the tensor's bytes leave the device the tracker counts)."""
+
+    __slots__ = ("size", "dtype", "__weakref__")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.size, self.dtype = t.size(), t.dtype
+
+
+def _save_on_host(host: Host):
+    """torch.autograd.graph.save_on_cpu(pin_memory=True), as a GPU runs it."""
+
+    class save_on_host(torch.autograd.graph.saved_tensors_hooks):
+        def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+            def pack(t: torch.Tensor):
+                copy, n = _HostCopy(t), t.numel() * t.element_size()  # torch.empty(t.size()) and copy_
+                host.add(n)
+                weakref.finalize(copy, host.add, -n)
+                return t.device, copy
+
+            def unpack(packed) -> torch.Tensor:
+                device, copy = packed
+                return torch.empty(copy.size, dtype=copy.dtype, device=device)  # the host copy .to(device)
+
+            super().__init__(pack, unpack)
+
+    return save_on_host
+
+
+def _sdpa_mask_skip(original):
+    """masking_utils._ignore_causal_mask_sdpa on the values of the trace's all-ones 2-D mask (see above)."""
+
+    def skip(padding_mask, *args, **kwargs):
+        return original(None, *args, **kwargs)
+
+    return skip
+
+
 @contextlib.contextmanager
-def cuda_paths():
-    """While the step runs: the stand-ins above in place of the CPU paths; everything restored after."""
+def cuda_paths(host: Host | None = None):
+    """While the step runs: the stand-ins above in place of the CPU paths; everything restored after. `host`
+    counts what activation offload moves to host memory."""
+    from torch.distributed.algorithms._checkpoint import checkpoint_wrapper
+    from transformers import masking_utils
     from trl.kernels import chunked_logprob as head
 
     patches = [
+        (checkpoint_wrapper, "save_on_cpu", _save_on_host(host or Host())),
+        (masking_utils, "_ignore_causal_mask_sdpa", _sdpa_mask_skip(masking_utils._ignore_causal_mask_sdpa)),
         (head, "_use_triton", lambda device: True),
         (head, "_forward_kernel", _NoKernel()),
         (head, "_backward_kernel", _NoKernel()),
