@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from tests.conftest import REPO, offline_env
 
@@ -35,10 +36,17 @@ CHATTER = (
 )
 
 
-def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fsdp_tune", *args], input=stdin, capture_output=True, text=True, timeout=300
-    )
+def _cli(*args: str, stdin: str | None = None) -> SimpleNamespace:
+    """`fsdp-tune ARGS...` through the CLI in this process (CliRunner): the checks after the quick start read what
+    a command answered; what a person sees of one, in a process of its own, is the quick start's own lines above
+    (a process more would import torch, transformers and PEFT again: ~8 CPU-s a call)."""
+    from typer.testing import CliRunner
+
+    from fsdp_tune.cli.app import app
+
+    said = CliRunner().invoke(app, list(args), input=stdin)
+    failure = f"\n{said.exception!r}" if said.exception and not isinstance(said.exception, SystemExit) else ""
+    return SimpleNamespace(returncode=said.exit_code, stdout=said.stdout, stderr=said.stderr + failure)
 
 
 def quick_start() -> list[str]:
