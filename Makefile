@@ -18,13 +18,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # tests (test-low). A venv layered on .venv: its own site-packages holds only the pins that differ from
 # constraints.txt (transformers 5.17 and the huggingface_hub, tokenizers, httpx it needs), first on the path, and a
 # .pth adds .venv's site-packages (torch, PEFT, TRL, accelerate, fsdp-tune editable: the same pins in both files)
-# after them; ~15 s instead of a second torch install (~60 s). `make test-low` prints what it imports.
+# after them; ~15 s instead of a second torch install (~60 s). Without a pip of its own (--without-pip: ensurepip
+# costs ~4 CPU-s, 5-15 s on 2 busy cores): `python -m pip` there is .venv's pip (the same pip, through the .pth),
+# run by .venv-low's interpreter, so it installs into .venv-low. `make test-low` prints what it imports.
 VENV_LOW := .venv-low
 PY_LOW := $(VENV_LOW)/bin/python
 LOW_ONLY = $(shell grep -vxFf constraints.txt constraints-low.txt | grep -v '^\#')
 
 $(VENV_LOW)/.installed: $(VENV)/.installed constraints-low.txt
-	rm -rf $(VENV_LOW) && $(PYTHON) -m venv $(VENV_LOW)
+	rm -rf $(VENV_LOW) && $(PYTHON) -m venv --without-pip $(VENV_LOW)
 	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
 	  > "$$($(PY_LOW) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_fsdp_tune_base.pth"
 	$(PY_LOW) -m pip install -q -c constraints-low.txt $(LOW_ONLY) 2>&1 | grep -v "^Not uninstalling\|^Can't uninstall\|outside environment" || true
@@ -35,8 +37,13 @@ demo: setup
 
 # every layer (CI runs this), in TEST_WORKERS processes at once (tests/workers.py: the units of work); each layer
 # alone below (tests/conftest.py says what each runs)
+# First the checkout's bytecode, once: where PYTHONDONTWRITEBYTECODE is set (as on the machines here), every process
+# (each rank, launcher and CLI call) would compile the fsdp_tune modules it imports from source again (~0.12 CPU-s a
+# rank); existing .pyc files are still read, and checked against their source's mtime. Elsewhere Python writes them
+# itself on the first import and this costs nothing.
 TEST_WORKERS ?= 2
 test: setup $(VENV_LOW)/.installed
+	$(PY) -m compileall -q -x '/fixtures/' fsdp_tune tests benchmarks
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 	@$(MAKE) --no-print-directory test-low
 

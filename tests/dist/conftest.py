@@ -300,6 +300,34 @@ def variants(tmp_path_factory, model_cache) -> GroupLaunch:
     return launch_group(root, model_cache, runs, configs=configs, env={"HF_DATASETS_CACHE": str(root / "data" / "hub")})
 
 
+# Runs that start from the reference run's and the variants' files, one group launch for the session: the reference
+# run replayed from its manifest (tests/dist/test_after_training.py), and a copy of each straight run's checkpoints
+# resumed with `latest` past an interrupted save (tests/dist/test_train_variants.py). Each is planned by plan_run, as
+# `train` plans it (the manifest read as a config, `latest` resolved, what planning says kept in Member.said); how
+# `train` itself says a resume on the console: tests/dist/test_architectures.py, test_preemption.py.
+RESUMED = {"SHARDED_STATE_DICT": "reference", "FULL_STATE_DICT": "full checkpoints"}
+
+
+@pytest.fixture(scope="session")
+def continued(tmp_path_factory, model_cache, reference_run, variants) -> GroupLaunch:
+    """Read only. "replay": the reference run's fsdp_tune_run.json as the config; "resumed STATE_DICT_TYPE": its
+    straight run's checkpoint-2 and checkpoint-4 copied, checkpoint-4's completion marker removed (a save cut
+    short: skipped, never deleted), then `--resume_from_checkpoint latest` to step 6."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("continued")
+    runs = {"replay": ()}
+    configs = {"replay": reference_run.output_dir / "fsdp_tune_run.json"}
+    for state_dict_type, straight in RESUMED.items():
+        name = f"resumed {state_dict_type}"
+        source = reference_run.output_dir if straight == "reference" else variants[straight].output_dir
+        for step in (2, 4):
+            shutil.copytree(source / f"checkpoint-{step}", root / name / f"checkpoint-{step}")
+        (root / name / "checkpoint-4" / "fsdp_tune_complete").unlink()
+        runs[name] = ("--fsdp_state_dict_type", state_dict_type, *REFERENCE, "--resume_from_checkpoint", "latest")
+    return launch_group(root, model_cache, runs, configs=configs)
+
+
 def constant_answer(path: Path) -> Path:
     """Random numbers as the prompt, one constant answer: only the answer can be learned."""
     import random

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
+from typer.testing import CliRunner
+
+from fsdp_tune.cli.app import app
 
 # merge's result line: "... logits match base+adapter (max relative difference 3.1e-07, tolerance 1e-04)"
 MATCHED = re.compile(
@@ -15,13 +17,13 @@ MATCHED = re.compile(
 )
 
 
-def _merge(adapter, out, *extra):
-    return subprocess.run(
-        [sys.executable, "-m", "fsdp_tune", "merge", "--adapter", str(adapter), "-o", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _merge(adapter, out, *extra) -> SimpleNamespace:
+    """`fsdp-tune merge ...` through the CLI, in this process (as `chat` below): a process of its own would import
+    torch, transformers and PEFT again, ~7 CPU-s a merge. The README's quick start runs merge as a process of its
+    own (tests/dist/test_console.py)."""
+    said = CliRunner().invoke(app, ["merge", "--adapter", str(adapter), "-o", str(out), *extra])
+    failure = f"\n{said.exception!r}" if said.exception and not isinstance(said.exception, SystemExit) else ""
+    return SimpleNamespace(returncode=said.exit_code, stdout=said.stdout, stderr=said.stderr + failure)
 
 
 def _within_its_tolerance(said: str) -> float:
@@ -44,14 +46,15 @@ def _logits(folder_or_model, ids):
         return model.eval()(ids).logits
 
 
-def test_manifest_reproduces_run_and_merge_and_plot(train, reference_run, tmp_path) -> None:
+def test_manifest_reproduces_run_and_merge_and_plot(reference_run, continued, tmp_path) -> None:
     first = reference_run  # read only: the replay and the merge write elsewhere
     manifest = json.loads((first.output_dir / "fsdp_tune_run.json").read_text())
     assert manifest["exit_status"] == 0 and manifest["versions"]["torch"] and manifest["world"]["world_size"] == 2
     assert "--max_steps" in manifest["command"]
     # the model as the user named it, not this machine's cache folder: the manifest reproduces the run anywhere
     assert manifest["resolved_config"]["model"]["model_name_or_path"] == "builtin:tiny-llama"
-    again = train(config=first.output_dir / "fsdp_tune_run.json", output_dir=tmp_path / "again")
+    again = continued["replay"]  # the manifest as the config (tests/dist/conftest.py `continued`)
+    assert again.planned.checked.format == "manifest" and again.output_dir != first.output_dir
     assert again.summary["losses"] == pytest.approx(first.summary["losses"], rel=1e-5)
 
     png = first.output_dir / "loss.png"
@@ -81,9 +84,6 @@ def test_manifest_reproduces_run_and_merge_and_plot(train, reference_run, tmp_pa
     assert r.returncode == 2 and "--force" in r.stderr  # never overwrites silently
 
     # chat takes the merged folder as a whole model (its own dtype and chat template) and answers as the run does
-    from typer.testing import CliRunner
-
-    from fsdp_tune.cli.app import app
     from fsdp_tune.tools.chat import answer, load
 
     said = CliRunner().invoke(app, ["chat", str(merged), "--prompt", "Hi", "--max_new_tokens", "4"])
@@ -123,13 +123,8 @@ def test_qlora_adapter_merges_as_trained_or_into_the_base_and_chats(variants, tm
     lora = _merge(run.output_dir, tmp_path / "x", "--into", "nonsense")
     assert lora.returncode == 2 and "base or dequantized" in lora.stderr
 
-    chat = subprocess.run(
-        [sys.executable, "-m", "fsdp_tune", "chat", str(run.output_dir), "--prompt", "Hi", "--max_new_tokens", "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert chat.returncode == 0 and "(4-bit nf4, as trained) + adapter" in chat.stderr, chat.stderr[-3000:]
+    chat = CliRunner().invoke(app, ["chat", str(run.output_dir), "--prompt", "Hi", "--max_new_tokens", "4"])
+    assert chat.exit_code == 0 and "(4-bit nf4, as trained) + adapter" in chat.stderr, chat.output[-3000:]
 
 
 def test_added_tokens_travel_with_the_adapter(variants, tmp_path) -> None:

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from tests.conftest import REPO, offline_env
 
@@ -35,10 +36,17 @@ CHATTER = (
 )
 
 
-def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fsdp_tune", *args], input=stdin, capture_output=True, text=True, timeout=300
-    )
+def _cli(*args: str, stdin: str | None = None) -> SimpleNamespace:
+    """`fsdp-tune ARGS...` through the CLI in this process (CliRunner): the checks after the quick start read what
+    a command answered; what a person sees of one, in a process of its own, is the quick start's own lines above
+    (a process more would import torch, transformers and PEFT again: ~8 CPU-s a call)."""
+    from typer.testing import CliRunner
+
+    from fsdp_tune.cli.app import app
+
+    said = CliRunner().invoke(app, list(args), input=stdin)
+    failure = f"\n{said.exception!r}" if said.exception and not isinstance(said.exception, SystemExit) else ""
+    return SimpleNamespace(returncode=said.exit_code, stdout=said.stdout, stderr=said.stderr + failure)
 
 
 def quick_start() -> list[str]:
@@ -68,7 +76,8 @@ def test_the_readme_quick_start_runs_as_written_and_the_demo_reads_well(model_ca
     (demo,) = [proc for line, proc in ran.items() if " train --config configs/demo_cpu.yaml" in line]
     _the_console_is_a_screenful(demo, run_dir)
     _chat_answers_from_the_adapter(run_dir)
-    _merge_keeps_the_base_dtype(run_dir, tmp_path)
+    (merged,) = [proc for line, proc in ran.items() if " merge --adapter runs/demo -o runs/demo-merged" in line]
+    _merge_keeps_the_base_dtype(run_dir, tmp_path, merged)
 
 
 def _the_console_is_a_screenful(proc: subprocess.CompletedProcess, run_dir: Path) -> None:
@@ -130,26 +139,27 @@ def _chat_answers_from_the_adapter(run_dir) -> None:
     assert r.returncode == 0 and answer in r.stdout, r.stdout + r.stderr[-2000:]
 
 
-def _merge_keeps_the_base_dtype(run_dir, tmp_path) -> None:
+def _merge_keeps_the_base_dtype(run_dir, tmp_path, r: subprocess.CompletedProcess) -> None:
+    """`r`: the quick start's merge without --dtype (into runs/demo-merged)."""
     import torch
     from peft import PeftModel
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     base_dir = json.loads((run_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
-    r = _cli("merge", "--adapter", str(run_dir), "-o", str(tmp_path / "m32"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--dtype" not in r.args[-1] and r.returncode == 0, r.stderr[-3000:]
     assert "in float32 (the base's own, from config.json)" in r.stdout, r.stdout
     assert "Warning" not in r.stderr and "kernels" not in r.stderr, r.stderr  # the result lines, no chatter
+    m32 = tmp_path / "runs" / "demo-merged"
     r = _cli("merge", "--adapter", str(run_dir), "-o", str(tmp_path / "m16"), "--dtype", "bf16")
     assert r.returncode == 0 and "in bfloat16 (as --dtype asked)" in r.stdout, r.stdout + r.stderr[-3000:]
-    for folder, dtype in (("m32", torch.float32), ("m16", torch.bfloat16)):
-        with safe_open(str(tmp_path / folder / "model.safetensors"), "pt") as f:
+    for folder, dtype in ((m32, torch.float32), (tmp_path / "m16", torch.bfloat16)):
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
             assert {f.get_tensor(k).dtype for k in f.keys()} == {dtype}, folder
 
     ids = torch.tensor([list(range(5, 45))])
     with torch.no_grad():
         want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), str(run_dir))(ids).logits
-        got = AutoModelForCausalLM.from_pretrained(tmp_path / "m32")(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(m32)(ids).logits
     assert got.dtype == torch.float32
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-4

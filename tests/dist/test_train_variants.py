@@ -1,14 +1,12 @@
 """QLoRA (bitsandbytes 4-bit on CPU), DoRA, parity with one process, FULL checkpoints, FSDP activation checkpointing.
-The variants read here train in two group launches for the session (tests/dist/conftest.py `variants`, `one_rank`);
-HSDP, the resumes and the --verbose console go through the CLI."""
+The variants read here train in group launches for the session (tests/dist/conftest.py `variants`, `one_rank`, and
+`continued` for the resumes); HSDP and the --verbose console go through the CLI."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
-from tests.dist.conftest import REFERENCE
 
 
 def test_fsdp2_and_hsdp_match_one_process_with_same_global_batch(train, reference_run, one_rank, tmp_path) -> None:
@@ -93,19 +91,16 @@ def _adapter(path):
 
 
 @pytest.mark.parametrize("state_dict_type", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
-def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, variants, tmp_path, state_dict_type) -> None:
-    """Save every 2 steps; resume a copy of step 4 with `latest` through the CLI: the final adapter equals the
-    straight run's (for SHARDED_STATE_DICT, the base config's own, the reference run; for FULL_STATE_DICT, the
-    variants' group).
+def test_checkpoint_resume_matches_uninterrupted_run(reference_run, variants, continued, state_dict_type) -> None:
+    """Save every 2 steps; resume a copy of step 4 with `latest` (tests/dist/conftest.py `continued`: planned as
+    `train` plans it): the final adapter equals the straight run's (for SHARDED_STATE_DICT, the base config's own,
+    the reference run; for FULL_STATE_DICT, the variants' group).
 
     FULL_STATE_DICT is the path where Trainer.save_model of a PEFT model under FSDP2 on CPU fails, and where
     accelerate's FULL load stalls: both go through fsdp-tune's own gather/load.
     """
-    import shutil
-
     import torch
 
-    flags = ("--fsdp_state_dict_type", state_dict_type, *REFERENCE)
     full = state_dict_type == "FULL_STATE_DICT"
     straight = variants["full checkpoints"] if full else reference_run
     assert straight.summary["steps"] == 6 and (not full or straight.spec.full_state_dict)
@@ -122,14 +117,11 @@ def test_checkpoint_resume_matches_uninterrupted_run(train, reference_run, varia
     # the marker records the global batch (a resume on another number of ranks is warned with it, PF063)
     batch = {"world_size": 2, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}
     assert read_marker(straight.output_dir / "checkpoint-4")["batch"] == batch
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    shutil.copytree(straight.output_dir / "checkpoint-4", resumed_dir / "checkpoint-4")
-    shutil.copytree(straight.output_dir / "checkpoint-2", resumed_dir / "checkpoint-2")
-    (resumed_dir / "checkpoint-4" / "fsdp_tune_complete").unlink()  # an interrupted save: must be skipped
-    resumed = train(*flags, "--resume_from_checkpoint", "latest", output_dir=resumed_dir)
-    assert "skipping incomplete checkpoint" in resumed.proc.stderr and "checkpoint-4" in resumed.proc.stderr
-    assert f"resuming from {resumed_dir / 'checkpoint-2'}" in resumed.proc.stderr
+    resumed = continued[f"resumed {state_dict_type}"]  # checkpoint-4's completion marker removed: must be skipped
+    resumed_dir, said = resumed.output_dir, "\n".join(resumed.said)
+    assert resumed.spec.full_state_dict is full and resumed.summary["steps"] == 6, resumed.logs()
+    assert "skipping incomplete checkpoint" in said and "checkpoint-4" in said
+    assert f"resuming from {resumed_dir / 'checkpoint-2'}" in said
     assert (resumed_dir / "checkpoint-4").exists()  # skipped, never deleted
     a, b = _adapter(straight.output_dir), _adapter(resumed_dir)
     assert a.keys() == b.keys()
