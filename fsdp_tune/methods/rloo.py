@@ -1,5 +1,6 @@
 """rloo: TRL 1.16's RLOOTrainer, online RL like GRPO (a generating method: completions generated on the ranks from
-prompts and scored by the rewards, the reference as the adapter off), with its own loss: each completion's advantage
+prompts and scored by the rewards; its reference a frozen copy of the starting adapter, copies_reference below),
+with its own loss: each completion's advantage
 is its reward less the mean of the other completions of its prompt (the leave-one-out baseline), the KL term folded
 into the reward (rloo_trainer.py _generate_and_score_completions). What differs from GRPO is its config's, read from
 training_fields.json: num_generations 2 and beta 0.05 by default (so a LoRA run has a reference), no loss_type

@@ -1,6 +1,6 @@
 """rloo's rank hook: RLOOTrainer on prompts prepared once (worker/data/prompts.py), with what every generating method
-shares under FSDP2 (worker/training/generating.py: its rewards, synced or gathered generation, the reference as the
-adapter off)."""
+shares under FSDP2 (worker/training/generating.py: its rewards, synced or gathered generation); its reference the
+frozen "ref" adapter made before sharding (the row's copies_reference)."""
 
 from __future__ import annotations
 
