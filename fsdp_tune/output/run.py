@@ -115,7 +115,10 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
     saved = f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP"
     if spec.loading.distributed_config:
         lines[-1] = _expert_mesh(spec.loading.distributed_config)
-        saved = "  checkpoints: none (a model sharded at load is not checkpointed, FT141); final adapter: whole"
+        saved = (
+            "  checkpoints: the replicated adapter (rank 0's), the optimizer and scheduler, each rank's RNG; "
+            "final adapter: whole"
+        )
     lines += [
         saved,
         f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "
