@@ -195,6 +195,19 @@ def test_ep2_run_stopped_and_resumed_reproduces_the_uninterrupted_steps(runs) ->
     assert a.keys() == b.keys() and len(a) == 16
     for name, tensor in a.items():
         assert torch_close(tensor, b[name]), name
+    # the last checkpoint is already a PEFT adapter folder, the final adapter (what `export` says of it, pointing at
+    # chat and merge), and `latest` finds the stopped run's checkpoint
+    from typer.testing import CliRunner
+
+    from fsdp_tune.cli.app import app
+    from fsdp_tune.rundir.checkpoints import latest_complete
+
+    last = straight.output_dir / "checkpoint-4"
+    kept = load_file(str(last / "adapter_model.safetensors"))
+    assert (last / "adapter_config.json").exists() and all(kept[n].equal(t) for n, t in a.items())
+    r = CliRunner().invoke(app, ["export", str(last), "-o", str(straight.output_dir.parent / "exported-4")])
+    assert r.exit_code == 2 and "already holds a PEFT adapter" in r.output, r.output
+    assert latest_complete(stopped.output_dir)[0].path == stopped.output_dir / "checkpoint-1"
     start = load_file(str(stopped.output_dir / "checkpoint-1" / "adapter_model.safetensors"))
     assert not all(torch_close(t, a[n]) for n, t in start.items())  # the resumed steps changed the adapter
 
