@@ -154,3 +154,22 @@ def test_the_trace_refuses_expert_parallelism(tmp_path) -> None:
     with pytest.raises(PreflightError) as refused:
         check_settings(cfg, on_cpu=False)
     assert any(f.key == "ep_size" for f in refused.value.findings)
+
+
+@pytest.mark.parametrize(("written_ep", "now"), [(2, []), (None, EP2)], ids=["ep2 to FSDP", "FSDP to ep2"])
+def test_resume_across_sharded_at_load_and_fsdp_is_refused(tmp_path, written_ep, now) -> None:
+    """PF051: an expert-parallel checkpoint (the replicated adapter, the Trainer's optimizer.pt) and accelerate's
+    FSDP checkpoint do not resume each other; the same layout does."""
+    from fsdp_tune.preflight.resume import fsdp_version_findings
+
+    run = tmp_path / "run"
+    (run / "checkpoint-2").mkdir(parents=True)
+    written = {"fsdp_size": 2, "ep_size": written_ep} if written_ep else None
+    spec = {"fsdp_version": 2, "loading": {"path": "transformers", "distributed_config": written}}
+    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": spec}))
+    flags = [*BASE, *ATTENTION, *_moe(tmp_path), "--output_dir", str(run)]
+    (f,) = fsdp_version_findings(str(run / "checkpoint-2"), check(None, [*flags, *now]).config)
+    assert f.rule == "PF051" and "different layouts" in f.message, f
+    assert ("--ep_size 2" in f.hint) if written_ep else ("drop ep_size" in f.hint), f.hint
+    same = EP2 if written_ep else []
+    assert fsdp_version_findings(str(run / "checkpoint-2"), check(None, [*flags, *same]).config) == []
