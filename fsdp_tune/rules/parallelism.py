@@ -406,6 +406,11 @@ def ep_not_run(cfg: RunConfig) -> Iterator[Finding]:
         ("cpu_offload", f.cpu_offload, "drop fsdp_cpu_offload"),
         ("activation_checkpointing", f.activation_checkpointing, "--gradient_checkpointing true instead"),
         ("reshard_after_forward", not f.reshard_after_forward, "drop fsdp_reshard_after_forward (it reshards)"),
+        (
+            "state_dict_type",
+            cfg.is_set("fsdp.state_dict_type") and cfg.training.get("save_strategy") != "no",
+            "drop fsdp_state_dict_type: each checkpoint holds the whole replicated adapter, as the final save does",
+        ),
     ):
         if dropped:
             yield warning(

@@ -112,6 +112,12 @@ def test_checkpoints_and_resume_are_taken(tmp_path) -> None:
     spec = decide(checked.config, CPU)
     assert spec.trainer_args["save_strategy"] == "steps" and not spec.trainer_args.get("save_only_model")
     assert spec.checkpoint_on_stop
+    assert "FT141" not in _rules(checked, "warning"), [str(f) for f in checked.findings]
+    sharded = check(
+        None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2, *saves, "--fsdp_state_dict_type", "FULL_STATE_DICT"]
+    )
+    dropped = [f for f in sharded.findings if f.rule == "FT141" and f.key.endswith("state_dict_type")]
+    assert dropped and dropped[0].severity.value == "warning", [str(f) for f in sharded.findings]
     resumed = check(None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2, "--resume_from_checkpoint", "latest"])
     assert "FT141" not in _rules(resumed), [str(f) for f in resumed.findings]
 
