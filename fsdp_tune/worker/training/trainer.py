@@ -110,8 +110,8 @@ class FsdpSaving:
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         if self.saving.sharded_at_load:
-            # PEFT's load_adapter would load the whole model's state dict hooks on a model FSDP sharded at load;
-            # the adapter's parameters are plain replicated tensors: every rank copies the saved ones in place
+            # the adapter's parameters are plain replicated tensors (saving/replicated.py): every rank copies the
+            # saved ones in place, the door FULL checkpoints use, rather than PEFT's load_adapter (not run here)
             if not load_adapter_into_fsdp(self, resume_from_checkpoint, "local_rows"):
                 raise RuntimeError(f"{resume_from_checkpoint} holds no adapter_model.safetensors: nothing to resume")
             return
@@ -128,7 +128,8 @@ def checkpoints_of_sharded_at_load(args, sharded_at_load: bool):
     """transformers 5.24's Trainer refuses, in its constructor, any checkpoint of a model sharded at load that saves
     the optimizer (trainer.py:633), for the sake of sharded optimizer state. An expert-parallel LoRA run trains only
     replicated plain tensors (saving/replicated.py checks it at every save): the constructor sees save_only_model
-    for that check alone, and the run's own value is back before anything else reads it."""
+    for that check alone (its other reads there concern accelerate's FSDP, off here), and the run's own value is
+    back before training starts."""
     if not sharded_at_load or args is None or args.save_only_model:
         yield
         return
