@@ -89,6 +89,13 @@ def _expert_mesh(sizes: dict[str, int]) -> str:
     )
 
 
+# what a checkpoint of a model sharded at load holds (worker/saving/replicated.py)
+SAVED_AT_LOAD = (
+    "  checkpoints: the replicated adapter (rank 0's), the optimizer and scheduler, each rank's RNG; "
+    "final adapter: whole"
+)
+
+
 def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted: tuple[Counted, ...] = ()) -> str:
     """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute, and what the
     data pre-flight counted beside it (`counted`: rows tokenized, images)."""
@@ -115,7 +122,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
     saved = f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP"
     if spec.loading.distributed_config:
         lines[-1] = _expert_mesh(spec.loading.distributed_config)
-        saved = "  checkpoints: none (a model sharded at load is not checkpointed, FT141); final adapter: whole"
+        saved = SAVED_AT_LOAD
     lines += [
         saved,
         f"  precision: {spec.precision}, model loaded in {spec.model.dtype}, "

@@ -173,15 +173,53 @@ def written_by_fsdp(checkpoint: Path) -> int | None:
     return None
 
 
+def written_sharded_at_load(checkpoint: Path) -> int | None:
+    """The ep_size of the run that wrote a checkpoint when transformers sharded its model at load (its rank spec's
+    loading.distributed_config), 1 when accelerate's FSDP did; None when its folder holds no rank spec that says."""
+    for name in (RESOLVED_NAME, f"node0-{RESOLVED_NAME}"):
+        record = _json(checkpoint.parent / name)
+        try:
+            return int((record["spec"]["loading"].get("distributed_config") or {}).get("ep_size", 1))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return None
+
+
+def sharded_at_load_findings(checkpoint: str | None, cfg: RunConfig) -> list[Finding]:
+    """PF051: a checkpoint of a model sharded at load (expert parallelism) holds the replicated adapter and the
+    Trainer's optimizer.pt; accelerate's FSDP checkpoints hold its own layout: neither resumes the other."""
+    from fsdp_tune.decide.derived import expert_parallel_size
+
+    theirs = written_sharded_at_load(Path(checkpoint)) if checkpoint else None
+    ours = expert_parallel_size(cfg)
+    if theirs is None or (theirs > 1) == (ours > 1):
+        return []
+    how = {True: "expert parallelism (ep_size > 1: transformers sharded the model at load)", False: "FSDP alone"}
+    return [
+        Finding(
+            "PF051",
+            Severity.ERROR,
+            "--resume_from_checkpoint",
+            "command line",
+            f"{checkpoint} was written under {how[theirs > 1]}, and this launch runs {how[ours > 1]}: the two "
+            "checkpoint the adapter and the optimizer state in different layouts",
+            f"--use_parallelism_config --ep_size {theirs} resumes it as it was written"
+            if theirs > 1
+            else "drop ep_size to resume it as it was written",
+        )
+    ]
+
+
 def fsdp_version_findings(checkpoint: str | None, cfg: RunConfig) -> list[Finding]:
     """PF051: FSDP1 and FSDP2 lay out sharded weights and optimizer state differently, so a checkpoint is resumed
-    by the version that wrote it (a config without fsdp_version now runs FSDP2: config/fsdp2.py)."""
+    by the version that wrote it (a config without fsdp_version now runs FSDP2: config/fsdp2.py); so do a model
+    sharded at load and one FSDP shards (sharded_at_load_findings)."""
     from fsdp_tune.config.fsdp2 import version_note
 
     theirs = written_by_fsdp(Path(checkpoint)) if checkpoint else None
     ours = cfg.fsdp.version
     if theirs is None or theirs == ours:
-        return []
+        return sharded_at_load_findings(checkpoint, cfg)
     why = f" ({version_note(cfg)})" if version_note(cfg) else ""
     return [
         Finding(

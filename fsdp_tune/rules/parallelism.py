@@ -7,7 +7,6 @@ import math
 from collections.abc import Iterator
 
 from fsdp_tune.config.methods import ROWS, row_of
-from fsdp_tune.config.run_folder import resume_request
 from fsdp_tune.config.schema import ParallelismSettings, RunConfig
 from fsdp_tune.decide.derived import Derived, evaluation, expert_parallel_size, mesh_active, mesh_sizes
 from fsdp_tune.errors import Finding, Severity
@@ -385,18 +384,11 @@ EP_NOT_RUN = (
         "--method " + ", ".join(n for n, r in ROWS.items() if r.expert_parallel),
     ),
     (
-        "training.save_strategy",
-        lambda c: c.training.get("save_strategy") != "no",
-        "checkpoints: the Trainer refuses to checkpoint a model sharded at load ('Resuming is not supported for "
-        "models sharded at load time', transformers/trainer.py:633), so such a run cannot be resumed; the final "
-        "adapter is still saved whole",
-        "--save_strategy no",
-    ),
-    (
-        "training.resume_from_checkpoint",
-        lambda c: resume_request(c) is not None,
-        "resuming (transformers/trainer.py:633: no checkpoint of a model sharded at load)",
-        "start the run afresh",
+        "training.load_best_model_at_end",
+        lambda c: bool(c.training.get("load_best_model_at_end")),
+        "load_best_model_at_end (the best checkpoint's adapter is not loaded back onto a model sharded at load by "
+        "fsdp-tune's checkpoint path, worker/training/trainer.py)",
+        "drop load_best_model_at_end: the checkpoints are kept (pick one with --resume_from_checkpoint or export)",
     ),
 )
 
@@ -414,6 +406,11 @@ def ep_not_run(cfg: RunConfig) -> Iterator[Finding]:
         ("cpu_offload", f.cpu_offload, "drop fsdp_cpu_offload"),
         ("activation_checkpointing", f.activation_checkpointing, "--gradient_checkpointing true instead"),
         ("reshard_after_forward", not f.reshard_after_forward, "drop fsdp_reshard_after_forward (it reshards)"),
+        (
+            "state_dict_type",
+            cfg.is_set("fsdp.state_dict_type") and cfg.training.get("save_strategy") != "no",
+            "drop fsdp_state_dict_type: each checkpoint holds the whole replicated adapter, as the final save does",
+        ),
     ):
         if dropped:
             yield warning(

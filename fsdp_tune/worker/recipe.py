@@ -172,6 +172,7 @@ class Recipe:
                     spec.save.checkpoint,
                     loaded.vocab_grew_from is not None,
                     self.run_id,
+                    spec.loading.distributed_config is not None,
                 ),
                 **extra,
             )

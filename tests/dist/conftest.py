@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,15 +219,19 @@ def launch_group(
     configs: Mapping[str, Path] | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = False,
+    before_launch: Callable[[Mapping[str, Member]], None] | None = None,
 ) -> GroupLaunch:
     """Plan every run (into root/NAME, from configs[NAME] or the base config) and run them all in one torchrun
     launch of `nproc` ranks. A run that fails stops the launch: the runs after it have no summary, and their
-    tests fail with the group's and their own logs (`check`: fail here)."""
+    tests fail with the group's and their own logs (`check`: fail here; `before_launch`: given the planned runs,
+    e.g. to point one at a checkpoint an earlier run of the launch writes)."""
     full_env = dict(offline_env(model_cache), **(env or {}))
     with environment(full_env):
         members = {n: plan_member(n, root / n, flags, (configs or {}).get(n, BASE)) for n, flags in runs.items()}
     for member in members.values():
         assert member.spec.world.world_size == nproc, (member.name, member.spec.world)
+    if before_launch is not None:
+        before_launch(members)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd += ["-m", "tests.dist.recipes_in_one_group", *(str(m.resolved) for m in members.values())]
     timeout = TIMEOUT + 60 * len(members)

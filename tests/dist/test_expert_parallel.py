@@ -4,7 +4,9 @@
   (the reasons FT140 and FT035 give);
 - one group launch of fsdp-tune's own runs (planned as `train` plans them): tiny Qwen3-MoE and Mixtral (4 experts,
   top-2) at ep_size 2 against the same run at ep_size 1 (FSDP2 alone) from the same seed, step by step, and a run
-  whose experts were copied from rank 0 (transformers#45662's wrong mesh), which the self-check stops in one line."""
+  whose experts were copied from rank 0 (transformers#45662's wrong mesh), which the self-check stops in one line;
+  in the same launch, a Qwen3-MoE ep_size 2 run checkpointed every 2 of 4 steps, the same run stopped after step 1
+  by the stop file (the preemption path: a checkpoint on stop) and a third resumed from that checkpoint."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ REL_TOL = 1e-6  # float32 on CPU; measured: the losses and the adapters are equa
 EP2 = ("--use_parallelism_config", "true", "--ep_size", "2")
 RUN = ("--lora_target_modules", "q_proj,k_proj,v_proj,o_proj", "--max_steps", "3")
 COPIED = "qwen3_moe ep2 copied experts"
+SAVED = (*RUN[:2], "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", *EP2)
+STRAIGHT, STOPPED, RESUMED = "qwen3_moe ep2 saved", "qwen3_moe ep2 stopped", "qwen3_moe ep2 resumed"
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +93,25 @@ def runs(tmp_path_factory, model_cache):
         model = ("--model_name_or_path", str(models[family]))
         named[f"{family} ep2"] = (*model, *RUN, *EP2)
         named[f"{family} ep1"] = (*model, *RUN)
+    for name in (STRAIGHT, STOPPED, RESUMED):
+        named[name] = ("--model_name_or_path", str(models["qwen3_moe"]), *SAVED)
     named[COPIED] = ("--model_name_or_path", str(models["qwen3_moe"]), *RUN, *EP2)  # last: it fails
     root = tmp_path_factory.mktemp("ep-runs")
-    return launch_group(root, model_cache, named, env={"FSDP_TUNE_TEST_COPIED_EXPERTS": COPIED})
+    env = {"FSDP_TUNE_TEST_COPIED_EXPERTS": COPIED}
+    return launch_group(root, model_cache, named, env=env, before_launch=_stop_then_resume)
+
+
+def _stop_then_resume(members) -> None:
+    """STOPPED finds the launcher's stop file at its first step's end (a preemption); RESUMED resumes its
+    checkpoint, as `--resume_from_checkpoint` would (the launcher checks a folder that exists; this one is written
+    later in the same launch)."""
+    from fsdp_tune.runfiles import STOP_FILE
+
+    (members[STOPPED].output_dir / STOP_FILE).write_text("15")
+    resolved = members[RESUMED].resolved
+    handoff = json.loads(resolved.read_text())
+    handoff["spec"]["resume_from_checkpoint"] = str(members[STOPPED].output_dir / "checkpoint-1")
+    resolved.write_text(json.dumps(handoff))
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
@@ -144,3 +164,56 @@ def test_self_check_stops_experts_copied_from_rank_0(runs) -> None:
     logs = copied.logs()
     failed = [ln for ln in logs.splitlines() if "distributed self-check failed after step 1" in ln]
     assert failed and "experts.gate_up_proj is split over the expert-parallel ranks" in failed[0], logs[-4000:]
+
+
+def test_ep2_run_stopped_and_resumed_reproduces_the_uninterrupted_steps(runs) -> None:
+    """Checkpoints of a model sharded at load (transformers' Trainer refuses them, trainer.py:633): the replicated
+    adapter, the optimizer, the scheduler and each rank's RNG, marked complete; resumed after a stop at step 1, the
+    run's steps 2-4 are the uninterrupted run's and so is its final adapter."""
+    from safetensors.torch import load_file
+
+    from fsdp_tune.rundir.checkpoints import verify
+    from fsdp_tune.rundir.pickles import check_checkpoint
+
+    straight, stopped, resumed = runs[STRAIGHT], runs[STOPPED], runs[RESUMED]
+    for folder in (straight.output_dir / "checkpoint-2", straight.output_dir / "checkpoint-4"):
+        names = {p.name for p in folder.iterdir()}
+        assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"} <= names, names
+        assert {"rng_state_0.pth", "rng_state_1.pth", "fsdp_tune_complete"} <= names, names
+        assert verify(folder) is None and check_checkpoint(folder) is None
+    stop = json.loads((stopped.output_dir / "fsdp_tune_summary.json").read_text())
+    assert stop["kind"] == "interrupted" and stop["interrupted_at_step"] == 1 and stop["checkpoint_saved"], stop
+    assert verify(stopped.output_dir / "checkpoint-1") is None
+    want = {r["step"]: r for r in _logged(straight.output_dir)}
+    got = {r["step"]: r for r in _logged(resumed.output_dir)}  # what the resumed launch itself trained
+    assert sorted(want) == [1, 2, 3, 4] and sorted(got) == [2, 3, 4], (want, got)
+    for step, row in got.items():  # the adapter (step 2), the optimizer (3, 4) and the schedule came back
+        assert math.isclose(row["loss"], want[step]["loss"], rel_tol=REL_TOL), (step, row, want[step])
+        assert math.isclose(row["learning_rate"], want[step]["learning_rate"], rel_tol=REL_TOL), (step, row)
+    a = load_file(str(straight.output_dir / "adapter_model.safetensors"))
+    b = load_file(str(resumed.output_dir / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and len(a) == 16
+    for name, tensor in a.items():
+        assert torch_close(tensor, b[name]), name
+    # the last checkpoint is already a PEFT adapter folder, the final adapter (what `export` says of it, pointing at
+    # chat and merge), and `latest` finds the stopped run's checkpoint
+    from typer.testing import CliRunner
+
+    from fsdp_tune.cli.app import app
+    from fsdp_tune.rundir.checkpoints import latest_complete
+
+    last = straight.output_dir / "checkpoint-4"
+    kept = load_file(str(last / "adapter_model.safetensors"))
+    assert (last / "adapter_config.json").exists() and all(kept[n].equal(t) for n, t in a.items())
+    r = CliRunner().invoke(app, ["export", str(last), "-o", str(straight.output_dir.parent / "exported-4")])
+    assert r.exit_code == 2 and "already holds a PEFT adapter" in r.output, r.output
+    assert latest_complete(stopped.output_dir)[0].path == stopped.output_dir / "checkpoint-1"
+    start = load_file(str(stopped.output_dir / "checkpoint-1" / "adapter_model.safetensors"))
+    assert not all(torch_close(t, a[n]) for n, t in start.items())  # the resumed steps changed the adapter
+
+
+def _logged(output_dir) -> list[dict]:
+    from fsdp_tune.runfiles import METRICS_NAME
+
+    rows = [json.loads(line) for line in (output_dir / METRICS_NAME).read_text().splitlines()]
+    return [r for r in rows if "loss" in r]

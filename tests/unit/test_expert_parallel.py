@@ -48,7 +48,7 @@ def test_ep_size_reaches_the_ranks_as_distributed_config(tmp_path, spelling) -> 
     assert spec.parallelism is None
     shown = describe_launch(checked.config, spec, [])  # what --dry_run prints
     assert "from_pretrained(distributed_config=DistributedConfig(fsdp_size=2, ep_size=2))" in shown
-    assert "experts: ep 2 x efsdp 1" in shown and "checkpoints: none" in shown
+    assert "experts: ep 2 x efsdp 1" in shown and "checkpoints: the replicated adapter" in shown
 
 
 def test_a_recipe_section_and_a_plain_run(tmp_path) -> None:
@@ -95,13 +95,31 @@ def test_lora_on_the_experts_is_refused_with_the_libraries_reason(tmp_path) -> N
     [
         (["--use_peft_lora", "False"], "use_peft_lora"),
         (["--use_4bit_quantization", "True"], "use_4bit_quantization"),
-        (["--save_strategy", "steps"], "save_strategy"),
-        (["--resume_from_checkpoint", "latest"], "resume_from_checkpoint"),
+        (["--save_strategy", "steps", "--load_best_model_at_end", "true"], "load_best_model_at_end"),
     ],
 )
 def test_what_an_expert_parallel_run_cannot_take(tmp_path, flags, key) -> None:
     checked = check(None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2, *flags])
     assert any(f.rule == "FT141" and f.key.endswith(key) for f in checked.errors), [str(f) for f in checked.findings]
+
+
+def test_checkpoints_and_resume_are_taken(tmp_path) -> None:
+    """The Trainer's refusal (transformers/trainer.py:633) is met by fsdp-tune's own checkpoint of the replicated
+    adapter (worker/saving/replicated.py); tests/dist/test_expert_parallel.py resumes one."""
+    saves = ["--save_strategy", "steps", "--save_steps", "2", "--max_steps", "4"]
+    checked = check(None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2, *saves])
+    assert not checked.errors, [str(f) for f in checked.findings]
+    spec = decide(checked.config, CPU)
+    assert spec.trainer_args["save_strategy"] == "steps" and not spec.trainer_args.get("save_only_model")
+    assert spec.checkpoint_on_stop
+    assert "FT141" not in _rules(checked, "warning"), [str(f) for f in checked.findings]
+    sharded = check(
+        None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2, *saves, "--fsdp_state_dict_type", "FULL_STATE_DICT"]
+    )
+    dropped = [f for f in sharded.findings if f.rule == "FT141" and f.key.endswith("state_dict_type")]
+    assert dropped and dropped[0].severity.value == "warning", [str(f) for f in sharded.findings]
+    resumed = check(None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2, "--resume_from_checkpoint", "latest"])
+    assert "FT141" not in _rules(resumed), [str(f) for f in resumed.findings]
 
 
 def test_fsdp_settings_accelerate_applied_are_dropped_with_a_warning(tmp_path) -> None:
@@ -142,3 +160,22 @@ def test_the_trace_refuses_expert_parallelism(tmp_path) -> None:
     with pytest.raises(PreflightError) as refused:
         check_settings(cfg, on_cpu=False)
     assert any(f.key == "ep_size" for f in refused.value.findings)
+
+
+@pytest.mark.parametrize(("written_ep", "now"), [(2, []), (None, EP2)], ids=["ep2 to FSDP", "FSDP to ep2"])
+def test_resume_across_sharded_at_load_and_fsdp_is_refused(tmp_path, written_ep, now) -> None:
+    """PF051: an expert-parallel checkpoint (the replicated adapter, the Trainer's optimizer.pt) and accelerate's
+    FSDP checkpoint do not resume each other; the same layout does."""
+    from fsdp_tune.preflight.resume import fsdp_version_findings
+
+    run = tmp_path / "run"
+    (run / "checkpoint-2").mkdir(parents=True)
+    written = {"fsdp_size": 2, "ep_size": written_ep} if written_ep else None
+    spec = {"fsdp_version": 2, "loading": {"path": "transformers", "distributed_config": written}}
+    (run / "fsdp_tune_resolved.json").write_text(json.dumps({"spec": spec}))
+    flags = [*BASE, *ATTENTION, *_moe(tmp_path), "--output_dir", str(run)]
+    (f,) = fsdp_version_findings(str(run / "checkpoint-2"), check(None, [*flags, *now]).config)
+    assert f.rule == "PF051" and "different layouts" in f.message, f
+    assert ("--ep_size 2" in f.hint) if written_ep else ("drop ep_size" in f.hint), f.hint
+    same = EP2 if written_ep else []
+    assert fsdp_version_findings(str(run / "checkpoint-2"), check(None, [*flags, *same]).config) == []

@@ -15,6 +15,7 @@ from transformers.trainer import rotate_checkpoints
 
 from fsdp_tune.worker import faults
 from fsdp_tune.worker.saving.hub import pushes_on_save
+from fsdp_tune.worker.saving.replicated import check_same_on_ranks
 from fsdp_tune.worker.saving.save import load_adapter_into_fsdp, save_adapter
 from fsdp_tune.worker.training.callbacks import mark_complete, record_adapter_config
 
@@ -29,6 +30,7 @@ class Saving:
     checkpoint: str  # RankSpec.save.checkpoint: "adapter_file" (the adapter file alone) | "accelerate"
     vocab_grew: bool  # the chat template's tokens grew the vocabulary: the adapter carries the embedding layers
     run_id: str | None  # written into each checkpoint's completion marker
+    sharded_at_load: bool = False  # RankSpec.loading.distributed_config: transformers sharded the model as it loaded
 
 
 class FsdpSaving:
@@ -37,7 +39,8 @@ class FsdpSaving:
 
     def __init__(self, *args, saving: Saving, **kwargs):
         self.saving = saving
-        super().__init__(*args, **kwargs)
+        with checkpoints_of_sharded_at_load(kwargs.get("args"), saving.sharded_at_load):
+            super().__init__(*args, **kwargs)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         if self.is_fsdp_enabled and self.saving.full_state_dict:
@@ -71,6 +74,8 @@ class FsdpSaving:
                 rotate_checkpoints(run_dir, save_total_limit=limit, use_mtime=True, best_model_checkpoint=best)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self.saving.sharded_at_load:  # rank 0 writes the (replicated) optimizer state for every rank
+            check_same_on_ranks(self.model, self.optimizer, self.args.device.type)
         # the Trainer saves the model a second time here through accelerate's save_fsdp_model (FULL_STATE_DICT:
         # FSDP1's full state dict of the whole model); with "adapter_file" the adapter file save_model wrote is the
         # checkpoint's model, and everything else (optimizer, scheduler) is saved as the Trainer saves it
@@ -104,12 +109,35 @@ class FsdpSaving:
         return faults.poison_loss(loss, self.state.global_step + 1)  # test-only; the loss itself otherwise
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if self.saving.sharded_at_load:
+            # the adapter's parameters are plain replicated tensors (saving/replicated.py): every rank copies the
+            # saved ones in place, the door FULL checkpoints use, rather than PEFT's load_adapter (not run here)
+            if not load_adapter_into_fsdp(self, resume_from_checkpoint, "local_rows"):
+                raise RuntimeError(f"{resume_from_checkpoint} holds no adapter_model.safetensors: nothing to resume")
+            return
         # A FULL checkpoint of ours holds the whole adapter: every rank reads it (it is small) and puts its own
         # part in place (saving/save.py). accelerate's FULL path (rank 0 loads, then broadcasts) stalls under
         # FSDP2 on gloo, and PEFT's load_adapter does not know about DTensor shards.
         if self.is_fsdp_enabled and load_adapter_into_fsdp(self, resume_from_checkpoint, self.saving.resume):
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+
+@contextlib.contextmanager
+def checkpoints_of_sharded_at_load(args, sharded_at_load: bool):
+    """transformers 5.24's Trainer refuses, in its constructor, any checkpoint of a model sharded at load that saves
+    the optimizer (trainer.py:633), for the sake of sharded optimizer state. An expert-parallel LoRA run trains only
+    replicated plain tensors (saving/replicated.py checks it at every save): the constructor sees save_only_model
+    for that check alone (its other reads there concern accelerate's FSDP, off here), and the run's own value is
+    back before training starts."""
+    if not sharded_at_load or args is None or args.save_only_model:
+        yield
+        return
+    args.save_only_model = True
+    try:
+        yield
+    finally:
+        args.save_only_model = False
 
 
 @contextlib.contextmanager
