@@ -18,7 +18,7 @@ from fsdp_tune.decide.datafiles import Look
 from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
-from fsdp_tune.decide.lora import lora_kwargs
+from fsdp_tune.decide.lora import lora_spec
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.method import GenerationWeights, generation_spec, method_args, method_spec, steps
 from fsdp_tune.decide.spec import ModelSpec, Quantization, RankSpec, SaveSpec, World
@@ -71,7 +71,7 @@ def decide(
         parallelism=None if loading.distributed_config else mesh(cfg, on_cpu),
         fsdp_mixed_precision=qlora_policy,
         model=model_spec(cfg, d),
-        lora=lora_kwargs(cfg, d.model),
+        lora=lora_spec(cfg, d.model),
         data=data_spec(cfg, d, files),
         output_dir=output_dir,
         resume_from_checkpoint=resume,

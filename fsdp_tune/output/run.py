@@ -124,10 +124,10 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
     ]
     if spec.lora:
         lo = spec.lora
-        targets = lo["target_modules"] if isinstance(lo["target_modules"], str) else ",".join(lo["target_modules"])
+        targets = lo.target_modules if isinstance(lo.target_modules, str) else ",".join(lo.target_modules)
         lines.append(
-            f"  {'DoRA' if lo['use_dora'] else 'LoRA'}: r={lo['r']} alpha={lo['lora_alpha']:g} "
-            f"dropout={lo['lora_dropout']:g} targets={targets}"
+            f"  {'DoRA' if lo.use_dora else 'LoRA'}: r={lo.r} alpha={lo.lora_alpha:g} "
+            f"dropout={lo.lora_dropout:g} targets={targets}"
         )
     q = spec.model.quantization
     if q:

@@ -18,10 +18,11 @@ from typing import Any
 from fsdp_tune.config.lora_fields import lora_fields
 from fsdp_tune.config.methods import fields_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.spec import RankSpec
+from fsdp_tune.decide.spec import LoraSpec, RankSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rundir.checkpoints import folder_run_id, marker_run_id
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
+from fsdp_tune.typed import from_plain
 
 # LoraConfig fields that decide the adapter's tensors or what they mean (not dropout or init: they only start it)
 SHAPE = (
@@ -211,7 +212,7 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
         config = _json(Path(output_dir) / ADAPTER_CONFIG)  # the run's finished adapter, same shape
     trained = config.get("target_modules") if isinstance(config, dict) else None
     if isinstance(record, dict):
-        lora, model = record.get("lora"), record.get("model") or {}
+        lora, model = _recorded(record.get("lora")), record.get("model") or {}
         return {
             "lora": lora,
             "fields": SHAPE,
@@ -223,6 +224,16 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
     if isinstance(config, dict):
         return {"lora": config, "fields": CORE, "trained_targets": trained}
     return None
+
+
+def _recorded(lora: Any) -> dict[str, Any] | None:
+    """The recorded run's LoraConfig arguments (its spec's LoraSpec; an older spec held the arguments themselves)."""
+    if not isinstance(lora, dict):
+        return None
+    try:
+        return from_plain(LoraSpec, lora).kwargs()
+    except (TypeError, ValueError):
+        return lora
 
 
 def _method_name(recorded) -> str:
@@ -243,11 +254,12 @@ def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str,
             ("training method", before["training method"], spec.method.name, f"--method {before['training method']}")
         )
     q = spec.model.quantization
-    method = _method(spec.lora, asdict(q) if q is not None else None)  # as a run's record holds it (JSON)
+    new = spec.lora.kwargs() if spec.lora is not None else None
+    method = _method(new, asdict(q) if q is not None else None)  # as a run's record holds it (JSON)
     if "method" in before and before["method"] != method:
         found.append(("method", before["method"], method, ""))
         return found
-    old, new = before.get("lora"), spec.lora
+    old = before.get("lora")
     if old is None or new is None:
         return found
     defaults = lora_fields()

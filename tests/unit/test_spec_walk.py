@@ -20,6 +20,7 @@ from fsdp_tune.decide.spec import (
     DataSpec,
     GenerationSpec,
     Loading,
+    LoraSpec,
     MethodSpec,
     ModelSpec,
     Quantization,
@@ -126,6 +127,19 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "rdzv_backend": (TORCHRUN, "launch/torchrun.py"),
         "standalone": (TORCHRUN, "launch/torchrun.py"),
         "max_restarts": (TORCHRUN, "launch/torchrun.py"),
+    },
+    LoraSpec: {  # LoraConfig's arguments, each by name (LoraSpec.kwargs; worker/loading/adapter.py builds LoraConfig)
+        "r": (RANK, "decide/spec.py"),
+        "lora_alpha": (RANK, "decide/spec.py"),
+        "lora_dropout": (RANK, "decide/spec.py"),
+        "target_modules": (RANK, "decide/spec.py"),
+        "use_dora": (RANK, "decide/spec.py"),
+        "task_type": (RANK, "decide/spec.py"),
+        "bias": (RANK, "decide/spec.py"),
+        "revision": (RANK, "decide/spec.py"),
+        "exclude_modules": (RANK, "decide/spec.py"),
+        "modules_to_save": (RANK, "decide/spec.py"),
+        "peft_args": (RANK, "decide/spec.py"),
     },
     Quantization: {  # BitsAndBytesConfig's arguments, each by name (worker/loading/pretrained.py quantization_config)
         "bnb_4bit_quant_type": (RANK, "worker/loading/pretrained.py"),
@@ -393,8 +407,9 @@ def test_the_worker_imports_no_launcher_decision_and_rereads_no_config() -> None
         ("--use_peft_lora", "--bf16", "True", "--fsdp_activation_checkpointing", "true"),
         ("--use_peft_lora", "--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "bfloat16"),
         ("--use_peft_lora", "--fsdp_version", "1", "--eval_strategy", "steps", "--seed", "7"),
+        ("--use_peft_lora", "--use_rslora", "True", "--bias", "lora_only", "--lora_target_modules", "all-linear"),
     ],
-    ids=["sharded LoRA", "QLoRA", "FSDP1 with eval"],
+    ids=["sharded LoRA", "QLoRA", "FSDP1 with eval", "LoRA by PEFT's names"],
 )
 def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     """What the ranks read back from the JSON file is the spec the launcher decided, typed: tuples, nested
@@ -405,3 +420,7 @@ def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     assert isinstance(again.loading, Loading) and isinstance(again.world, World)
     if again.loading.sharded is not None:
         assert isinstance(again.loading.sharded, ShardedPlan) and isinstance(again.loading.sharded.layer_cls, tuple)
+    assert isinstance(again.lora, LoraSpec) and again.lora.kwargs() == spec.lora.kwargs()
+    if "--use_rslora" in flags:  # a field fsdp-tune decides is typed, whoever set it; PEFT's others as given
+        assert again.lora.bias == "lora_only" and again.lora.peft_args == {"use_rslora": True}
+        assert again.lora.kwargs()["bias"] == "lora_only" and again.lora.target_modules == "all-linear"
