@@ -11,10 +11,11 @@ Transformers receives. Because GPU decisions are data here, they are tested as t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from fsdp_tune.config.lora_fields import LoraSpec
 from fsdp_tune.config.methods import DataKind, Head, Truncation
 from fsdp_tune.rewards.resolve import RewardSpec
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
@@ -68,48 +69,6 @@ class Quantization:
     bnb_4bit_use_double_quant: bool  # --use_nested_quant: the absmax constants quantized too
     bnb_4bit_quant_storage: str  # the dtype the packed values are stored in (FSDP shards it like a float)
     load_in_4bit: bool = True
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """PEFT's LoraConfig as every rank builds it (decide/lora.py decided it): the fields fsdp-tune decides, typed,
-    and the other LoraConfig fields the user set by PEFT's names. `kwargs()` is the one mapping to LoraConfig's
-    arguments (the ranks' LoraConfig, worker/loading/adapter.py; the planner's count; the resume check)."""
-
-    r: int
-    lora_alpha: float
-    lora_dropout: float  # 0 where a target is a parameter (decide/lora.py dropout)
-    target_modules: str | list[str]  # "all-linear" or module names
-    use_dora: bool
-    task_type: str  # CAUSAL_LM; SEQ_CLS for a reward model (PEFT then trains the score head too)
-    bias: str = "none"
-    revision: str | None = None  # the base model's revision, recorded in adapter_config.json
-    # a vision-language model's frozen parts excluded (one regex, decide/vision.py), else the user's, as given
-    exclude_modules: str | list[str] | None = None
-    modules_to_save: list[str] | None = None  # the user's, and a vision projector that trains whole
-    # the other LoraConfig fields the user set by PEFT's names (config/lora_fields.py VERDICTS "pass"), as given
-    peft_args: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        said_twice = sorted(set(self.peft_args) & {f.name for f in fields(self)})
-        if said_twice:
-            raise ValueError(f"LoraSpec.peft_args repeats typed field(s) {', '.join(said_twice)}")
-
-    def kwargs(self) -> dict[str, Any]:
-        """LoraConfig's arguments by PEFT's names (None: not passed, PEFT's default)."""
-        named = {
-            "r": self.r,
-            "lora_alpha": self.lora_alpha,
-            "lora_dropout": self.lora_dropout,
-            "target_modules": self.target_modules,
-            "use_dora": self.use_dora,
-            "bias": self.bias,
-            "task_type": self.task_type,
-            "revision": self.revision,
-            "exclude_modules": self.exclude_modules,
-            "modules_to_save": self.modules_to_save,
-        }
-        return {**{k: v for k, v in named.items() if v is not None}, **self.peft_args}
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.config.lora_fields import lora_fields
+from fsdp_tune.config.lora_fields import lora_fields, recorded_kwargs
 from fsdp_tune.config.methods import fields_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.spec import LoraSpec, RankSpec
+from fsdp_tune.decide.spec import RankSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rundir.checkpoints import folder_run_id, marker_run_id
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
-from fsdp_tune.typed import from_plain
 
 # LoraConfig fields that decide the adapter's tensors or what they mean (not dropout or init: they only start it)
 SHAPE = (
@@ -212,7 +211,8 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
         config = _json(Path(output_dir) / ADAPTER_CONFIG)  # the run's finished adapter, same shape
     trained = config.get("target_modules") if isinstance(config, dict) else None
     if isinstance(record, dict):
-        lora, model = _recorded(record.get("lora")), record.get("model") or {}
+        lora, model = record.get("lora"), record.get("model") or {}
+        lora = recorded_kwargs(lora) if isinstance(lora, dict) else None
         return {
             "lora": lora,
             "fields": SHAPE,
@@ -224,16 +224,6 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
     if isinstance(config, dict):
         return {"lora": config, "fields": CORE, "trained_targets": trained}
     return None
-
-
-def _recorded(lora: Any) -> dict[str, Any] | None:
-    """The recorded run's LoraConfig arguments (its spec's LoraSpec; an older spec held the arguments themselves)."""
-    if not isinstance(lora, dict):
-        return None
-    try:
-        return from_plain(LoraSpec, lora).kwargs()
-    except (TypeError, ValueError):
-        return lora
 
 
 def _method_name(recorded) -> str:

@@ -12,10 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
+from fsdp_tune.config.lora_fields import LoraSpec
 from fsdp_tune.config.methods import fields_of, methods_taking
 from fsdp_tune.errors import Severity
 from fsdp_tune.output.run import describe_launch, format_summary
 from fsdp_tune.summary import RankMemory, RunSummary
+from fsdp_tune.typed import to_plain
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES, spec_for
 
@@ -107,6 +109,17 @@ def test_a_starting_adapter_gives_its_shape_and_base(tmp_path) -> None:
         ("q_proj", "v_proj"),
         "/models/llama",
     )
+
+
+def test_a_starting_adapter_recorded_as_a_lora_spec_gives_its_peft_named_fields(tmp_path) -> None:
+    """A finished run's record holds a LoraSpec: PEFT's fields set by their names (peft_args) are its shape too."""
+    peft_named = {"bias": "lora_only", "peft_args": {"use_rslora": True}}
+    recorded = LoraSpec(8, 16.0, 0.0, "all-linear", False, "CAUSAL_LM", **peft_named)
+    run = adapter_folder(tmp_path / "sft", lora=json.loads(json.dumps(to_plain(recorded))))
+    checked = check(None, ["--method", "dpo", "--adapter", str(run), "--output_dir", str(tmp_path / "o")])
+    assert not checked.errors, checked.findings
+    peft = checked.config.peft.args
+    assert checked.config.lora.lora_r == 8 and peft.get("use_rslora") is True and peft.get("bias") == "lora_only"
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from tests.conftest import REPO, spec_for
 PACKAGE = REPO / "fsdp_tune"
 RANK, TORCHRUN, PLAN, AFTER = "read by the ranks", "torchrun's command line", "shown by the plan", "after the run"
 PREFLIGHT = "pre-flight, before any rank starts"
+LORA_SPEC = "config/lora_fields.py"  # LoraSpec sits below the rank spec: a finished run's record is read through it
 PLAN_TEXT = "output/run.py"  # describe_launch: what `train` and `train --dry_run` print
 
 # field -> (how, the module that reads or shows it); "the ranks" means code the worker runs
@@ -128,18 +129,18 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "standalone": (TORCHRUN, "launch/torchrun.py"),
         "max_restarts": (TORCHRUN, "launch/torchrun.py"),
     },
-    LoraSpec: {  # LoraConfig's arguments, each by name (LoraSpec.kwargs; worker/loading/adapter.py builds LoraConfig)
-        "r": (RANK, "decide/spec.py"),
-        "lora_alpha": (RANK, "decide/spec.py"),
-        "lora_dropout": (RANK, "decide/spec.py"),
-        "target_modules": (RANK, "decide/spec.py"),
-        "use_dora": (RANK, "decide/spec.py"),
-        "task_type": (RANK, "decide/spec.py"),
-        "bias": (RANK, "decide/spec.py"),
-        "revision": (RANK, "decide/spec.py"),
-        "exclude_modules": (RANK, "decide/spec.py"),
-        "modules_to_save": (RANK, "decide/spec.py"),
-        "peft_args": (RANK, "decide/spec.py"),
+    LoraSpec: {  # LoraConfig's arguments by name (LoraSpec.kwargs; worker/loading/adapter.py builds LoraConfig)
+        "r": (RANK, LORA_SPEC),
+        "lora_alpha": (RANK, LORA_SPEC),
+        "lora_dropout": (RANK, LORA_SPEC),
+        "target_modules": (RANK, LORA_SPEC),
+        "use_dora": (RANK, LORA_SPEC),
+        "task_type": (RANK, LORA_SPEC),
+        "bias": (RANK, LORA_SPEC),
+        "revision": (RANK, LORA_SPEC),
+        "exclude_modules": (RANK, LORA_SPEC),
+        "modules_to_save": (RANK, LORA_SPEC),
+        "peft_args": (RANK, LORA_SPEC),
     },
     Quantization: {  # BitsAndBytesConfig's arguments, each by name (worker/loading/pretrained.py quantization_config)
         "bnb_4bit_quant_type": (RANK, "worker/loading/pretrained.py"),
@@ -228,6 +229,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
 RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")
 RANK_SIDE += ("rewards/load.py",)  # the user's reward imported, by the pre-flight's probe and the ranks alike
+RANK_SIDE += ("config/lora_fields.py",)  # LoraSpec.kwargs: the LoraConfig every rank builds
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
