@@ -25,7 +25,8 @@ from fsdp_tune.typed import from_plain, to_plain
 
 SPEC_VERSION = 8  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
 # 6: GrpoSpec `grpo` became GenerationSpec `generating` (every generating method's); 7: Loading.distributed_config
-# (transformers' DistributedConfig sizes under expert parallelism); 8: `lora` a LoraSpec, not LoraConfig's kwargs
+# (transformers' DistributedConfig sizes under expert parallelism); 8: `lora` a LoraSpec, not LoraConfig's kwargs,
+# and `parallelism` a Mesh, not ParallelismConfig's kwargs
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,27 @@ class World:
     rdzv_backend: str
     standalone: bool  # one machine, no port asked for: torchrun picks a free port
     max_restarts: int
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The device mesh: accelerate's ParallelismConfig as every rank builds it (worker/training/config.py
+    parallelism_config names each field); decided in decide/rank.py mesh, the sizes the rules checked (FT044)."""
+
+    dp_replicate_size: int  # HSDP's replicas
+    tp_size: int
+    cp_size: int  # context parallelism: the ranks one sequence is split over
+    dp_shard_size: int  # what the other dimensions leave of the world, unless set
+    cp_comm_strategy: Literal["allgather", "alltoall"] | None = None  # the ring's K/V rotation; None without cp
+
+    def sizes(self) -> dict[str, int]:
+        """Each dimension's size by accelerate's name, in the order the plan shows them."""
+        return {
+            "dp_replicate_size": self.dp_replicate_size,
+            "tp_size": self.tp_size,
+            "cp_size": self.cp_size,
+            "dp_shard_size": self.dp_shard_size,
+        }
 
 
 @dataclass(frozen=True)
@@ -242,7 +264,7 @@ class RankSpec:
     # it as fsdp_config's activation_checkpointing, trainer_args' activation_checkpointing and loading.sharded's
     checkpointing: Literal["fsdp", "gradient", "off"]
     trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
-    parallelism: dict[str, Any] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
+    parallelism: Mesh | None  # the device mesh (accelerate's ParallelismConfig), None: plain FSDP
     fsdp_mixed_precision: dict[str, str] | None  # FSDP2 MixedPrecisionPolicy dtypes (QLoRA), None: accelerate's
     model: ModelSpec
     lora: LoraSpec | None  # None for full fine-tuning

@@ -110,7 +110,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
         f"cpu_offload={show(f['cpu_offload'])}, wrap {wrap}",
     ]
     if spec.parallelism:
-        sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.items() if k.endswith("_size") and v > 1}
+        sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.sizes().items() if v > 1}
         lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
     saved = f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP"
     if spec.loading.distributed_config:

@@ -21,6 +21,7 @@ from fsdp_tune.decide.spec import (
     GenerationSpec,
     Loading,
     LoraSpec,
+    Mesh,
     MethodSpec,
     ModelSpec,
     Quantization,
@@ -141,6 +142,13 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "exclude_modules": (RANK, LORA_SPEC),
         "modules_to_save": (RANK, LORA_SPEC),
         "peft_args": (RANK, LORA_SPEC),
+    },
+    Mesh: {  # ParallelismConfig's arguments, each by name (worker/training/config.py parallelism_config)
+        "dp_replicate_size": (RANK, "worker/training/config.py"),
+        "tp_size": (RANK, "worker/training/config.py"),
+        "cp_size": (RANK, "worker/training/config.py"),
+        "dp_shard_size": (RANK, "worker/training/config.py"),
+        "cp_comm_strategy": (RANK, "worker/training/config.py"),
     },
     Quantization: {  # BitsAndBytesConfig's arguments, each by name (worker/loading/pretrained.py quantization_config)
         "bnb_4bit_quant_type": (RANK, "worker/loading/pretrained.py"),
@@ -410,8 +418,9 @@ def test_the_worker_imports_no_launcher_decision_and_rereads_no_config() -> None
         ("--use_peft_lora", "--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "bfloat16"),
         ("--use_peft_lora", "--fsdp_version", "1", "--eval_strategy", "steps", "--seed", "7"),
         ("--use_peft_lora", "--use_rslora", "True", "--bias", "lora_only", "--lora_target_modules", "all-linear"),
+        ("--use_peft_lora", "--num_processes", "2", "--use_parallelism_config", "--parallelism_config_cp_size", "2"),
     ],
-    ids=["sharded LoRA", "QLoRA", "FSDP1 with eval", "LoRA by PEFT's names"],
+    ids=["sharded LoRA", "QLoRA", "FSDP1 with eval", "LoRA by PEFT's names", "context parallel mesh"],
 )
 def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     """What the ranks read back from the JSON file is the spec the launcher decided, typed: tuples, nested
@@ -426,3 +435,6 @@ def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     if "--use_rslora" in flags:  # a field fsdp-tune decides is typed, whoever set it; PEFT's others as given
         assert again.lora.bias == "lora_only" and again.lora.peft_args == {"use_rslora": True}
         assert again.lora.kwargs()["bias"] == "lora_only" and again.lora.target_modules == "all-linear"
+    if "--use_parallelism_config" in flags:
+        assert isinstance(again.parallelism, Mesh) and again.parallelism.sizes()["cp_size"] == 2
+        assert again.parallelism.cp_comm_strategy == "allgather" and again.parallelism.dp_shard_size == 1

@@ -9,7 +9,7 @@ import torch
 from accelerate import ParallelismConfig
 from accelerate.utils import TorchContextParallelConfig
 
-from fsdp_tune.decide.spec import RankSpec
+from fsdp_tune.decide.spec import Mesh, RankSpec
 from fsdp_tune.worker.training.spelling import installed_names
 
 
@@ -27,10 +27,13 @@ def trainer_config(spec: RankSpec, config_class: type, trainer_args: dict[str, A
     return config
 
 
-def parallelism_config(mesh: dict) -> ParallelismConfig:
-    """accelerate's ParallelismConfig (the device mesh) from the spec's sizes."""
-    kwargs = dict(mesh)
-    strategy = kwargs.pop("cp_comm_strategy", None)
-    if strategy is not None:
-        kwargs["cp_handler"] = TorchContextParallelConfig(cp_comm_strategy=strategy)
-    return ParallelismConfig(**kwargs)
+def parallelism_config(mesh: Mesh) -> ParallelismConfig:
+    """accelerate's ParallelismConfig (the device mesh) from the spec's typed mesh, each field by name."""
+    strategy = mesh.cp_comm_strategy
+    return ParallelismConfig(
+        dp_replicate_size=mesh.dp_replicate_size,
+        dp_shard_size=mesh.dp_shard_size,
+        tp_size=mesh.tp_size,
+        cp_size=mesh.cp_size,
+        cp_handler=TorchContextParallelConfig(cp_comm_strategy=strategy) if strategy is not None else None,
+    )
