@@ -21,7 +21,7 @@ from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_spec
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.method import GenerationWeights, generation_spec, method_args, method_spec, steps
-from fsdp_tune.decide.spec import Mesh, ModelSpec, Quantization, RankSpec, SaveSpec, World
+from fsdp_tune.decide.spec import Mesh, MixedPrecision, ModelSpec, Quantization, RankSpec, SaveSpec, World
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
@@ -150,7 +150,7 @@ def mesh(cfg: RunConfig, on_cpu: bool = False) -> Mesh | None:
     )
 
 
-def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> dict[str, str] | None:
+def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> MixedPrecision | None:
     """FSDP2's MixedPrecisionPolicy for QLoRA: every dtype the 4-bit storage dtype.
 
     FSDP2 casts every floating parameter to the policy's param_dtype when it all-gathers, packed 4-bit weights
@@ -160,8 +160,7 @@ def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> dict[str, str] | None:
     optimizer is created late, which FSDP2 forbids): fsdp-tune decides it here for FSDP2."""
     if cfg.fsdp.version != 2 or not cfg.quantization.use_4bit_quantization:
         return None
-    storage = d.quant_storage
-    return {"param_dtype": storage, "reduce_dtype": storage, "output_dtype": storage}
+    return MixedPrecision.every(d.quant_storage)
 
 
 def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.rank import decide
-from fsdp_tune.decide.spec import ShardedPlan
+from fsdp_tune.decide.spec import MixedPrecision, ShardedPlan
 from fsdp_tune.output.run import describe_launch
 from fsdp_tune.validate import check
 from tests.conftest import spec_for
@@ -89,7 +89,7 @@ def test_lora_on_gpus_loads_sharded_and_the_builder_does_what_accelerate_would()
         k: v for k, v in spec.trainer_args.items() if k != "fsdp_config"
     }
     # accelerate: the plugin's policy is the run's precision for every dtype; trainable weights upcast to fp32
-    bf16 = {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "output_dtype": "bfloat16"}
+    bf16 = MixedPrecision("bfloat16", "bfloat16", "bfloat16")
     assert spec.loading.sharded == ShardedPlan(
         layer_cls=(),
         reshard_after_forward=True,

@@ -23,6 +23,7 @@ from fsdp_tune.decide.spec import (
     LoraSpec,
     Mesh,
     MethodSpec,
+    MixedPrecision,
     ModelSpec,
     Quantization,
     RankSpec,
@@ -149,6 +150,11 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "cp_size": (RANK, "worker/training/config.py"),
         "dp_shard_size": (RANK, "worker/training/config.py"),
         "cp_comm_strategy": (RANK, "worker/training/config.py"),
+    },
+    MixedPrecision: {  # MixedPrecisionPolicy's arguments by name (MixedPrecision.kwargs; both ranks' policies)
+        "param_dtype": (RANK, "decide/spec.py"),
+        "reduce_dtype": (RANK, "decide/spec.py"),
+        "output_dtype": (RANK, "decide/spec.py"),
     },
     Quantization: {  # BitsAndBytesConfig's arguments, each by name (worker/loading/pretrained.py quantization_config)
         "bnb_4bit_quant_type": (RANK, "worker/loading/pretrained.py"),
@@ -432,6 +438,12 @@ def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     if again.loading.sharded is not None:
         assert isinstance(again.loading.sharded, ShardedPlan) and isinstance(again.loading.sharded.layer_cls, tuple)
     assert isinstance(again.lora, LoraSpec) and again.lora.kwargs() == spec.lora.kwargs()
+    if "--use_4bit_quantization" in flags:  # the QLoRA storage policy, typed, and the builder's the same
+        assert (
+            isinstance(again.fsdp_mixed_precision, MixedPrecision)
+            and again.fsdp_mixed_precision.param_dtype == "bfloat16"
+        )
+        assert again.loading.sharded is None or again.loading.sharded.mp_policy == again.fsdp_mixed_precision
     if "--use_rslora" in flags:  # a field fsdp-tune decides is typed, whoever set it; PEFT's others as given
         assert again.lora.bias == "lora_only" and again.lora.peft_args == {"use_rslora": True}
         assert again.lora.kwargs()["bias"] == "lora_only" and again.lora.target_modules == "all-linear"

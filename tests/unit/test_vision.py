@@ -209,5 +209,9 @@ def test_a_gpu_runs_decisions_for_a_vision_model(tmp_path) -> None:
     assert spec.model.vision.guard == "dummy_image"  # the same guard: NCCL would wait 30 minutes without it
     plan = spec.loading.sharded
     assert spec.loading.path == "sharded" and list(plan.layer_cls) == units
-    assert plan.mp_policy == {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "output_dtype": "bfloat16"}
+    assert plan.mp_policy.kwargs() == {
+        "param_dtype": "bfloat16",
+        "reduce_dtype": "bfloat16",
+        "output_dtype": "bfloat16",
+    }
     assert plan.upcast_trainable

@@ -22,7 +22,7 @@ def trainer_config(spec: RankSpec, config_class: type, trainer_args: dict[str, A
     if spec.fsdp_mixed_precision:
         # the Trainer builds accelerate's FSDP plugin from these; a policy set here is kept (state.py sets the
         # run's precision only without override)
-        policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.items()}
+        policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.kwargs().items()}
         config.fsdp_plugin_args["mixed_precision_policy"] = policy
     return config
 
