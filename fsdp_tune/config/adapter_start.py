@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_tune.config.folders import FolderRefused, adapter_problems, read_json, tensor_names
+from fsdp_tune.config.lora_fields import recorded_kwargs
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import Origin, RunConfig
 from fsdp_tune.config.values import BadValue, coerce
@@ -87,7 +88,7 @@ def read_start(folder: str) -> tuple[StartAdapter | None, str | None]:
     called = (model.get("requested"), model.get("name_or_path"), config.get("base_model_name_or_path"))
     paths = tuple(p for p in called if p)
     source = str(path / (RESOLVED_NAME if isinstance(lora, dict) else ADAPTER_CONFIG))
-    settings = lora if isinstance(lora, dict) else config
+    settings = recorded_kwargs(lora) if isinstance(lora, dict) else config
     return StartAdapter(path, settings, base, paths, names, config.get("task_type"), source), None
 
 

@@ -13,10 +13,12 @@ rules/adapters.py raises them). A test fails when PEFT gains a field no row spea
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from importlib import resources
 from typing import Any
+
+from fsdp_tune.typed import from_plain
 
 
 @cache
@@ -55,6 +57,59 @@ class PeftSettings:
             return self.args[name]
         spec = lora_fields().get(name)
         return spec["default"] if spec else None
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """PEFT's LoraConfig as every rank builds it (RankSpec.lora; decide/lora.py decided it): the fields fsdp-tune
+    decides, typed, and the other LoraConfig fields the user set by PEFT's names. `kwargs()` is the one mapping to
+    LoraConfig's arguments (the ranks' LoraConfig, worker/loading/adapter.py; the planner's count; a recorded run's
+    LoRA read back by the resume check and by --adapter, `recorded_kwargs`). Here, below the rank spec, so that the
+    config layer reads a finished run's record through it."""
+
+    r: int
+    lora_alpha: float
+    lora_dropout: float  # 0 where a target is a parameter (decide/lora.py dropout)
+    target_modules: str | list[str]  # "all-linear" or module names
+    use_dora: bool
+    task_type: str  # CAUSAL_LM; SEQ_CLS for a reward model (PEFT then trains the score head too)
+    bias: str = "none"
+    revision: str | None = None  # the base model's revision, recorded in adapter_config.json
+    # a vision-language model's frozen parts excluded (one regex, decide/vision.py), else the user's, as given
+    exclude_modules: str | list[str] | None = None
+    modules_to_save: list[str] | None = None  # the user's, and a vision projector that trains whole
+    # the other LoraConfig fields the user set by PEFT's names (config/lora_fields.py VERDICTS "pass"), as given
+    peft_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        said_twice = sorted(set(self.peft_args) & {f.name for f in fields(self)})
+        if said_twice:
+            raise ValueError(f"LoraSpec.peft_args repeats typed field(s) {', '.join(said_twice)}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """LoraConfig's arguments by PEFT's names (None: not passed, PEFT's default)."""
+        named = {
+            "r": self.r,
+            "lora_alpha": self.lora_alpha,
+            "lora_dropout": self.lora_dropout,
+            "target_modules": self.target_modules,
+            "use_dora": self.use_dora,
+            "bias": self.bias,
+            "task_type": self.task_type,
+            "revision": self.revision,
+            "exclude_modules": self.exclude_modules,
+            "modules_to_save": self.modules_to_save,
+        }
+        return {**{k: v for k, v in named.items() if v is not None}, **self.peft_args}
+
+
+def recorded_kwargs(plain: dict[str, Any]) -> dict[str, Any]:
+    """LoraConfig's arguments from a run's recorded rank spec (its `lora`, as JSON); a spec older than LoraSpec
+    (SPEC_VERSION 8) recorded the arguments themselves."""
+    try:
+        return from_plain(LoraSpec, plain).kwargs()
+    except (TypeError, ValueError):
+        return dict(plain)
 
 
 # LoraConfig fields that the `lora` / `model` sections hold under the PEFT example's names.

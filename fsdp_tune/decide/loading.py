@@ -20,7 +20,7 @@ from typing import Any
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, expert_parallel_size, mesh_sizes
-from fsdp_tune.decide.spec import Loading, ShardedPlan
+from fsdp_tune.decide.spec import Loading, MixedPrecision, ShardedPlan
 from fsdp_tune.decide.vision import layer_classes
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.sources.moe import has_experts
@@ -116,7 +116,7 @@ def _model_reason(cfg: RunConfig, model: ModelFacts) -> str | None:
     return None
 
 
-def sharded_plan(cfg: RunConfig, d: Derived, qlora_policy: dict[str, str] | None) -> ShardedPlan:
+def sharded_plan(cfg: RunConfig, d: Derived, qlora_policy: MixedPrecision | None) -> ShardedPlan:
     """What the sharded model builder applies that accelerate applies on the transformers path, decided as
     accelerate 1.15 decides it: the units (TRANSFORMER_BASED_WRAP's layer classes, the model's _no_split_modules
     when none is named), FSDP activation checkpointing (fsdp2_apply_ac), the MixedPrecisionPolicy (the plugin's:
@@ -125,8 +125,7 @@ def sharded_plan(cfg: RunConfig, d: Derived, qlora_policy: dict[str, str] | None
     f = cfg.fsdp
     policy = qlora_policy
     if policy is None and d.precision != "no":
-        dtype = DTYPE_OF_PRECISION[d.precision]
-        policy = {"param_dtype": dtype, "reduce_dtype": dtype, "output_dtype": dtype}
+        policy = MixedPrecision.every(DTYPE_OF_PRECISION[d.precision])
     return ShardedPlan(
         layer_cls=layer_classes(cfg, d.model),  # the user's, or a vision-language family's (decide/vision.py)
         reshard_after_forward=f.reshard_after_forward,
@@ -147,7 +146,9 @@ def trainer_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
     return {**out, "auto_wrap_policy": "NO_WRAP", "activation_checkpointing": False}
 
 
-def decide_loading(cfg: RunConfig, d: Derived, fsdp_config: dict[str, Any], qlora_policy: dict | None) -> Loading:
+def decide_loading(
+    cfg: RunConfig, d: Derived, fsdp_config: dict[str, Any], qlora_policy: MixedPrecision | None
+) -> Loading:
     """The path, why not sharded, and on the sharded path the builder's plan and the transformers path's
     fsdp_config (`fsdp_config`; the Trainer then gets trainer_fsdp_config's)."""
     path, why = loading_path(cfg, d.model)

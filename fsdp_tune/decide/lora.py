@@ -1,40 +1,45 @@
-"""The LoraConfig every rank builds (RankSpec.lora): the `lora` section's settings, the LoraConfig fields set
-by PEFT's names that reach it (config/lora_fields.py VERDICTS), and the decisions the model forces."""
+"""The LoraConfig every rank builds (RankSpec.lora, a LoraSpec): the `lora` section's settings, the LoraConfig
+fields set by PEFT's names that reach it (config/lora_fields.py VERDICTS), and the decisions the model forces."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields, replace
 
 from fsdp_tune.config.lora_fields import VERDICTS
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
+from fsdp_tune.decide.spec import LoraSpec
 from fsdp_tune.decide.vision import scoped_lora
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.sources.moe import param_targets
 
 
-def lora_kwargs(cfg: RunConfig, model: ModelFacts) -> dict[str, Any] | None:
-    """`model`: the model's files as the door found them (`Derived.model`)."""
+def lora_spec(cfg: RunConfig, model: ModelFacts) -> LoraSpec | None:
+    """`model`: the model's files as the door found them (`Derived.model`). A LoraConfig field the user set by
+    PEFT's name that fsdp-tune also decides (bias, task_type, exclude_modules, modules_to_save) is the user's."""
     lo = cfg.lora
     if not lo.use_peft_lora:
         return None
     targets = lo.lora_target_modules
-    kwargs: dict[str, Any] = {
-        "r": lo.lora_r,
-        "lora_alpha": lo.lora_alpha,
-        "lora_dropout": dropout(cfg, model.config),
-        "target_modules": "all-linear" if targets == ("all-linear",) else list(targets),
-        "use_dora": lo.use_dora,
-        "bias": "none",
-        # a reward model's adapter is a sequence classifier's: PEFT then also trains the new score head
-        "task_type": "SEQ_CLS" if row_of(cfg.run.method).head == "score" else "CAUSAL_LM",
+    typed = {f.name for f in fields(LoraSpec)}
+    given = {
+        name: list(value) if isinstance(value, tuple) else value
+        for name, value in cfg.peft.args.items()
+        if VERDICTS.get(name) is not None and VERDICTS[name].action == "pass"
     }
-    for name, value in cfg.peft.args.items():
-        if VERDICTS.get(name) is not None and VERDICTS[name].action == "pass":
-            kwargs[name] = list(value) if isinstance(value, tuple) else value
-    if cfg.model.model_revision:
-        kwargs["revision"] = cfg.model.model_revision  # recorded in adapter_config.json, as PEFT does
-    return scoped_lora(cfg, model, kwargs)  # a vision-language model's language model, by default (decide/vision.py)
+    spec = LoraSpec(
+        r=lo.lora_r,
+        lora_alpha=lo.lora_alpha,
+        lora_dropout=dropout(cfg, model.config),
+        target_modules="all-linear" if targets == ("all-linear",) else list(targets),
+        use_dora=lo.use_dora,
+        # a reward model's adapter is a sequence classifier's: PEFT then also trains the new score head
+        task_type="SEQ_CLS" if row_of(cfg.run.method).head == "score" else "CAUSAL_LM",
+        revision=cfg.model.model_revision or None,  # recorded in adapter_config.json, as PEFT does
+        peft_args={k: v for k, v in given.items() if k not in typed},
+    )
+    spec = replace(spec, **{k: v for k, v in given.items() if k in typed})
+    return scoped_lora(cfg, model, spec)  # a vision-language model's language model, by default (decide/vision.py)
 
 
 def dropout(cfg: RunConfig, config: dict | None) -> float:

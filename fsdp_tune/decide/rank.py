@@ -18,10 +18,10 @@ from fsdp_tune.decide.datafiles import Look
 from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
-from fsdp_tune.decide.lora import lora_kwargs
+from fsdp_tune.decide.lora import lora_spec
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.method import GenerationWeights, generation_spec, method_args, method_spec, steps
-from fsdp_tune.decide.spec import ModelSpec, Quantization, RankSpec, SaveSpec, World
+from fsdp_tune.decide.spec import Mesh, MixedPrecision, ModelSpec, Quantization, RankSpec, SaveSpec, World
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
@@ -71,7 +71,7 @@ def decide(
         parallelism=None if loading.distributed_config else mesh(cfg, on_cpu),
         fsdp_mixed_precision=qlora_policy,
         model=model_spec(cfg, d),
-        lora=lora_kwargs(cfg, d.model),
+        lora=lora_spec(cfg, d.model),
         data=data_spec(cfg, d, files),
         output_dir=output_dir,
         resume_from_checkpoint=resume,
@@ -126,7 +126,7 @@ def world(cfg: RunConfig) -> World:
     )
 
 
-def mesh(cfg: RunConfig, on_cpu: bool = False) -> dict[str, Any] | None:
+def mesh(cfg: RunConfig, on_cpu: bool = False) -> Mesh | None:
     """accelerate's ParallelismConfig for the run (the device mesh), or None for plain FSDP over all ranks.
 
     The sizes are the ones the rules checked against the world size (FT044); dp_shard_size left unset
@@ -138,16 +138,19 @@ def mesh(cfg: RunConfig, on_cpu: bool = False) -> dict[str, Any] | None:
     world = max(cfg.launch.num_processes, 1)
     if not mesh_active(cfg):
         if on_cpu and world > 1:
-            return {"dp_replicate_size": 1, "tp_size": 1, "cp_size": 1, "dp_shard_size": world}
+            return Mesh(dp_replicate_size=1, tp_size=1, cp_size=1, dp_shard_size=world)
         return None  # only dp_shard: exactly what plain FSDP does
     sizes = mesh_sizes(cfg)
-    out: dict[str, Any] = {k: v for k, v in sizes.items() if k != "sp_size"}
-    if p.cp_size > 1:
-        out["cp_comm_strategy"] = p.cp_comm_strategy
-    return out
+    return Mesh(
+        dp_replicate_size=sizes["dp_replicate_size"],
+        tp_size=sizes["tp_size"],
+        cp_size=sizes["cp_size"],
+        dp_shard_size=sizes["dp_shard_size"],
+        cp_comm_strategy=p.cp_comm_strategy if p.cp_size > 1 else None,
+    )
 
 
-def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> dict[str, str] | None:
+def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> MixedPrecision | None:
     """FSDP2's MixedPrecisionPolicy for QLoRA: every dtype the 4-bit storage dtype.
 
     FSDP2 casts every floating parameter to the policy's param_dtype when it all-gathers, packed 4-bit weights
@@ -157,8 +160,7 @@ def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> dict[str, str] | None:
     optimizer is created late, which FSDP2 forbids): fsdp-tune decides it here for FSDP2."""
     if cfg.fsdp.version != 2 or not cfg.quantization.use_4bit_quantization:
         return None
-    storage = d.quant_storage
-    return {"param_dtype": storage, "reduce_dtype": storage, "output_dtype": storage}
+    return MixedPrecision.every(d.quant_storage)
 
 
 def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from fsdp_tune.config.lora_fields import LoraSpec
 from fsdp_tune.config.methods import DataKind, Head, Truncation
 from fsdp_tune.rewards.resolve import RewardSpec
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
@@ -22,9 +23,10 @@ from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 7  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
+SPEC_VERSION = 8  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
 # 6: GrpoSpec `grpo` became GenerationSpec `generating` (every generating method's); 7: Loading.distributed_config
-# (transformers' DistributedConfig sizes under expert parallelism)
+# (transformers' DistributedConfig sizes under expert parallelism); 8: `lora` a LoraSpec, not LoraConfig's kwargs,
+# `parallelism` a Mesh, not ParallelismConfig's kwargs, and the MixedPrecisionPolicy dtypes a MixedPrecision
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,45 @@ class World:
     rdzv_backend: str
     standalone: bool  # one machine, no port asked for: torchrun picks a free port
     max_restarts: int
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """FSDP2's MixedPrecisionPolicy, its dtypes by name (the spec is JSON): the QLoRA storage policy
+    (RankSpec.fsdp_mixed_precision) and the sharded builder's (ShardedPlan.mp_policy), decided on the launcher."""
+
+    param_dtype: str  # the dtype parameters are all-gathered and computed in
+    reduce_dtype: str  # the dtype gradients are reduce-scattered in
+    output_dtype: str  # the dtype a unit's forward outputs are cast to
+
+    @classmethod
+    def every(cls, dtype: str) -> MixedPrecision:
+        return cls(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+
+    def kwargs(self) -> dict[str, str]:
+        """MixedPrecisionPolicy's arguments by name (each rank turns the names into torch dtypes)."""
+        return {"param_dtype": self.param_dtype, "reduce_dtype": self.reduce_dtype, "output_dtype": self.output_dtype}
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The device mesh: accelerate's ParallelismConfig as every rank builds it (worker/training/config.py
+    parallelism_config names each field); decided in decide/rank.py mesh, the sizes the rules checked (FT044)."""
+
+    dp_replicate_size: int  # HSDP's replicas
+    tp_size: int
+    cp_size: int  # context parallelism: the ranks one sequence is split over
+    dp_shard_size: int  # what the other dimensions leave of the world, unless set
+    cp_comm_strategy: Literal["allgather", "alltoall"] | None = None  # the ring's K/V rotation; None without cp
+
+    def sizes(self) -> dict[str, int]:
+        """Each dimension's size by accelerate's name, in the order the plan shows them."""
+        return {
+            "dp_replicate_size": self.dp_replicate_size,
+            "tp_size": self.tp_size,
+            "cp_size": self.cp_size,
+            "dp_shard_size": self.dp_shard_size,
+        }
 
 
 @dataclass(frozen=True)
@@ -102,7 +143,7 @@ class ShardedPlan:
     activation_checkpointing: bool  # FSDP activation checkpointing (fsdp2_apply_ac)
     activation_checkpointing_offload: bool
     cpu_offload: bool
-    mp_policy: dict[str, str] | None  # MixedPrecisionPolicy dtypes by name; None: FSDP2's default
+    mp_policy: MixedPrecision | None  # None: FSDP2's default
     upcast_trainable: bool  # trainable parameters in fp32 under mixed precision (not with 4-bit weights)
     may_fall_back: bool  # --loading auto: a rank that finds the model needs from_pretrained falls back; else stops
 
@@ -241,10 +282,10 @@ class RankSpec:
     # it as fsdp_config's activation_checkpointing, trainer_args' activation_checkpointing and loading.sharded's
     checkpointing: Literal["fsdp", "gradient", "off"]
     trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
-    parallelism: dict[str, Any] | None  # accelerate ParallelismConfig kwargs (the device mesh), None: plain FSDP
-    fsdp_mixed_precision: dict[str, str] | None  # FSDP2 MixedPrecisionPolicy dtypes (QLoRA), None: accelerate's
+    parallelism: Mesh | None  # the device mesh (accelerate's ParallelismConfig), None: plain FSDP
+    fsdp_mixed_precision: MixedPrecision | None  # FSDP2's policy for QLoRA, None: accelerate's
     model: ModelSpec
-    lora: dict[str, Any] | None  # LoraConfig kwargs, None for full fine-tuning
+    lora: LoraSpec | None  # None for full fine-tuning
     data: DataSpec
     output_dir: str
     resume_from_checkpoint: str | None

@@ -17,11 +17,12 @@ Pure: reads the model's config.json as the door found it (sources/model.py Model
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from fsdp_tune.config.model_kinds import VisionFamily, family_of, kind_of, kind_row
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.spec import VisionSpec
+from fsdp_tune.decide.spec import LoraSpec, VisionSpec
 from fsdp_tune.sources import model as model_source
 from fsdp_tune.sources.model import ModelFacts
 
@@ -69,22 +70,23 @@ def layer_classes(cfg: RunConfig, model: ModelFacts) -> tuple[str, ...]:
     return unit_classes(row, config) if row is not None and config is not None else ()
 
 
-def scoped_lora(cfg: RunConfig, model: ModelFacts, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """LoraConfig's arguments for a vision-language model: the frozen parts excluded, the tower's linear layers
+def scoped_lora(cfg: RunConfig, model: ModelFacts, lora: LoraSpec) -> LoraSpec:
+    """LoraConfig's fields for a vision-language model: the frozen parts excluded, the tower's linear layers
     targeted when it trains, the projector in modules_to_save when it trains whole (see the module's docstring)."""
     row = family_of(model.config)
     if row is None:
-        return kwargs
+        return lora
     m = cfg.model
     frozen = [row.projector] + ([row.tower] if m.freeze_vision_tower else [])
-    out = dict(kwargs)
-    out["exclude_modules"] = _excluded(frozen, kwargs.get("exclude_modules"))
-    targets = out["target_modules"]
+    targets = lora.target_modules
     if not m.freeze_vision_tower and targets != "all-linear":
-        out["target_modules"] = list(dict.fromkeys([*targets, *row.tower_linears]))
+        targets = list(dict.fromkeys([*targets, *row.tower_linears]))
+    saved = lora.modules_to_save
     if not m.freeze_multi_modal_projector:
-        out["modules_to_save"] = list(dict.fromkeys([*(kwargs.get("modules_to_save") or []), row.projector]))
-    return out
+        saved = list(dict.fromkeys([*(saved or []), row.projector]))
+    return replace(
+        lora, exclude_modules=_excluded(frozen, lora.exclude_modules), target_modules=targets, modules_to_save=saved
+    )
 
 
 def _excluded(paths: list[str], given: Any) -> str:

@@ -117,7 +117,7 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
         f"cpu_offload={show(f['cpu_offload'])}, wrap {wrap}",
     ]
     if spec.parallelism:
-        sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.items() if k.endswith("_size") and v > 1}
+        sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.sizes().items() if v > 1}
         lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
     saved = f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP"
     if spec.loading.distributed_config:
@@ -131,10 +131,10 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
     ]
     if spec.lora:
         lo = spec.lora
-        targets = lo["target_modules"] if isinstance(lo["target_modules"], str) else ",".join(lo["target_modules"])
+        targets = lo.target_modules if isinstance(lo.target_modules, str) else ",".join(lo.target_modules)
         lines.append(
-            f"  {'DoRA' if lo['use_dora'] else 'LoRA'}: r={lo['r']} alpha={lo['lora_alpha']:g} "
-            f"dropout={lo['lora_dropout']:g} targets={targets}"
+            f"  {'DoRA' if lo.use_dora else 'LoRA'}: r={lo.r} alpha={lo.lora_alpha:g} "
+            f"dropout={lo.lora_dropout:g} targets={targets}"
         )
     q = spec.model.quantization
     if q:

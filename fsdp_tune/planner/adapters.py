@@ -15,7 +15,7 @@ import json
 from functools import cache
 
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.lora import lora_kwargs
+from fsdp_tune.decide.lora import lora_spec
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
 from fsdp_tune.sources.moe import param_targets
@@ -29,7 +29,8 @@ def counted_by_peft(cfg: RunConfig, shape: ModelShape) -> bool:
 
 def peft_trainable(cfg: RunConfig, shape: ModelShape) -> int:
     """PEFT's own count of the LoraConfig the ranks build, on the model the shape was measured from."""
-    kwargs = dict(lora_kwargs(cfg, shape.facts) or {})
+    lora = lora_spec(cfg, shape.facts)
+    kwargs = lora.kwargs() if lora is not None else {}
     kwargs["init_lora_weights"] = False  # shapes only: no initialisation runs on the meta device
     # what PEFT's ParamWrapper refuses (FT066 refuses the run) is left out, so such a config is still planned
     kwargs.update(lora_dropout=0.0, use_dora=False, lora_bias=False, fan_in_fan_out=False)

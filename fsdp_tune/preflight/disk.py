@@ -45,10 +45,10 @@ def sizes(cfg: RunConfig, spec: RankSpec, config: dict) -> tuple[float, float]:
     layers = int(config.get("num_hidden_layers") or config.get("n_layer") or 0)
     h, vocab = linears["q_proj"][0], int(config.get("vocab_size") or 0)
     if spec.lora:
-        targets = spec.lora["target_modules"]
+        targets = spec.lora.target_modules
         names = list(linears) if targets == "all-linear" else [t.split(".")[-1] for t in targets]
         named = [linears[n] for n in names if n in linears] or list(linears.values())  # unknown names: all
-        trainable = layers * sum(spec.lora["r"] * (i + o) for i, o in named)
+        trainable = layers * sum(spec.lora.r * (i + o) for i, o in named)
         return trainable * (LORA_PARAM_BYTES + ADAM_BYTES), trainable * LORA_PARAM_BYTES
     heads = 1 if config.get("tie_word_embeddings") else 2
     total = vocab * h * heads + layers * (sum(i * o for i, o in linears.values()) + 2 * h)

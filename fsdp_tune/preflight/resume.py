@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fsdp_tune.config.lora_fields import lora_fields
+from fsdp_tune.config.lora_fields import lora_fields, recorded_kwargs
 from fsdp_tune.config.methods import fields_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.spec import RankSpec
@@ -250,6 +250,7 @@ def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
     trained = config.get("target_modules") if isinstance(config, dict) else None
     if isinstance(record, dict):
         lora, model = record.get("lora"), record.get("model") or {}
+        lora = recorded_kwargs(lora) if isinstance(lora, dict) else None
         return {
             "lora": lora,
             "fields": SHAPE,
@@ -281,11 +282,12 @@ def _differences(before: dict[str, Any], spec: RankSpec) -> list[tuple[str, str,
             ("training method", before["training method"], spec.method.name, f"--method {before['training method']}")
         )
     q = spec.model.quantization
-    method = _method(spec.lora, asdict(q) if q is not None else None)  # as a run's record holds it (JSON)
+    new = spec.lora.kwargs() if spec.lora is not None else None
+    method = _method(new, asdict(q) if q is not None else None)  # as a run's record holds it (JSON)
     if "method" in before and before["method"] != method:
         found.append(("method", before["method"], method, ""))
         return found
-    old, new = before.get("lora"), spec.lora
+    old = before.get("lora")
     if old is None or new is None:
         return found
     defaults = lora_fields()

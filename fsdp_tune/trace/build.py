@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import derive
 from fsdp_tune.decide.loading import sharded_plan
-from fsdp_tune.decide.spec import RankSpec, ShardedPlan
+from fsdp_tune.decide.spec import Mesh, RankSpec, ShardedPlan
 from fsdp_tune.sources.moe import has_experts
 from fsdp_tune.trace import context
 
@@ -30,7 +30,7 @@ class Built:
     packed: dict = field(default_factory=dict)  # {id(Linear4bit): worker/loading/four_bit.Packed}
     quant_tensors: list = field(default_factory=list)  # the replicated 4-bit quant state, filled by materialize
     offload: bool = False
-    mesh: dict | None = None
+    mesh: Mesh | None = None
     parallelism_config: object = None  # accelerate's ParallelismConfig: the device mesh FSDP and the cp ring share
     dtype: str = "bfloat16"  # the base model's dtype (what 4-bit weights are quantized from)
     notes: list[str] = field(default_factory=list)  # what the build stood in for
@@ -100,7 +100,7 @@ def build(spec: RankSpec, cfg: RunConfig, layers: int) -> Built:
     classes = sharded_units.layer_classes(model, plan.layer_cls or getattr(model, "_no_split_modules", None) or [])
     if plan.activation_checkpointing:
         sharded_units.apply_ac(model, classes, plan.activation_checkpointing_offload)
-    mesh = spec.parallelism or {"dp_replicate_size": 1, "dp_shard_size": spec.world.world_size}
+    mesh = spec.parallelism or Mesh(dp_replicate_size=1, tp_size=1, cp_size=1, dp_shard_size=spec.world.world_size)
     kwargs, pc = _fsdp_kwargs(replace(spec, device="cpu", loading=replace(spec.loading, sharded=plan)), mesh)
     sharded_units.apply_fsdp2(model, classes, **kwargs)
     if spec.checkpointing == "gradient":
@@ -119,9 +119,9 @@ def check_sharding(built: Built, world_size: int) -> str | None:
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
-    mesh = built.mesh or {}
-    replicate = int(mesh.get("dp_replicate_size", 1))
-    shard = int(mesh.get("dp_shard_size", world_size)) * int(mesh.get("cp_size", 1))  # accelerate: dp_shard x cp
+    mesh = built.mesh
+    replicate = mesh.dp_replicate_size if mesh else 1
+    shard = mesh.dp_shard_size * mesh.cp_size if mesh else world_size  # accelerate: dp_shard x cp
     if dist.get_world_size() != world_size:
         return f"the fake process group has {dist.get_world_size()} ranks, the run {world_size}"
     for name, module in built.model.named_modules():
@@ -171,7 +171,7 @@ def _upcast_trainable(model) -> None:
             p.data = p.data.to(torch.float32)
 
 
-def _fsdp_kwargs(spec: RankSpec, mesh: dict) -> tuple[dict, object]:
+def _fsdp_kwargs(spec: RankSpec, mesh: Mesh) -> tuple[dict, object]:
     """fully_shard's arguments as worker/loading/sharded.py's _fsdp_kwargs makes them, on a CPU device mesh over the
     fake group; and the ParallelismConfig that holds the mesh (its cp dimension is the ring's)."""
     from torch.distributed.fsdp import CPUOffloadPolicy

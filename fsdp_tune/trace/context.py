@@ -30,7 +30,7 @@ SEQ_BUFFERS = ("input_ids", "labels", "shift_labels", "attention_mask", "positio
 
 def cp_size(spec) -> int:
     """The ranks one sequence is split over (1 without context parallelism)."""
-    return int((spec.parallelism or {}).get("cp_size", 1) or 1)
+    return spec.parallelism.cp_size if spec.parallelism is not None else 1
 
 
 @contextlib.contextmanager

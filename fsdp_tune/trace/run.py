@@ -80,7 +80,8 @@ def trace(cfg: RunConfig, depths: tuple[int, ...] | None = None) -> dict:
         result["notes"] = [*result["notes"], CP_NOTE]
     result.update(world_size=spec.world.world_size, wall_s=round(time.time() - started, 1))
     result["ranks_per_node"] = spec.world.nproc_per_node
-    result["mesh"] = {k: v for k, v in (spec.parallelism or {}).items() if isinstance(v, int) and v > 1} or None
+    sizes = spec.parallelism.sizes() if spec.parallelism is not None else {}
+    result["mesh"] = {k: v for k, v in sizes.items() if v > 1} or None
     return result
 
 
@@ -156,7 +157,7 @@ def _ring(spec, cp: bool):
     """torch's ring attention for SDPA's CPU kernel while the step runs (context parallelism only)."""
     if not cp:
         return contextlib.nullcontext()
-    return context.ring(spec.parallelism.get("cp_comm_strategy") or "allgather")
+    return context.ring(spec.parallelism.cp_comm_strategy or "allgather")
 
 
 def _line(a: float, b: float, na: int, nb: int, n: int) -> float:

@@ -25,7 +25,7 @@ def start(spec: RankSpec) -> None:
     print(f"fsdp-tune: rank {rank()}/{world_size()} starting on {socket.gethostname()} (pid {os.getpid()})", flush=True)
     if spec.cpu_fsdp_shim:
         cpu_fsdp.install()
-        if (spec.parallelism or {}).get("cp_size", 1) > 1:
+        if spec.parallelism is not None and spec.parallelism.cp_size > 1:
             cpu_cp.install()  # SDPA's CPU kernel under context parallelism: torch's ring attention (cpu_cp.py)
     faults.install_fake_hub()  # test-only; nothing unless FSDP_TUNE_TEST_FAKE_HUB is set
     hub.exclude_bookkeeping()

@@ -65,7 +65,7 @@ def test_dpo_kto_reward_and_dpo_from_an_sft_run(tmp_path, model_cache, reference
     }
     group = launch_group(tmp_path / "runs", model_cache, runs)
     assert [group[n].spec.loading.path for n in runs] == ["sharded", "sharded", "sharded", "transformers", "sharded"]
-    assert group["from-sft"].spec.model.adapter == str(sft) and group["from-sft"].spec.lora["r"] == 8
+    assert group["from-sft"].spec.model.adapter == str(sft) and group["from-sft"].spec.lora.r == 8
     assert group.proc.returncode == 0, group.logs() + "".join(group[n].logs() for n in runs)
     shown = {n: (group[n].output_dir / "logs" / "rank-0.log").read_text() for n in ("dpo", "kto", "reward")}
     for name, said in (("dpo", "  reward acc 1.00  margin "), ("kto", "  kl "), ("reward", "  acc 1.00  margin ")):

@@ -207,7 +207,7 @@ def test_a_build_not_sharded_as_the_run_is_an_error_not_a_peak(model_config, mon
         built = builder.build(spec, cfg, 3)
         assert builder.check_sharding(built, 4) is None
         assert "shards over 4 ranks x 1 replicas, the run's 8 x 1" in builder.check_sharding(
-            replace(built, mesh={"dp_shard_size": 8}), 4
+            replace(built, mesh=replace(built.mesh, dp_shard_size=8)), 4
         )
         assert "the fake process group has 4 ranks, the run 8" in builder.check_sharding(built, 8)
     finally:

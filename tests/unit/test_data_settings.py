@@ -91,7 +91,7 @@ def test_context_parallelism_pads_every_batch_to_its_chunks(flags, padded) -> No
     of 4 (with the user's multiple: their least common multiple), in the collator's SFTConfig and the spec's data."""
     spec, _ = _spec(*CP2, *flags)
     assert spec.data.pad_to_multiple_of == spec.trainer_args["pad_to_multiple_of"] == padded
-    assert spec.parallelism["cp_size"] == 2
+    assert spec.parallelism.cp_size == 2
 
 
 def _rules(*flags: str, config: str | None = None) -> list[tuple[str, str]]:

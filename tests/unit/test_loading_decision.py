@@ -9,7 +9,7 @@ import pytest
 
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.rank import decide
-from fsdp_tune.decide.spec import ShardedPlan
+from fsdp_tune.decide.spec import MixedPrecision, ShardedPlan
 from fsdp_tune.output.run import describe_launch
 from fsdp_tune.validate import check
 from tests.conftest import spec_for
@@ -56,7 +56,7 @@ def test_context_parallelism_loads_sharded_over_the_dp_shard_x_cp_mesh(machine) 
     cp = ["--num_processes", "4", "--use_parallelism_config", "--parallelism_config_cp_size", "2"]
     spec = spec_for(*LORA, *cp, machine=machine)
     assert spec.loading.path == "sharded" and spec.loading.why is None
-    assert spec.parallelism["cp_size"] == 2 and spec.parallelism["dp_shard_size"] == 2
+    assert spec.parallelism.cp_size == 2 and spec.parallelism.dp_shard_size == 2
 
 
 def test_model_files_on_this_machine_decide_too(tmp_path) -> None:
@@ -89,7 +89,7 @@ def test_lora_on_gpus_loads_sharded_and_the_builder_does_what_accelerate_would()
         k: v for k, v in spec.trainer_args.items() if k != "fsdp_config"
     }
     # accelerate: the plugin's policy is the run's precision for every dtype; trainable weights upcast to fp32
-    bf16 = {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "output_dtype": "bfloat16"}
+    bf16 = MixedPrecision("bfloat16", "bfloat16", "bfloat16")
     assert spec.loading.sharded == ShardedPlan(
         layer_cls=(),
         reshard_after_forward=True,
@@ -115,7 +115,7 @@ def test_cpu_run_without_mixed_precision_keeps_the_default_policy_and_its_mesh()
     spec = spec_for(*LORA, machine=CPU)
     assert spec.loading.path == "sharded" and spec.loading.sharded.mp_policy is None
     assert spec.loading.sharded.upcast_trainable is False
-    assert spec.parallelism["dp_shard_size"] == 2  # the builder shards over the mesh the Trainer's Accelerator uses
+    assert spec.parallelism.dp_shard_size == 2  # the builder shards over the mesh the Trainer's Accelerator uses
 
 
 def test_offload_layer_classes_and_hsdp_reach_the_builder() -> None:
@@ -127,7 +127,7 @@ def test_offload_layer_classes_and_hsdp_reach_the_builder() -> None:
     )
     assert spec.loading.path == "sharded"
     assert spec.loading.sharded.cpu_offload is True and spec.loading.sharded.layer_cls == ("LlamaDecoderLayer",)
-    assert spec.parallelism["dp_replicate_size"] == 2
+    assert spec.parallelism.dp_replicate_size == 2
 
 
 def test_asked_for_sharded_loading_is_honoured_or_refused() -> None:

@@ -37,7 +37,7 @@ def test_the_rank_spec_carries_the_rows_traits(name: str) -> None:
         truncation=row.truncation,
     )
     assert set(spec.trainer_args) <= set(fields_of(name)), set(spec.trainer_args) - set(fields_of(name))
-    assert spec.lora["task_type"] == ("SEQ_CLS" if row.head == "score" else "CAUSAL_LM")
+    assert spec.lora.task_type == ("SEQ_CLS" if row.head == "score" else "CAUSAL_LM")
     # the Steps are the config's defaults where the run sets nothing
     assert spec.steps.per_device_train_batch_size == fields_of(name)["per_device_train_batch_size"]["default"]
 

@@ -12,10 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from fsdp_tune.cli.app import app
+from fsdp_tune.config.lora_fields import LoraSpec
 from fsdp_tune.config.methods import fields_of, methods_taking
 from fsdp_tune.errors import Severity
 from fsdp_tune.output.run import describe_launch, format_summary
 from fsdp_tune.summary import RankMemory, RunSummary
+from fsdp_tune.typed import to_plain
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES, spec_for
 
@@ -53,9 +55,9 @@ def test_the_method_reaches_the_spec_and_its_config_gets_only_its_fields(tmp_pat
     assert spec.method.name == "dpo" and args["loss_type"] == ["sigmoid", "sft"] and args["loss_weights"] == [1.0, 0.5]
     assert "packing" not in args and "dataset_text_field" not in args and args["max_length"] == 2048
     assert set(args) <= set(fields_of("dpo"))
-    assert spec.lora["task_type"] == "CAUSAL_LM" and spec.loading.path == "sharded"
+    assert spec.lora.task_type == "CAUSAL_LM" and spec.loading.path == "sharded"
     reward = spec_for(*LORA, "--method", "reward")
-    assert reward.lora["task_type"] == "SEQ_CLS" and reward.loading.path == "transformers"
+    assert reward.lora.task_type == "SEQ_CLS" and reward.loading.path == "transformers"
     assert "score head" in reward.loading.why and "loss_type" not in reward.trainer_args
     assert spec_for(*LORA).method.name == "sft" and "packing" in spec_for(*LORA).trainer_args
 
@@ -107,6 +109,17 @@ def test_a_starting_adapter_gives_its_shape_and_base(tmp_path) -> None:
         ("q_proj", "v_proj"),
         "/models/llama",
     )
+
+
+def test_a_starting_adapter_recorded_as_a_lora_spec_gives_its_peft_named_fields(tmp_path) -> None:
+    """A finished run's record holds a LoraSpec: PEFT's fields set by their names (peft_args) are its shape too."""
+    peft_named = {"bias": "lora_only", "peft_args": {"use_rslora": True}}
+    recorded = LoraSpec(8, 16.0, 0.0, "all-linear", False, "CAUSAL_LM", **peft_named)
+    run = adapter_folder(tmp_path / "sft", lora=json.loads(json.dumps(to_plain(recorded))))
+    checked = check(None, ["--method", "dpo", "--adapter", str(run), "--output_dir", str(tmp_path / "o")])
+    assert not checked.errors, checked.findings
+    peft = checked.config.peft.args
+    assert checked.config.lora.lora_r == 8 and peft.get("use_rslora") is True and peft.get("bias") == "lora_only"
 
 
 @pytest.mark.parametrize(

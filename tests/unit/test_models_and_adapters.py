@@ -46,7 +46,7 @@ def test_trl_documented_fsdp_line_is_taken_verbatim() -> None:
     # TRL computes 4-bit matmuls in the dtype (get_quantization_config); storage: the dtype, so FSDP shards it
     assert spec.model.quantization.bnb_4bit_compute_dtype == "bfloat16"
     assert spec.model.quantization.bnb_4bit_quant_storage == "bfloat16"
-    assert spec.lora["target_modules"] == ["q_proj", "v_proj"] and spec.lora["revision"] == "v1"
+    assert spec.lora.target_modules == ["q_proj", "v_proj"] and spec.lora.revision == "v1"
 
 
 @pytest.mark.parametrize(
@@ -90,13 +90,13 @@ def test_peft_and_trl_lora_flags_reach_the_loraconfig(tmp_path) -> None:
     ]
     checked = check(None, [*LORA, *flags])
     assert not checked.errors, checked.findings
-    lora = decide(checked.config, CPU).lora
+    lora = decide(checked.config, CPU).lora.kwargs()  # LoraConfig's arguments
     assert lora["use_rslora"] is True and lora["init_lora_weights"] == "gaussian"
     assert lora["target_parameters"] == ["mlp.down_proj.weight"] and lora["modules_to_save"] == ["lm_head"]
     assert lora["layers_to_transform"] == [0, 1] and lora["rank_pattern"] == {"q_proj": 16}
     recipe = tmp_path / "r.yaml"  # the same fields as recipe keys of `lora:`
     recipe.write_text("lora:\n  use_peft_lora: true\n  use_rslora: true\n  lora_target_parameters: [a.weight]\n")
-    lora = decide(check(str(recipe), []).config, CPU).lora
+    lora = decide(check(str(recipe), []).config, CPU).lora.kwargs()
     assert lora["use_rslora"] is True and lora["target_parameters"] == ["a.weight"]
 
 
@@ -136,7 +136,7 @@ def test_initialisations_that_work_under_fsdp2_pass(init: str) -> None:
 def test_bookkeeping_fields_are_dropped_with_a_warning(name: str) -> None:
     value = {"runtime_config": '{"ephemeral_gpu_offload": true}'}.get(name, "x")
     checked = check(None, [*LORA, f"--{name}", value])
-    assert "FT064" in _rules(checked, "warning") and name not in decide(checked.config, CPU).lora
+    assert "FT064" in _rules(checked, "warning") and name not in decide(checked.config, CPU).lora.kwargs()
 
 
 def test_attention_is_the_models_own_choice_and_a_path_it_cannot_take_is_refused() -> None:
@@ -162,9 +162,9 @@ def test_moe_experts_decide_the_dropout_and_refuse_what_peft_cannot_do(tmp_path)
     moe = _qwen3_moe(tmp_path)
     default = check(None, [*LORA, "--model_name_or_path", moe])
     assert "FT066" in _rules(default, "warning") and not default.errors
-    assert decide(default.config, CPU).lora["lora_dropout"] == 0.0
+    assert decide(default.config, CPU).lora.lora_dropout == 0.0
     dense = check(None, [*LORA, "--model_name_or_path", GEMMA2])
-    assert decide(dense.config, CPU).lora["lora_dropout"] == 0.1
+    assert decide(dense.config, CPU).lora.lora_dropout == 0.1
     for flags in (["--lora_dropout", "0.05"], ["--use_dora", "true"], ["--lora_bias", "true", "--lora_dropout", "0"]):
         assert "FT066" in _rules(check(None, [*LORA, "--model_name_or_path", moe, *flags]))
     half = check(None, [*LORA, "--model_name_or_path", moe, "--lora_target_modules", "q_proj", "gate_proj"])
@@ -175,7 +175,7 @@ def test_mixtral_default_targets_skip_the_experts_and_all_linear_reaches_them() 
     skipped = check(None, [*LORA, "--model_name_or_path", MIXTRAL, "--lora_dropout", "0"])
     assert any(f.rule == "FT066" and "not adapted" in f.message for f in skipped.findings)
     full = check(None, [*LORA, "--model_name_or_path", MIXTRAL, "--lora_target_modules", "all-linear"])
-    assert not full.errors and decide(full.config, CPU).lora["lora_dropout"] == 0.0
+    assert not full.errors and decide(full.config, CPU).lora.lora_dropout == 0.0
     named = check(None, [*LORA, "--model_name_or_path", MIXTRAL, "--lora_target_modules", "w1", "w2", "w3"])
     assert "FT081" not in _rules(named, "warning")  # PEFT maps Mixtral's pre-fusion names onto the experts
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from fsdp_tune.decide.machine import Machine
+from fsdp_tune.decide.spec import MixedPrecision
 from fsdp_tune.launch.torchrun import torchrun_args
 from tests.conftest import REPO, seed_flags, spec_for
 
@@ -199,7 +200,7 @@ def test_seed_launches_on_their_gpus(script: str) -> None:
     assert "--nproc_per_node=" + str(spec.world.nproc_per_node) in torchrun_args(spec)
     if script == "run_peft_qlora_fsdp.sh":  # offload on: gloo beside NCCL; FSDP2 gathers in the storage dtype
         assert spec.backend == "cuda:nccl,cpu:gloo" and spec.loading.sharded.cpu_offload is True
-        assert spec.fsdp_mixed_precision == dict.fromkeys(("param_dtype", "reduce_dtype", "output_dtype"), "bfloat16")
+        assert spec.fsdp_mixed_precision == MixedPrecision("bfloat16", "bfloat16", "bfloat16")
         assert spec.model.quantization.bnb_4bit_quant_storage == "bfloat16" and spec.model.dtype == "bfloat16"
     else:
         assert spec.backend == "nccl" and spec.precision == "bf16" and spec.world.world_size == 8

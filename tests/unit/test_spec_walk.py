@@ -20,7 +20,10 @@ from fsdp_tune.decide.spec import (
     DataSpec,
     GenerationSpec,
     Loading,
+    LoraSpec,
+    Mesh,
     MethodSpec,
+    MixedPrecision,
     ModelSpec,
     Quantization,
     RankSpec,
@@ -38,6 +41,7 @@ from tests.conftest import REPO, spec_for
 PACKAGE = REPO / "fsdp_tune"
 RANK, TORCHRUN, PLAN, AFTER = "read by the ranks", "torchrun's command line", "shown by the plan", "after the run"
 PREFLIGHT = "pre-flight, before any rank starts"
+LORA_SPEC = "config/lora_fields.py"  # LoraSpec sits below the rank spec: a finished run's record is read through it
 PLAN_TEXT = "output/run.py"  # describe_launch: what `train` and `train --dry_run` print
 
 # field -> (how, the module that reads or shows it); "the ranks" means code the worker runs
@@ -127,6 +131,31 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "standalone": (TORCHRUN, "launch/torchrun.py"),
         "max_restarts": (TORCHRUN, "launch/torchrun.py"),
     },
+    LoraSpec: {  # LoraConfig's arguments by name (LoraSpec.kwargs; worker/loading/adapter.py builds LoraConfig)
+        "r": (RANK, LORA_SPEC),
+        "lora_alpha": (RANK, LORA_SPEC),
+        "lora_dropout": (RANK, LORA_SPEC),
+        "target_modules": (RANK, LORA_SPEC),
+        "use_dora": (RANK, LORA_SPEC),
+        "task_type": (RANK, LORA_SPEC),
+        "bias": (RANK, LORA_SPEC),
+        "revision": (RANK, LORA_SPEC),
+        "exclude_modules": (RANK, LORA_SPEC),
+        "modules_to_save": (RANK, LORA_SPEC),
+        "peft_args": (RANK, LORA_SPEC),
+    },
+    Mesh: {  # ParallelismConfig's arguments, each by name (worker/training/config.py parallelism_config)
+        "dp_replicate_size": (RANK, "worker/training/config.py"),
+        "tp_size": (RANK, "worker/training/config.py"),
+        "cp_size": (RANK, "worker/training/config.py"),
+        "dp_shard_size": (RANK, "worker/training/config.py"),
+        "cp_comm_strategy": (RANK, "worker/training/config.py"),
+    },
+    MixedPrecision: {  # MixedPrecisionPolicy's arguments by name (MixedPrecision.kwargs; both ranks' policies)
+        "param_dtype": (RANK, "decide/spec.py"),
+        "reduce_dtype": (RANK, "decide/spec.py"),
+        "output_dtype": (RANK, "decide/spec.py"),
+    },
     Quantization: {  # BitsAndBytesConfig's arguments, each by name (worker/loading/pretrained.py quantization_config)
         "bnb_4bit_quant_type": (RANK, "worker/loading/pretrained.py"),
         "bnb_4bit_compute_dtype": (RANK, "worker/loading/pretrained.py"),
@@ -214,6 +243,7 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
 # shared code the ranks run besides worker/ (the spec itself, and the data conversion both sides use)
 RANK_SIDE = ("worker/", "decide/spec.py", "sources/mixture.py", "sources/encode.py", "sources/rows.py")
 RANK_SIDE += ("rewards/load.py",)  # the user's reward imported, by the pre-flight's probe and the ranks alike
+RANK_SIDE += ("config/lora_fields.py",)  # LoraSpec.kwargs: the LoraConfig every rank builds
 
 # The only environment the worker reads, and where: torchrun's, and test hooks that act only when a test sets them.
 ENV = {
@@ -393,8 +423,10 @@ def test_the_worker_imports_no_launcher_decision_and_rereads_no_config() -> None
         ("--use_peft_lora", "--bf16", "True", "--fsdp_activation_checkpointing", "true"),
         ("--use_peft_lora", "--use_4bit_quantization", "True", "--bnb_4bit_quant_storage_dtype", "bfloat16"),
         ("--use_peft_lora", "--fsdp_version", "1", "--eval_strategy", "steps", "--seed", "7"),
+        ("--use_peft_lora", "--use_rslora", "True", "--bias", "lora_only", "--lora_target_modules", "all-linear"),
+        ("--use_peft_lora", "--num_processes", "2", "--use_parallelism_config", "--parallelism_config_cp_size", "2"),
     ],
-    ids=["sharded LoRA", "QLoRA", "FSDP1 with eval"],
+    ids=["sharded LoRA", "QLoRA", "FSDP1 with eval", "LoRA by PEFT's names", "context parallel mesh"],
 )
 def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     """What the ranks read back from the JSON file is the spec the launcher decided, typed: tuples, nested
@@ -405,3 +437,16 @@ def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     assert isinstance(again.loading, Loading) and isinstance(again.world, World)
     if again.loading.sharded is not None:
         assert isinstance(again.loading.sharded, ShardedPlan) and isinstance(again.loading.sharded.layer_cls, tuple)
+    assert isinstance(again.lora, LoraSpec) and again.lora.kwargs() == spec.lora.kwargs()
+    if "--use_4bit_quantization" in flags:  # the QLoRA storage policy, typed, and the builder's the same
+        assert (
+            isinstance(again.fsdp_mixed_precision, MixedPrecision)
+            and again.fsdp_mixed_precision.param_dtype == "bfloat16"
+        )
+        assert again.loading.sharded is None or again.loading.sharded.mp_policy == again.fsdp_mixed_precision
+    if "--use_rslora" in flags:  # a field fsdp-tune decides is typed, whoever set it; PEFT's others as given
+        assert again.lora.bias == "lora_only" and again.lora.peft_args == {"use_rslora": True}
+        assert again.lora.kwargs()["bias"] == "lora_only" and again.lora.target_modules == "all-linear"
+    if "--use_parallelism_config" in flags:
+        assert isinstance(again.parallelism, Mesh) and again.parallelism.sizes()["cp_size"] == 2
+        assert again.parallelism.cp_comm_strategy == "allgather" and again.parallelism.dp_shard_size == 1

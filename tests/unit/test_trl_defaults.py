@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fsdp_tune.decide.derived import derive
-from fsdp_tune.decide.lora import lora_kwargs
+from fsdp_tune.decide.lora import lora_spec
 from fsdp_tune.validate import check
 from tests.conftest import FIXTURES
 
@@ -18,7 +18,7 @@ LLAMA = ["--model_name_or_path", "meta-llama/Meta-Llama-3-8B"]  # a shipped refe
 def _lora(*flags: str, config: str | None = None):
     checked = check(config, list(flags))
     assert not checked.errors, checked.findings
-    return checked, lora_kwargs(checked.config, derive(checked.config).model)
+    return checked, lora_spec(checked.config, derive(checked.config).model).kwargs()
 
 
 def test_use_peft_alone_takes_trls_defaults() -> None:

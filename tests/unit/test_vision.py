@@ -56,12 +56,12 @@ def test_both_towers_and_the_projector_are_fsdp_units(folder: str, units: list[s
 
 
 def _excluded(spec, name: str) -> bool:
-    return re.fullmatch(spec.lora["exclude_modules"], name) is not None
+    return re.fullmatch(spec.lora.exclude_modules, name) is not None
 
 
 def test_lora_trains_the_language_model_by_default() -> None:
     spec, _ = _spec("--model_name_or_path", QWEN, *VLM, "--lora_target_modules", "q_proj")
-    assert spec.lora["target_modules"] == ["q_proj"] and "modules_to_save" not in spec.lora
+    assert spec.lora.target_modules == ["q_proj"] and spec.lora.modules_to_save is None
     for frozen in ("model.visual", "model.visual.blocks.0.attn.qkv", "model.visual.merger.mlp.0"):
         assert _excluded(spec, frozen), frozen
     assert not _excluded(spec, "model.language_model.layers.0.self_attn.q_proj")
@@ -75,10 +75,10 @@ def test_the_tower_and_the_projector_train_when_asked() -> None:
     flags = ["--model_name_or_path", QWEN, *VLM, "--lora_target_modules", "q_proj", "v_proj"]
     spec, _ = _spec(*flags, "--freeze_vision_tower", "false", "--freeze_multi_modal_projector", "false")
     assert spec.model.vision.train_tower and spec.model.vision.train_projector
-    assert set(FAMILIES["qwen2_vl"].tower_linears) <= set(spec.lora["target_modules"])  # LoRA on the tower too
+    assert set(FAMILIES["qwen2_vl"].tower_linears) <= set(spec.lora.target_modules)  # LoRA on the tower too
     assert not _excluded(spec, "model.visual.blocks.0.attn.qkv")
     assert _excluded(spec, "model.visual.merger.mlp.0")  # trained whole, not adapted
-    assert spec.lora["modules_to_save"] == ["model.visual.merger"]
+    assert spec.lora.modules_to_save == ["model.visual.merger"]
 
 
 def test_config_refusals() -> None:
@@ -209,5 +209,9 @@ def test_a_gpu_runs_decisions_for_a_vision_model(tmp_path) -> None:
     assert spec.model.vision.guard == "dummy_image"  # the same guard: NCCL would wait 30 minutes without it
     plan = spec.loading.sharded
     assert spec.loading.path == "sharded" and list(plan.layer_cls) == units
-    assert plan.mp_policy == {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16", "output_dtype": "bfloat16"}
+    assert plan.mp_policy.kwargs() == {
+        "param_dtype": "bfloat16",
+        "reduce_dtype": "bfloat16",
+        "output_dtype": "bfloat16",
+    }
     assert plan.upcast_trainable

@@ -229,7 +229,7 @@ def _check_keys(model, ckpt: Checkpoint, prefix: str, packed: dict, new_rows: di
 def _fsdp_kwargs(spec: RankSpec, args) -> dict:
     """fully_shard's arguments as accelerate would pass them: the plugin's policies and the mesh's FSDP dims."""
     plan = spec.loading.sharded
-    policy = {k: _dtype(v) for k, v in (plan.mp_policy or {}).items()}
+    policy = {k: _dtype(v) for k, v in (plan.mp_policy.kwargs() if plan.mp_policy else {}).items()}
     mesh = None
     pc = args.parallelism_config
     if pc is not None:  # the same DeviceMesh object the Trainer's Accelerator then uses (cached on the config)

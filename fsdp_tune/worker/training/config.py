@@ -9,7 +9,7 @@ import torch
 from accelerate import ParallelismConfig
 from accelerate.utils import TorchContextParallelConfig
 
-from fsdp_tune.decide.spec import RankSpec
+from fsdp_tune.decide.spec import Mesh, RankSpec
 from fsdp_tune.worker.training.spelling import installed_names
 
 
@@ -22,15 +22,18 @@ def trainer_config(spec: RankSpec, config_class: type, trainer_args: dict[str, A
     if spec.fsdp_mixed_precision:
         # the Trainer builds accelerate's FSDP plugin from these; a policy set here is kept (state.py sets the
         # run's precision only without override)
-        policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.items()}
+        policy = {k: getattr(torch, v) for k, v in spec.fsdp_mixed_precision.kwargs().items()}
         config.fsdp_plugin_args["mixed_precision_policy"] = policy
     return config
 
 
-def parallelism_config(mesh: dict) -> ParallelismConfig:
-    """accelerate's ParallelismConfig (the device mesh) from the spec's sizes."""
-    kwargs = dict(mesh)
-    strategy = kwargs.pop("cp_comm_strategy", None)
-    if strategy is not None:
-        kwargs["cp_handler"] = TorchContextParallelConfig(cp_comm_strategy=strategy)
-    return ParallelismConfig(**kwargs)
+def parallelism_config(mesh: Mesh) -> ParallelismConfig:
+    """accelerate's ParallelismConfig (the device mesh) from the spec's typed mesh, each field by name."""
+    strategy = mesh.cp_comm_strategy
+    return ParallelismConfig(
+        dp_replicate_size=mesh.dp_replicate_size,
+        dp_shard_size=mesh.dp_shard_size,
+        tp_size=mesh.tp_size,
+        cp_size=mesh.cp_size,
+        cp_handler=TorchContextParallelConfig(cp_comm_strategy=strategy) if strategy is not None else None,
+    )

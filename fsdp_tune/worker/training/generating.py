@@ -39,7 +39,7 @@ from fsdp_tune.worker.training.vllm_sync import AdapterSync, lora_engine
 
 def generating_kwargs(spec, tokenizer, step) -> dict[str, Any]:
     """A generating method's trainer arguments beyond the recipe's: its rewards, and this mixin's own."""
-    rank = spec.lora["r"] if spec.lora else None
+    rank = spec.lora.r if spec.lora else None
     return {**reward_kwargs(spec, tokenizer, step), "generating": spec.generating, "lora_rank": rank}
 
 
