@@ -1,7 +1,7 @@
 """`plan --trace` under context parallelism (#51): the traced step runs each micro-batch through transformers'
 Trainer sharding and torch's context_parallel, its attention through torch's ring (K/V all-gathered, dK/dV sent
 back), on a fake process group of 2 ranks with cp_size 2: Qwen3-8B's shape (the shipped reference config), LoRA,
-1 x 8192 tokens, activation checkpointing with activation offload (TRL#6846's settings, small). One trace, shared:
+1 x 4096 tokens, activation checkpointing with activation offload (TRL#6846's settings, small). One trace, shared:
 its peak within the trace grid's tolerance of the plan (benchmarks/trace_grid.py TOLERANCE), the ring's bytes those
 of each rank's half of the sequence, the checkpointed inputs in host memory. And the mask stand-in: no S x S
 mask on fake tensors where real ones build none."""
@@ -18,7 +18,7 @@ from fsdp_tune.validate import check
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.lib
 
-SEQ, CP, LAYERS, KV, HIDDEN = 8192, 2, 36, 8 * 128, 4096  # Qwen3-8B: 36 layers, 8 K/V heads of 128
+SEQ, CP, LAYERS, KV, HIDDEN = 4096, 2, 36, 8 * 128, 4096  # Qwen3-8B: 36 layers, 8 K/V heads of 128
 FLAGS = (
     "--model_name_or_path", "Qwen/Qwen3-8B", "--num_processes", "2", "--per_device_train_batch_size", "1",
     "--gradient_accumulation_steps", "1", "--fsdp_version", "2", "--fsdp_activation_checkpointing", "true",
@@ -41,7 +41,7 @@ def traced() -> tuple[dict, dict]:
 
 
 def test_the_step_runs_torchs_ring_on_each_ranks_half_of_the_sequence(traced) -> None:
-    """Per layer: the local K/V (4096 tokens, bf16) gathered from the other rank in the forward, the recompute and
+    """Per layer: the local K/V (SEQ / CP tokens, bf16) gathered from the other rank in the forward, the recompute and
     the backward; the fp32 dK/dV sent at each of the ring's 2 steps (_templated_ring_attention_backward). Bytes of
     the whole sequence's K/V would be twice these."""
     plan, result = traced
@@ -62,11 +62,12 @@ def test_the_traced_peak_is_the_plans_within_the_trace_grids_tolerance(traced) -
 
 
 def test_activation_offload_keeps_every_layers_checkpointed_input_in_host_memory(traced) -> None:
-    """save_on_cpu's copies: each layer's input (4096 local tokens x 4096 x bf16), none of them on the device."""
+    """save_on_cpu's copies: each layer's input (SEQ / CP local tokens x 4096 x bf16), none of them on the device."""
     _, result = traced
     assert result["host_activations_gib"] == pytest.approx(LAYERS * (SEQ // CP) * HIDDEN * 2 / 2**30, rel=0.01)
     assert result["comparison"]["host_activations_difference"] == pytest.approx(0, abs=0.01)
-    assert "host memory: 1.12 GiB of checkpointed activations (save_on_cpu); plan 1.12 GiB" in format_trace(result)
+    host = f"{LAYERS * (SEQ // CP) * HIDDEN * 2 / 2**30:.2f} GiB"
+    assert f"host memory: {host} of checkpointed activations (save_on_cpu); plan {host}" in format_trace(result)
 
 
 def test_fake_tensors_build_no_attention_mask_where_real_full_rows_build_none() -> None:
