@@ -195,19 +195,18 @@ def sharded_at_load_findings(checkpoint: str | None, cfg: RunConfig) -> list[Fin
     if theirs is None or (theirs > 1) == (ours > 1):
         return []
     how = {True: "expert parallelism (ep_size > 1: transformers sharded the model at load)", False: "FSDP alone"}
-    return [
-        Finding(
-            "PF051",
-            Severity.ERROR,
-            "--resume_from_checkpoint",
-            "command line",
-            f"{checkpoint} was written under {how[theirs > 1]}, and this launch runs {how[ours > 1]}: the two "
-            "checkpoint the adapter and the optimizer state in different layouts",
-            f"--use_parallelism_config --ep_size {theirs} resumes it as it was written"
-            if theirs > 1
-            else "drop ep_size to resume it as it was written",
-        )
-    ]
+    return _layout_refusal(
+        f"{checkpoint} was written under {how[theirs > 1]}, and this launch runs {how[ours > 1]}: the two "
+        "checkpoint the adapter and the optimizer state in different layouts",
+        f"--use_parallelism_config --ep_size {theirs} resumes it as it was written"
+        if theirs > 1
+        else "drop ep_size to resume it as it was written",
+    )
+
+
+def _layout_refusal(message: str, hint: str) -> list[Finding]:
+    """PF051: the checkpoint's layout is not the one this launch would read it with."""
+    return [Finding("PF051", Severity.ERROR, "--resume_from_checkpoint", "command line", message, hint)]
 
 
 def fsdp_version_findings(checkpoint: str | None, cfg: RunConfig) -> list[Finding]:
@@ -221,17 +220,11 @@ def fsdp_version_findings(checkpoint: str | None, cfg: RunConfig) -> list[Findin
     if theirs is None or theirs == ours:
         return sharded_at_load_findings(checkpoint, cfg)
     why = f" ({version_note(cfg)})" if version_note(cfg) else ""
-    return [
-        Finding(
-            "PF051",
-            Severity.ERROR,
-            "--resume_from_checkpoint",
-            "command line",
-            f"{checkpoint} was written by FSDP{theirs}, and this launch runs FSDP{ours}{why}: the two lay out "
-            "sharded weights and optimizer state differently",
-            f"--fsdp_version {theirs} resumes it as it was written",
-        )
-    ]
+    return _layout_refusal(
+        f"{checkpoint} was written by FSDP{theirs}, and this launch runs FSDP{ours}{why}: the two lay out "
+        "sharded weights and optimizer state differently",
+        f"--fsdp_version {theirs} resumes it as it was written",
+    )
 
 
 def _previous(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
