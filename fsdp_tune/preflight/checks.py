@@ -150,7 +150,7 @@ def check_data(spec: RankSpec, files: tuple[Look, ...], tokens=None) -> tuple[tu
     if spec.generating is not None and not any(f.severity is Severity.ERROR for f in findings):
         from fsdp_tune.preflight.rewards import check_rewards
 
-        findings += check_rewards(spec)  # the user's rewards called on one row, in a process of their own
+        findings += check_rewards(spec, files)  # the user's rewards called on one row, in a process of their own
     return counted, findings
 
 

@@ -5,10 +5,11 @@ in the summary)."""
 
 from __future__ import annotations
 
+from fsdp_tune.decide.datafiles import Look
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.preflight.rows import Kind
 from fsdp_tune.sources.formats import Format
-from fsdp_tune.sources.mixture import Source, split_name
+from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.prompts import canonical
 
 
@@ -20,17 +21,16 @@ def notes(split: str, where: str, fmt: Format) -> list[Finding]:
 KIND = Kind(said=notes, canonical=canonical)  # settle_source's checks under grpo
 
 
-def first_row(source: Source) -> dict | None:
-    """The first usable row of a settled local source, as the rewards will see it (None: a Hub dataset, or none)."""
-    from fsdp_tune.sources.sample import read_sample
-
-    files = source.files.get(split_name(source.split)) or []
-    if not files or source.detected is None:
+def first_row(source: Source, look: Look) -> tuple[dict, str] | None:
+    """The first usable row of a settled local source, as the rewards will see it, and where it is (file:line): from
+    the rows decide/datafiles.py read once for the spec, never the file again. None: a Hub dataset, or no usable row."""
+    if source.detected is None or not look.splits:
         return None
     fmt = Format.from_dict(source.detected)
-    for _, row in read_sample(files[0], source.loader or "json").rows:
-        if isinstance(row, dict):
-            out, problem = canonical(row, fmt)
-            if problem is None:
-                return out
+    for sample in look.samples.get(look.splits[0], []):
+        for where, row in sample.rows:
+            if isinstance(row, dict):
+                out, problem = canonical(row, fmt)
+                if problem is None:
+                    return out, where
     return None

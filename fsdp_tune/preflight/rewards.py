@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from fsdp_tune.decide.datafiles import Look
 from fsdp_tune.decide.spec import RankSpec, RewardSpec
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rewards.builtin import BUILTINS
@@ -33,14 +34,16 @@ PROBE_SECONDS = 120
 KEY = "--reward_funcs"
 
 
-def check_rewards(spec: RankSpec) -> list[Finding]:
+def check_rewards(spec: RankSpec, files: tuple[Look, ...]) -> list[Finding]:
+    """`files`: the data files as decide() read them once (decide/datafiles.py), the spec's sources in order: the
+    rewards are called on the first usable row of those samples."""
     from fsdp_tune.preflight.prompts import first_row
 
     if spec.generating is None:
         return []
     findings = _generation(spec) + [f for r in spec.generating.rewards for f in _code(r, spec)]
-    row = next((r for s in spec.data.sources if (r := first_row(s)) is not None), None)
-    where = spec.data.sources[0].files.get("train", [spec.data.dataset_name])[0] if spec.data.sources else ""
+    found = next((f for s, look in zip(spec.data.sources, files, strict=True) if (f := first_row(s, look))), None)
+    row, where = found or (None, spec.data.dataset_name)
     findings += [f for r in spec.generating.rewards if r.kind == "builtin" for f in _builtin(r, row, where)]
     users = [r for r in spec.generating.rewards if r.kind == "python"]
     if users and row is None:

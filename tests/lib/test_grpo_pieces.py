@@ -67,6 +67,8 @@ def test_the_preflight_calls_the_users_rewards_on_one_row_in_a_process_of_its_ow
     assert errors["PF087"] == [
         "exact_match_reward reads the column(s) answer, which the data lacks (it has: budget, prompt)"
     ]
+    # called on the first row decide() read (decide/datafiles.py), named by its file and line: the file is not read
+    assert {f.source for f in found.machine_findings} == {f"{prompts}:1"}, found.machine_findings
 
 
 def test_the_ranks_rewards_are_checked_and_named(tmp_path, prompts, tok, monkeypatch) -> None:
