@@ -91,7 +91,7 @@ FAMILIES: dict[str, VisionFamily] = {
         projector_class="Qwen3VLVisionPatchMerger",
         tower_linears=QWEN3_VL_LINEARS,
         image_tokens="merged_patches",
-        tested=False,
+        tested=True,
         notes=(
             "its DeepStack mergers (model.visual.deepstack_merger_list: Qwen3VLVisionPatchMerger's too, each an "
             "FSDP unit) feed tower features into early decoder layers; they are in the tower's path, so they "
