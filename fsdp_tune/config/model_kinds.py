@@ -50,6 +50,7 @@ class VisionFamily:
 
 
 QWEN_VL_LINEARS = ("qkv", "proj", "fc1", "fc2", "gate_proj", "up_proj", "down_proj")
+QWEN3_VL_LINEARS = ("qkv", "proj", "linear_fc1", "linear_fc2")
 CLIP_LINEARS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 
 FAMILIES: dict[str, VisionFamily] = {
@@ -78,6 +79,25 @@ FAMILIES: dict[str, VisionFamily] = {
         tower_linears=QWEN_VL_LINEARS,
         image_tokens="merged_patches",
         tested=True,
+    ),
+    "qwen3_vl": VisionFamily(
+        "qwen3_vl",
+        "Qwen3-VL",
+        tower="model.visual",
+        projector="model.visual.merger",
+        language="model.language_model",
+        tower_layers="Qwen3VLVisionBlock",
+        language_layers="Qwen3VLTextDecoderLayer",
+        projector_class="Qwen3VLVisionPatchMerger",
+        tower_linears=QWEN3_VL_LINEARS,
+        image_tokens="merged_patches",
+        tested=True,
+        notes=(
+            "its DeepStack mergers (model.visual.deepstack_merger_list: Qwen3VLVisionPatchMerger's too, each an "
+            "FSDP unit) feed tower features into early decoder layers; they are in the tower's path, so they "
+            "freeze and train (LoRA) with the tower, while --freeze_multi_modal_projector false trains "
+            "model.visual.merger alone",
+        ),
     ),
     "llava": VisionFamily(
         "llava",

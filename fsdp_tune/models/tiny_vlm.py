@@ -3,9 +3,10 @@
 
     qwen2_vl   Qwen2-VL: a ViT of Qwen2VLVisionBlock's whose PatchMerger is the projector, Qwen2 decoder layers
     qwen2_5_vl Qwen2.5-VL: the same layout, windowed attention in the tower (one block of full attention)
+    qwen3_vl   Qwen3-VL: the same layout, 16-pixel patches, a DeepStack merger feeding the first decoder layer
     llava      LLaVA: a CLIP vision tower, LlavaMultiModalProjector, Llama decoder layers
 
-Both image processors are the PIL ones (no torchvision). Run as `python -m fsdp_tune.models.tiny_vlm FAMILY OUT_DIR`;
+The image processors are the PIL ones (no torchvision). Run as `python -m fsdp_tune.models.tiny_vlm FAMILY OUT_DIR`;
 the tests build each once per session.
 """
 
@@ -39,9 +40,10 @@ QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_p
 TEMPLATES = {
     "qwen2_vl": _CHAT.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>"),
     "qwen2_5_vl": _CHAT.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>"),
+    "qwen3_vl": _CHAT.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>"),
     "llava": _CHAT.replace("IMAGE", "<image>\n"),
 }
-TOKENS = {"qwen2_vl": QWEN_TOKENS, "qwen2_5_vl": QWEN_TOKENS, "llava": ("<image>",)}
+TOKENS = {"qwen2_vl": QWEN_TOKENS, "qwen2_5_vl": QWEN_TOKENS, "qwen3_vl": QWEN_TOKENS, "llava": ("<image>",)}
 
 
 def tokenizer(family: str):
@@ -101,6 +103,31 @@ def qwen2_5_vl(tok):
     return Qwen2_5_VLForConditionalGeneration, config, processor
 
 
+def qwen3_vl(tok):
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from fsdp_tune.models.processor import image_only
+
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=TEXT["hidden_size"])
+    config = Qwen3VLConfig(
+        text_config=dict(**TEXT, head_dim=16, vocab_size=len(tok), rope_parameters=rope, **_special(tok)),
+        vision_config={**vision, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    # 32x32 up to 128x128 pixels: 1 to 16 image tokens per image (patch 16, merged 2x2)
+    images = Qwen2VLImageProcessorPil(patch_size=16, min_pixels=32 * 32, max_pixels=128 * 128)
+    processor = image_only(Qwen3VLProcessor)(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
+    return Qwen3VLForConditionalGeneration, config, processor
+
+
 def llava(tok):
     from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
@@ -139,7 +166,7 @@ def _special(tok) -> dict:
     return dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
 
 
-FAMILIES = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "llava": llava}
+FAMILIES = {"qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "llava": llava}
 
 
 def build(family: str, out_dir: str) -> Path:

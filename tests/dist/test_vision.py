@@ -1,9 +1,10 @@
 """Vision-language LoRA under FSDP2 on 2 CPU ranks, in one torchrun launch (tests/dist/vision_driver.py): a tiny
-random Qwen2-VL, Qwen2.5-VL and LLaVA, each on data whose even rows hold an image and odd rows are text only, read in
-order, so one rank's batches have images while the other's have none, every step. Each run finishes (no hang, within
-the launch's bounded timeout) with its loss falling, its adapter reloads outside FSDP and changes the logits on an
-image prompt (as the sharded model gave them), and the processor is in the run folder and in the merged model. Last
-in the launch, the same mix with the guard off fails: the collectives of the vision tower's units pair up wrongly.
+random Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA, each on data whose even rows hold an image and odd rows are text
+only, read in order, so one rank's batches have images while the other's have none, every step. Each run finishes (no
+hang, within the launch's bounded timeout) with its loss falling, its adapter reloads outside FSDP and changes the
+logits on an image prompt (as the sharded model gave them), and the processor is in the run folder and in the merged
+model. Last in the launch, the same mix with the guard off fails: the collectives of the vision tower's units pair up
+wrongly.
 
 Each rank spec is decided by fsdp-tune's own validate + decide + data pre-flight, as `train` decides it.
 """
@@ -41,6 +42,7 @@ class Case:
 CASES = [
     Case("qwen2_vl", "qwen2_vl"),
     Case("qwen2_5_vl", "qwen2_5_vl", spelling="inline"),  # each image block carries its image
+    Case("qwen3_vl", "qwen3_vl"),
     Case("llava", "llava", spelling="sharegpt"),
     Case("qwen2_vl-unguarded", "qwen2_vl", unguarded=True),  # last: it ends the launch
 ]

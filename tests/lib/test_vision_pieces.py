@@ -1,6 +1,7 @@
 """Vision-language pieces in one process: the processor without torchvision, what the collator builds against the
 processor's own call (the same tokens, pixels and M-RoPE types), the guard's dummy image changing no real token's
-logits nor the loss, and rank 0's cut at max_seq_len where the image tokens are counted."""
+logits nor the loss, rank 0's cut at max_seq_len where the image tokens are counted, and a family added as its row
+alone (Qwen3-VL, config/model_kinds.py) decided and trained a step with LoRA as the spec says."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _example(processor, i: int, image: bool, root) -> dict:
     return {"input_ids": enc.input_ids, "assistant_masks": enc.mask, "images": images, "image_tokens": counts}
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"])
 def test_the_collator_builds_what_the_processor_builds(vlms, tmp_path, family: str) -> None:
     from PIL import Image
 
@@ -75,7 +76,7 @@ def test_the_collator_builds_what_the_processor_builds(vlms, tmp_path, family: s
     assert (batch["labels"][0] != -100).sum() > 0
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"])
 def test_the_dummy_image_changes_no_real_token(vlms, tmp_path, family: str) -> None:
     """A text-only batch with the guard's image gives the loss and every real token's logits the batch gives
     without it (its tokens sit past the shortest row's end, none in the loss)."""
@@ -117,7 +118,7 @@ def test_rank0_cuts_where_the_image_tokens_are_counted() -> None:
     assert fit(seq(), [], [], 9, 30) == "image-count"
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"])
 def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
     """The planner's tower count is the model's; its image tokens for a size are the processor's own count."""
     from transformers import AutoModelForImageTextToText
@@ -138,6 +139,7 @@ def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
     assert row.n_layers == 2 and row.layer_class in (
         "Qwen2VLDecoderLayer",
         "Qwen2_5_VLDecoderLayer",
+        "Qwen3VLTextDecoderLayer",
         "LlamaDecoderLayer",
     )
     cfg = check(str(FIXTURES / "tiny_lora.yaml"), ["--model_name_or_path", folder, "--chat_template_format", "none"])
@@ -148,7 +150,7 @@ def test_plan_counts_the_tower_and_an_images_tokens(vlms, family: str) -> None:
         assert plan["vision"]["tokens_per_image"] == want, (size, plan["vision"])
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_image_tokens_get_mrope_positions(vlms, tmp_path, family: str) -> None:
     """The positions the language model receives for a collated batch are M-RoPE's: an image's tokens share one
     temporal position and spread over its height x width grid, and the text after it resumes past the grid's
@@ -184,3 +186,67 @@ def test_image_tokens_get_mrope_positions(vlms, tmp_path, family: str) -> None:
     after = int(image[-1]) + 1
     assert t[after] == h[after] == w[after] == int(max(t[image].max(), h[image].max(), w[image].max())) + 1
     assert t[after] < after  # behind the plain text position: the image's tokens take fewer positions than ids
+
+
+@pytest.mark.parametrize("train_tower", [False, True], ids=["tower-frozen", "tower-trains"])
+def test_a_family_added_as_its_row_trains_as_decided(vlms, tmp_path, train_tower: bool) -> None:
+    """Qwen3-VL is a row of config/model_kinds.py FAMILIES and nothing else: the rank spec `train` decides for it
+    makes its row's classes the FSDP units (each one the model has), scopes LoRA to the language model (the tower
+    too with --freeze_vision_tower false: its row's linear layers, the DeepStack mergers in the tower's path, never
+    the projector), and a collated batch with an image goes forward and backward through the adapted model, the
+    gradients reaching exactly what the spec trains."""
+    from peft import get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    from fsdp_tune.config.model_kinds import FAMILIES
+    from fsdp_tune.worker.data.vision_collate import VisionCollator
+    from fsdp_tune.worker.loading.adapter import lora_config
+    from tests.conftest import FIXTURES, checked_spec
+
+    folder, row = str(vlms["qwen3_vl"]), FAMILIES["qwen3_vl"]
+    flags = ["--model_name_or_path", folder, "--chat_template_format", "none", "--lora_target_modules", "q_proj"]
+    spec, _ = checked_spec(
+        *flags, "--freeze_vision_tower", str(not train_tower).lower(), config=str(FIXTURES / "tiny_lora.yaml")
+    )
+    assert spec.loading.path == "sharded"  # the ranks load it sharded, these classes the FSDP2 units
+    units = spec.loading.sharded.layer_cls
+    assert units == (row.language_layers, row.tower_layers, row.projector_class)
+    assert spec.model.vision.tower == "model.visual" and spec.model.vision.train_tower is train_tower
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    assert set(units) <= {type(m).__name__ for m in model.modules()}
+    model = get_peft_model(model, lora_config(spec))
+    adapted = {
+        n.split(".lora_B.")[0].removeprefix("base_model.model.") for n, _ in model.named_parameters() if ".lora_B." in n
+    }
+    language = {n for n in adapted if n.startswith("model.language_model.")}
+    assert language and all(n.endswith(".q_proj") for n in language), language
+    tower = adapted - language
+    if not train_tower:
+        assert not tower, tower
+    else:
+        for name in (
+            "blocks.0.attn.qkv",
+            "blocks.1.attn.proj",
+            "blocks.1.mlp.linear_fc2",
+            "deepstack_merger_list.0.linear_fc1",
+        ):
+            assert f"model.visual.{name}" in tower, (name, sorted(tower))
+        assert not [n for n in tower if n.startswith("model.visual.merger.")], tower  # the projector: excluded
+    write_images(tmp_path, 2)
+    processor = _processor(vlms, "qwen3_vl")
+    batch = VisionCollator(processor, pad_token_id=processor.tokenizer.pad_token_id)(
+        [_example(processor, 0, True, tmp_path), _example(processor, 1, False, tmp_path)]
+    )
+    assert "mm_token_type_ids" in batch and batch["image_grid_thw"].shape == (1, 3)
+    model.train()
+    loss = model(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_" in n for n in trained), sorted(trained)[:5]  # tower and projector frozen
+    moved = {
+        n.split(".lora_B.")[0].removeprefix("base_model.model.")
+        for n, p in model.named_parameters()
+        if ".lora_B." in n and p.grad is not None and p.grad.abs().sum() > 0
+    }
+    assert moved == adapted, sorted(adapted - moved)  # the image reaches the loss through every adapted layer
