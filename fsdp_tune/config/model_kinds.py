@@ -49,8 +49,10 @@ class VisionFamily:
     notes: tuple[str, ...] = field(default=())
 
 
-QWEN_VL_LINEARS = ("qkv", "proj", "fc1", "fc2", "gate_proj", "up_proj", "down_proj")
-QWEN3_VL_LINEARS = ("qkv", "proj", "linear_fc1", "linear_fc2")
+# "attn.proj", not "proj": PEFT matches a target as a name suffix, and a bare "proj" also takes the patch embedding
+# (visual.patch_embed.proj, a Conv3d), which is not one of the tower's linear layers
+QWEN_VL_LINEARS = ("qkv", "attn.proj", "fc1", "fc2", "gate_proj", "up_proj", "down_proj")
+QWEN3_VL_LINEARS = ("qkv", "attn.proj", "linear_fc1", "linear_fc2")
 CLIP_LINEARS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 
 FAMILIES: dict[str, VisionFamily] = {

@@ -232,6 +232,10 @@ def test_a_family_added_as_its_row_trains_as_decided(vlms, tmp_path, train_tower
         ):
             assert f"model.visual.{name}" in tower, (name, sorted(tower))
         assert not [n for n in tower if n.startswith("model.visual.merger.")], tower  # the projector: excluded
+        linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        assert tower <= {n.removeprefix("base_model.model.").removesuffix(".base_layer") for n in linear}, (
+            tower
+        )  # no Conv3d
     write_images(tmp_path, 2)
     processor = _processor(vlms, "qwen3_vl")
     batch = VisionCollator(processor, pad_token_id=processor.tokenizer.pad_token_id)(
