@@ -34,7 +34,7 @@ NOT_PASSED = (
     "gradient_checkpointing_kwargs",
 )
 # the Python types of the kinds training_fields.json records (scripts/gen_training_fields.py _kind); "any": any
-KIND_TYPES: dict[str, type | tuple[type, ...]] = {
+KIND_TYPES: dict[str, type] = {
     "bool": bool,
     "int": int,
     "float": float,
@@ -86,7 +86,7 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: FsdpConfig, 
     kwargs = user.get("gradient_checkpointing_kwargs") or {}
     user = {k: v for k, v in user.items() if k not in NOT_PASSED}
     typed = {f.name for f in fields(TrainerArgs)} - {"trl_args", "precision"} | {"bf16", "fp16"}
-    said = {k: user.pop(k) for k in sorted(set(user) & typed)}  # the user's value of a field decided here
+    said = method_args(method, {k: user.pop(k) for k in sorted(set(user) & typed)})  # the user's, of a typed field
     checkpointing = d.gradient_checkpointing  # transformers 5's name for the Trainer's gradient checkpointing
     multiple = batch_multiple(cfg)  # context parallelism's chunks, as the spec's data (decide/data.py)
     ours = {
@@ -133,7 +133,7 @@ def method_args(method: str, args: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def _bool_as_number(value: Any, want: type | tuple[type, ...]) -> bool:
+def _bool_as_number(value: Any, want: type) -> bool:
     return isinstance(value, bool) and want is not bool
 
 
