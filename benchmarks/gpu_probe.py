@@ -224,7 +224,9 @@ def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tu
                     failures.append(f"{name}: not refused by the memory pre-flight")
                 continue
             config_class = getattr(trl, row_of(planned.spec.method.name).config_class, SFTConfig)  # SFT's, GRPO's
-            installed_names(dict(planned.spec.trainer_args), config_class)  # the installed trl/transformers take them
+            installed_names(
+                planned.spec.trainer_args.kwargs(), config_class
+            )  # the installed trl/transformers take them
             torchrun_takes(planned.spec)
             lines.append(f"  {name}: {_decided(planned.spec)}" + (" (on a simulated H200)" if simulated else ""))
         except Exception as err:  # noqa: BLE001 - whatever stops the decision is the finding
@@ -238,8 +240,7 @@ def decisions(items: list[tuple[str, list[str], str, bool]], out_dir: str) -> tu
 
 
 def _decided(spec) -> str:
-    fsdp = spec.trainer_args.get("fsdp_config", {})
-    offload = "cpu_offload" if fsdp.get("cpu_offload") else "no offload"
+    offload = "cpu_offload" if spec.fsdp_config.cpu_offload else "no offload"
     save = f"save {spec.save.final}/{spec.save.resume}, checkpoints {spec.save.checkpoint}"
     return (
         f"{spec.device}, FSDP{spec.fsdp_version}, {spec.world.world_size} rank(s), backend {spec.backend}, "

@@ -14,13 +14,14 @@ Pure: reads the model's config.json as the door found it (`Derived.model`) and i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import DTYPE_OF_PRECISION, Derived, expert_parallel_size, mesh_sizes
-from fsdp_tune.decide.spec import Loading, MixedPrecision, ShardedPlan
+from fsdp_tune.decide.spec import DistributedSizes, FsdpConfig, Loading, MixedPrecision, ShardedPlan
 from fsdp_tune.decide.vision import layer_classes
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.sources.moe import has_experts
@@ -32,13 +33,13 @@ WEIGHT_FILES = (SINGLE_FILE, INDEX_FILE)
 EXPERT_PARALLEL = "expert parallelism: transformers shards the model as it loads (DistributedConfig)"
 
 
-def distributed_config(cfg: RunConfig) -> dict[str, int] | None:
+def distributed_config(cfg: RunConfig) -> DistributedSizes | None:
     """transformers' DistributedConfig for an expert-parallel run: FSDP over every rank (fsdp_size: the
     rules keep dp_replicate, tp, cp and sp at 1, FT139), experts split over ep_size of them; None otherwise."""
     ep = expert_parallel_size(cfg)
     if ep == 1:
         return None
-    return {"fsdp_size": mesh_sizes(cfg)["dp_shard_size"], "ep_size": ep}
+    return DistributedSizes(fsdp_size=mesh_sizes(cfg)["dp_shard_size"], ep_size=ep)
 
 
 def remote_code_reason(trust_remote_code: bool, auto_map: Any) -> str | None:
@@ -138,17 +139,20 @@ def sharded_plan(cfg: RunConfig, d: Derived, qlora_policy: MixedPrecision | None
     )
 
 
-def trainer_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
+def trainer_fsdp_config(fsdp_config: FsdpConfig) -> FsdpConfig:
     """The fsdp_config the Trainer gets for a model sharded already: accelerate must not wrap it again (with
     TRANSFORMER_BASED_WRAP it looks the layer class up by name and finds only FSDP's subclass) nor put
     checkpoint wrappers around sharded layers; the builder did both."""
-    out = {k: v for k, v in fsdp_config.items() if k not in ("transformer_layer_cls_to_wrap", "min_num_params")}
-    return {**out, "auto_wrap_policy": "NO_WRAP", "activation_checkpointing": False}
+    return replace(
+        fsdp_config,
+        auto_wrap_policy="NO_WRAP",
+        activation_checkpointing=False,
+        transformer_layer_cls_to_wrap=None,
+        min_num_params=None,
+    )
 
 
-def decide_loading(
-    cfg: RunConfig, d: Derived, fsdp_config: dict[str, Any], qlora_policy: MixedPrecision | None
-) -> Loading:
+def decide_loading(cfg: RunConfig, d: Derived, fsdp_config: FsdpConfig, qlora_policy: MixedPrecision | None) -> Loading:
     """The path, why not sharded, and on the sharded path the builder's plan and the transformers path's
     fsdp_config (`fsdp_config`; the Trainer then gets trainer_fsdp_config's)."""
     path, why = loading_path(cfg, d.model)
@@ -157,7 +161,7 @@ def decide_loading(
     return Loading(path, why, sharded_plan(cfg, d, qlora_policy), transformers_fsdp_config=fsdp_config)
 
 
-def trainer_fsdp_config_for(loading: Loading, fsdp_config: dict[str, Any]) -> dict[str, Any]:
+def trainer_fsdp_config_for(loading: Loading, fsdp_config: FsdpConfig) -> FsdpConfig:
     """The Trainer's fsdp_config on the run's loading path."""
     return trainer_fsdp_config(fsdp_config) if loading.sharded is not None else fsdp_config
 
@@ -171,6 +175,6 @@ def describe(loading: Loading) -> str:
             "(--loading transformers: from_pretrained on every rank)"
         )
     if loading.distributed_config:
-        sizes = ", ".join(f"{k}={v}" for k, v in loading.distributed_config.items())
+        sizes = ", ".join(f"{k}={v}" for k, v in loading.distributed_config.kwargs().items())
         return f"transformers: from_pretrained(distributed_config=DistributedConfig({sizes})) on every rank"
     return f"transformers: from_pretrained on every rank ({note})" if note else "transformers"

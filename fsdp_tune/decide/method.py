@@ -1,26 +1,16 @@
 """The training method's part of the rank spec: its row's traits (MethodSpec), the batch and checkpoint schedule
-its config will read (Steps), the arguments its TRL config takes (DPOConfig has no `packing`, RewardConfig no
-`loss_type`), and a generating method's rewards, generation and reference (GenerationSpec). Pure, like rank.py.
-
-fsdp-tune sets some SFTConfig fields for every run (max_length, packing, dataset_text_field); a method whose
-config lacks one does not get it. A field the user set that the method's config lacks never gets here: FT110
-refuses it first (rules/method.py).
+its config will read (Steps), and a generating method's rewards, generation and reference (GenerationSpec). The
+arguments its TRL config takes are decide/trainer.py's. Pure, like rank.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from fsdp_tune.config.methods import fields_of, row_of
+from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.spec import GenerationSpec, MethodSpec, Steps
-
-
-def method_args(cfg: RunConfig, args: dict[str, Any]) -> dict[str, Any]:
-    """`args` (SFTConfig's as decide.trainer_args made them) kept to the fields of the method's config."""
-    fields = fields_of(cfg.run.method)
-    return {k: v for k, v in args.items() if k in fields}
 
 
 def method_spec(cfg: RunConfig) -> MethodSpec:

@@ -2,26 +2,27 @@
 
 Each decision is made here once (litgpt's `setup()` decides, `main(fabric)` executes): the device and the
 process-group backend, every dtype, gradient vs activation checkpointing, the exact `fsdp_config` and
-SFTConfig arguments Transformers receives, and the ranks' environment. Pure: no torch, no files written.
+SFTConfig arguments Transformers receives (decide/trainer.py), and the ranks' environment. Pure: no torch, no files
+written.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from fsdp_tune.config.run_folder import output_dir as run_output_dir
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import vision
-from fsdp_tune.decide.data import batch_multiple, data_spec
+from fsdp_tune.decide.data import data_spec
 from fsdp_tune.decide.datafiles import Look
-from fsdp_tune.decide.derived import TRL_LOSS_FLAGS, Derived, derive, mesh_active, mesh_sizes
+from fsdp_tune.decide.derived import Derived, derive, mesh_active, mesh_sizes
 from fsdp_tune.decide.env import backend, rank_env
 from fsdp_tune.decide.loading import decide_loading, trainer_fsdp_config_for
 from fsdp_tune.decide.lora import lora_spec
 from fsdp_tune.decide.machine import Machine
-from fsdp_tune.decide.method import GenerationWeights, generation_spec, method_args, method_spec, steps
+from fsdp_tune.decide.method import GenerationWeights, generation_spec, method_spec, steps
 from fsdp_tune.decide.spec import Mesh, MixedPrecision, ModelSpec, Quantization, RankSpec, SaveSpec, World
+from fsdp_tune.decide.trainer import fsdp_config, trainer_args
 from fsdp_tune.sources.builtin import target as builtin_folder
 from fsdp_tune.sources.classes import chosen_attention
 
@@ -52,28 +53,23 @@ def decide(
     on_cpu = d.on_cpu
     output_dir = run_output_dir(cfg)  # config/run_folder.py: the one answer
     qlora_policy = fsdp2_qlora_policy(cfg, d)
-    units = fsdp_config(cfg, d)  # the transformers path's fsdp_config
+    units = fsdp_config(cfg, d)  # the transformers path's fsdp_config (decide/trainer.py)
     loading = decide_loading(cfg, d, units, qlora_policy)  # decide/loading.py
-    args = trainer_args(cfg, d, output_dir, trainer_fsdp_config_for(loading, units))
-    if loading.distributed_config:  # sharded at load: accelerate must not wrap it again (its FSDP plugin off)
-        args["fsdp"] = False
+    sharded_at_load = loading.distributed_config is not None  # accelerate's FSDP off: transformers sharded it
+    args = trainer_args(cfg, d, output_dir, trainer_fsdp_config_for(loading, units), not sharded_at_load)
     return RankSpec(
         world=world(cfg),
         device="cpu" if on_cpu else "cuda",
         backend=backend(d),
         timeout_s=int(cfg.training.get("ddp_timeout") or DEFAULT_TIMEOUT_S),
-        env=rank_env(cfg, machine, on_cpu, accelerate_fsdp=loading.distributed_config is None),
+        env=rank_env(cfg, machine, on_cpu, accelerate_fsdp=not sharded_at_load),
         cpu_fsdp_shim=on_cpu,
-        fsdp_version=cfg.fsdp.version,
-        precision=d.precision,
-        checkpointing=checkpointing(cfg, d),
         trainer_args=args,
-        parallelism=None if loading.distributed_config else mesh(cfg, on_cpu),
+        parallelism=None if sharded_at_load else mesh(cfg, on_cpu),
         fsdp_mixed_precision=qlora_policy,
         model=model_spec(cfg, d),
         lora=lora_spec(cfg, d.model),
         data=data_spec(cfg, d, files),
-        output_dir=output_dir,
         resume_from_checkpoint=resume,
         checkpoint_on_stop=cfg.training.get("save_strategy") != "no" and cfg.run.save_on_interrupt,
         check_grad_norm=d.precision != "fp16",  # fp16's scaler skips steps with inf gradients by design
@@ -102,11 +98,6 @@ def save_spec(cfg: RunConfig) -> SaveSpec:
     if cfg.fsdp.version == 1:
         return SaveSpec(final="fsdp1_units", resume="fsdp1_units", checkpoint=checkpoint)
     return SaveSpec(final="gather_trainable", resume="local_rows", checkpoint=checkpoint)
-
-
-def checkpointing(cfg: RunConfig, d: Derived) -> str:
-    """What recomputes activations, for the plan: FSDP's activation checkpointing, the Trainer's, or nothing."""
-    return "fsdp" if cfg.fsdp.activation_checkpointing else "gradient" if d.gradient_checkpointing else "off"
 
 
 def world(cfg: RunConfig) -> World:
@@ -161,74 +152,6 @@ def fsdp2_qlora_policy(cfg: RunConfig, d: Derived) -> MixedPrecision | None:
     if cfg.fsdp.version != 2 or not cfg.quantization.use_4bit_quantization:
         return None
     return MixedPrecision.every(d.quant_storage)
-
-
-def fsdp_config(cfg: RunConfig, d: Derived) -> dict[str, Any]:
-    """Transformers' `fsdp_config` dict, in the spelling TrainingArguments reads."""
-    f = cfg.fsdp
-    out: dict[str, Any] = {
-        "version": f.version,
-        "cpu_offload": d.offload,
-        "auto_wrap_policy": f.auto_wrap_policy,
-        "state_dict_type": f.state_dict_type,
-        "cpu_ram_efficient_loading": f.cpu_ram_efficient_loading,
-        "activation_checkpointing": f.activation_checkpointing,
-    }
-    if f.version == 1:
-        out["reshard_after_forward"] = f.sharding_strategy or (
-            "FULL_SHARD" if f.reshard_after_forward else "SHARD_GRAD_OP"
-        )
-        for key in ("backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states"):
-            if getattr(f, key) is not None:
-                out[key] = getattr(f, key)
-        if d.fsdp1_unsharded:
-            # transformers' FSDP1 default is use_orig_params=true, which loses the frozen parameters from the
-            # state dict of a NO_SHARD unit after backward (FT033 warns when it was asked for); false saves fine
-            out["use_orig_params"] = False
-    else:
-        out["reshard_after_forward"] = f.reshard_after_forward
-    if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and vision.layer_classes(cfg, d.model):
-        out["transformer_layer_cls_to_wrap"] = list(vision.layer_classes(cfg, d.model))  # a vision model's: both towers
-    if f.auto_wrap_policy == "SIZE_BASED_WRAP":
-        out["min_num_params"] = f.min_num_params
-    return out
-
-
-def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: dict[str, Any]) -> dict[str, Any]:
-    """SFTConfig's arguments: the user's training settings, and what fsdp-tune decides for them (`fsdp`: the
-    fsdp_config the Trainer gets on the run's loading path)."""
-    args: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.training.args.items()}
-    args.update(
-        output_dir=output_dir,
-        fsdp=True,
-        fsdp_config=fsdp,
-        bf16=d.precision in ("bf16", "fp8"),
-        fp16=d.precision == "fp16",
-        use_cpu=d.on_cpu,
-        max_length=cfg.data.max_seq_len,
-        packing=cfg.data.packing,
-        dataset_text_field=cfg.data.dataset_text_field,
-        # transformers 5 renamed the Trainer's gradient_checkpointing to activation_checkpointing
-        activation_checkpointing=d.gradient_checkpointing,
-    )
-    args.pop("gradient_checkpointing", None)
-    kwargs = args.pop("gradient_checkpointing_kwargs", None) or {}
-    args.pop("resume_from_checkpoint", None)  # resolved by the launcher: RankSpec.resume_from_checkpoint
-    args.pop("hub_token", None)  # a secret: the ranks get it as HF_TOKEN in their environment (secret_env)
-    args.pop("overwrite_output_dir", None)
-    for name in TRL_LOSS_FLAGS:  # our rows carry their answer masks: read as --train_on_prompt (decide/data.py)
-        args.pop(name, None)
-    if args["activation_checkpointing"]:
-        args["activation_checkpointing_kwargs"] = {"use_reentrant": cfg.run.use_reentrant, **kwargs}
-    if d.on_cpu:
-        args["ddp_backend"] = "gloo"
-    if batch_multiple(cfg) is not None:  # context parallelism's chunks, as the spec's data (decide/data.py)
-        args["pad_to_multiple_of"] = batch_multiple(cfg)
-    if not args["fp16"]:
-        args.setdefault("logging_nan_inf_filter", False)  # a NaN must show as NaN (see NanGuardCallback)
-    args.setdefault("report_to", "none")
-    args = vision.trainer_args(d.model, args)  # a vision-language model's rows keep their images (decide/vision.py)
-    return method_args(cfg, args)  # what the method's TRL config takes (decide/method.py)
 
 
 def attention(cfg: RunConfig, d: Derived) -> str | None:

@@ -11,22 +11,25 @@ Transformers receives. Because GPU decisions are data here, they are tested as t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from fsdp_tune.config.lora_fields import LoraSpec
 from fsdp_tune.config.methods import DataKind, Head, Truncation
+from fsdp_tune.errors import UsageError
 from fsdp_tune.rewards.resolve import RewardSpec
 from fsdp_tune.runfiles import RESOLVED_NAME, resolved_name
 from fsdp_tune.sources.mixture import Source
 from fsdp_tune.sources.model import ModelFacts
 from fsdp_tune.typed import from_plain, to_plain
 
-SPEC_VERSION = 8  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
+SPEC_VERSION = 9  # 5: a Source no longer carries what the pre-flight counted (decide/datafiles.py Counted);
 # 6: GrpoSpec `grpo` became GenerationSpec `generating` (every generating method's); 7: Loading.distributed_config
 # (transformers' DistributedConfig sizes under expert parallelism); 8: `lora` a LoraSpec, not LoraConfig's kwargs,
-# `parallelism` a Mesh, not ParallelismConfig's kwargs, and the MixedPrecisionPolicy dtypes a MixedPrecision
+# `parallelism` a Mesh, not ParallelismConfig's kwargs, and the MixedPrecisionPolicy dtypes a MixedPrecision; 9:
+# `trainer_args` a TrainerArgs and the fsdp_configs FsdpConfigs, not their kwargs; fsdp_version, precision and
+# checkpointing read from them, no longer fields; Loading.distributed_config a DistributedSizes
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,143 @@ class Mesh:
             "cp_size": self.cp_size,
             "dp_shard_size": self.dp_shard_size,
         }
+
+
+@dataclass(frozen=True)
+class FsdpConfig:
+    """Transformers' `fsdp_config` as TrainingArguments reads it (decide/trainer.py fsdp_config decided it): the
+    Trainer's on the run's loading path (TrainerArgs.fsdp_config) and the transformers path's under sharded loading
+    (Loading.transformers_fsdp_config). `kwargs()` is the dict Transformers receives."""
+
+    version: int  # 1 or 2
+    cpu_offload: bool
+    auto_wrap_policy: str  # TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP
+    state_dict_type: str
+    cpu_ram_efficient_loading: bool
+    activation_checkpointing: bool  # FSDP's activation checkpointing (accelerate's checkpoint wrappers)
+    reshard_after_forward: bool | str  # FSDP2: a bool; FSDP1: its sharding strategy's name (FULL_SHARD, NO_SHARD...)
+    # FSDP1's, as the user set them (use_orig_params false for an unsharded unit); None: not passed
+    backward_prefetch: str | None = None
+    forward_prefetch: bool | None = None
+    use_orig_params: bool | None = None
+    sync_module_states: bool | None = None
+    transformer_layer_cls_to_wrap: list[str] | None = None  # a vision model's layer classes, both towers'
+    min_num_params: int | None = None  # SIZE_BASED_WRAP's
+
+    def kwargs(self) -> dict[str, Any]:
+        """The fsdp_config dict by Transformers' names (None: left out, Transformers' default)."""
+        layers = self.transformer_layer_cls_to_wrap
+        named = {
+            "version": self.version,
+            "cpu_offload": self.cpu_offload,
+            "auto_wrap_policy": self.auto_wrap_policy,
+            "state_dict_type": self.state_dict_type,
+            "cpu_ram_efficient_loading": self.cpu_ram_efficient_loading,
+            "activation_checkpointing": self.activation_checkpointing,
+            "reshard_after_forward": self.reshard_after_forward,
+            "backward_prefetch": self.backward_prefetch,
+            "forward_prefetch": self.forward_prefetch,
+            "use_orig_params": self.use_orig_params,
+            "sync_module_states": self.sync_module_states,
+            "transformer_layer_cls_to_wrap": list(layers) if layers is not None else None,
+            "min_num_params": self.min_num_params,
+        }
+        return {k: v for k, v in named.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class DistributedSizes:
+    """transformers' DistributedConfig under expert parallelism (decide/loading.py distributed_config): FSDP over
+    fsdp_size ranks, the experts split over ep_size of them."""
+
+    fsdp_size: int
+    ep_size: int
+
+    def kwargs(self) -> dict[str, int]:
+        return {"fsdp_size": self.fsdp_size, "ep_size": self.ep_size}
+
+
+# what kwargs() names besides the typed fields (precision's), and the older names of a typed field: none is a key of
+# TrainerArgs.trl_args
+_DERIVED_NAMES = frozenset({"bf16", "fp16", "gradient_checkpointing", "gradient_checkpointing_kwargs"})
+
+
+@dataclass(frozen=True)
+class TrainerArgs:
+    """The method's TRL config as every rank builds it, `config_class(**kwargs())` (SFTConfig for SFT: worker/
+    training/config.py), decided by decide/trainer.py: the values fsdp-tune decides, typed, and the user's other
+    training settings by TRL's names in `trl_args`, kept to the fields of the method's config (the installed TRL's,
+    training_fields.json) and of their kinds. Each key is said once: no key of trl_args is a typed field. A typed
+    field None is not passed (the config's default; or the method's config has no such field)."""
+
+    output_dir: str
+    precision: Literal["no", "bf16", "fp16", "fp8"]  # mixed precision: kwargs()' bf16 (fp8 too) and fp16
+    use_cpu: bool
+    fsdp: bool  # false when transformers sharded the model at load (expert parallelism): accelerate's FSDP off
+    fsdp_config: FsdpConfig  # on the run's loading path (sharded: NO_WRAP, the builder made the units)
+    activation_checkpointing: bool  # the Trainer's (transformers 5's name for gradient_checkpointing)
+    activation_checkpointing_kwargs: dict[str, Any] | None = None  # use_reentrant and the user's
+    ddp_backend: str | None = None  # gloo on the CPU, else the user's
+    # the data's, where the method's config has the field (DataSpec holds them for rank 0's preparation whatever
+    # the method)
+    max_length: int | None = None
+    packing: bool | None = None
+    dataset_text_field: str | None = None
+    pad_to_multiple_of: int | str | None = None  # context parallelism's chunks and the user's multiple, else as given
+    logging_nan_inf_filter: bool | None = None  # false unless asked: a NaN shows as NaN (not under fp16's scaler)
+    report_to: str | list[str] = "none"  # the user's, else none
+    remove_unused_columns: bool | None = None  # false for a vision-language model: each row's images reach the collator
+    trl_args: dict[str, Any] = field(default_factory=dict)  # the user's other settings, by TRL's names
+
+    def __post_init__(self) -> None:
+        said_twice = sorted(set(self.trl_args) & ({f.name for f in fields(self)} | _DERIVED_NAMES))
+        if said_twice:
+            raise ValueError(f"TrainerArgs.trl_args repeats typed field(s) {', '.join(said_twice)}")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The method's config's arguments by TRL's names: exactly what `config_class(**...)` receives."""
+        named = {
+            "output_dir": self.output_dir,
+            "fsdp": self.fsdp,
+            "fsdp_config": self.fsdp_config.kwargs(),
+            "bf16": self.precision in ("bf16", "fp8"),
+            "fp16": self.precision == "fp16",
+            "use_cpu": self.use_cpu,
+            "max_length": self.max_length,
+            "packing": self.packing,
+            "dataset_text_field": self.dataset_text_field,
+            "activation_checkpointing": self.activation_checkpointing,
+            "activation_checkpointing_kwargs": self.activation_checkpointing_kwargs,
+            "ddp_backend": self.ddp_backend,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "logging_nan_inf_filter": self.logging_nan_inf_filter,
+            "report_to": self.report_to,
+            "remove_unused_columns": self.remove_unused_columns,
+        }
+        return {**{k: v for k, v in named.items() if v is not None}, **self.trl_args}
+
+    def on(self, fsdp_config: FsdpConfig | None) -> TrainerArgs:
+        """These arguments with another fsdp_config (None: as they are)."""
+        return self if fsdp_config is None else replace(self, fsdp_config=fsdp_config)
+
+
+def recorded_trainer_kwargs(plain: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's arguments from a run's recorded rank spec (its `trainer_args`, as JSON); a spec older than
+    TrainerArgs (SPEC_VERSION 9) recorded the arguments themselves."""
+    try:
+        return from_plain(TrainerArgs, plain).kwargs()
+    except (TypeError, ValueError):
+        return dict(plain)
+
+
+def recorded_fsdp_version(plain: dict[str, Any]) -> int:
+    """The FSDP version a run's recorded rank spec (as JSON) says: its trainer's fsdp_config's, both before and
+    since TrainerArgs (a spec older than 9 said it as `fsdp_version` too). KeyError, TypeError or ValueError when
+    the record does not say."""
+    try:
+        return int(plain["trainer_args"]["fsdp_config"]["version"])
+    except (KeyError, TypeError, ValueError):
+        return int(plain["fsdp_version"])
 
 
 @dataclass(frozen=True)
@@ -158,11 +298,11 @@ class Loading:
     sharded: ShardedPlan | None = None  # on the sharded path: what the builder applies
     # on the sharded path, the transformers path's fsdp_config: the units the builder makes follow it, and a rank
     # that falls back gives it to the Trainer (the Trainer is otherwise told NO_WRAP); None on the transformers path
-    transformers_fsdp_config: dict[str, Any] | None = None
-    # expert parallelism: transformers' DistributedConfig(**distributed_config) (fsdp_size, ep_size) given to
-    # from_pretrained, which shards the model at load (FSDP2 on its own mesh, experts split over ep_size ranks); the
-    # Trainer then neither wraps nor shards it (no accelerate FSDP). None: accelerate's FSDP, as the fsdp_config says
-    distributed_config: dict[str, int] | None = None
+    transformers_fsdp_config: FsdpConfig | None = None
+    # expert parallelism: transformers' DistributedConfig(**distributed_config.kwargs()) given to from_pretrained,
+    # which shards the model at load (FSDP2 on its own mesh, experts split over ep_size ranks); the Trainer then
+    # neither wraps nor shards it (no accelerate FSDP). None: accelerate's FSDP, as the fsdp_config says
+    distributed_config: DistributedSizes | None = None
 
 
 @dataclass(frozen=True)
@@ -273,27 +413,25 @@ class RankSpec:
     world: World
     device: Literal["cpu", "cuda"]  # where the ranks compute
     backend: str  # the process-group backend string, e.g. "gloo", "nccl", "cuda:nccl,cpu:gloo"
-    timeout_s: int  # collectives time out after this long (--ddp_timeout)
+    # collectives time out after this long: --ddp_timeout, TrainingArguments' default filled in (trainer_args has
+    # ddp_timeout only where the user set it)
+    timeout_s: int
     env: dict[str, str]  # exported to torchrun and every rank, as `accelerate launch` would
     cpu_fsdp_shim: bool  # accelerate's FSDP path on CPU (worker/cpu_fsdp.py)
-    fsdp_version: int  # shown by the plan; the ranks get it in trainer_args' fsdp_config
-    precision: Literal["no", "bf16", "fp16", "fp8"]  # mixed precision, shown by the plan (ranks: trainer_args')
-    # shown by the plan: "fsdp" (FSDP activation checkpointing) | "gradient" (the Trainer's) | "off"; the ranks get
-    # it as fsdp_config's activation_checkpointing, trainer_args' activation_checkpointing and loading.sharded's
-    checkpointing: Literal["fsdp", "gradient", "off"]
-    trainer_args: dict[str, Any]  # SFTConfig(**trainer_args): fsdp_config as Transformers receives it included
+    trainer_args: TrainerArgs  # SFTConfig(**trainer_args.kwargs()): fsdp_config as Transformers receives it included
     parallelism: Mesh | None  # the device mesh (accelerate's ParallelismConfig), None: plain FSDP
     fsdp_mixed_precision: MixedPrecision | None  # FSDP2's policy for QLoRA, None: accelerate's
     model: ModelSpec
     lora: LoraSpec | None  # None for full fine-tuning
     data: DataSpec
-    output_dir: str
     resume_from_checkpoint: str | None
     checkpoint_on_stop: bool  # a stop request (signal, stop file) ends with a checkpoint
     check_grad_norm: bool  # the NaN guard also watches the gradient norm (not under fp16's scaler)
     loading: Loading  # how the model loads (decide/loading.py)
     evaluation: bool  # the Trainer evaluates (--eval_strategy other than no): the ranks get the held-out rows
-    seed: int  # set_seed before data and model (LoRA's initial values): --seed, TRL's default when not given
+    # set_seed before data and model (LoRA's initial values): --seed, TRL's default filled in (trainer_args has seed
+    # only where the user set it)
+    seed: int
     full_state_dict: bool  # checkpoints hold the whole adapter (FULL_STATE_DICT): fsdp-tune's gather saves them
     method: MethodSpec = field(default_factory=MethodSpec)  # the training method (worker/training/methods.py)
     steps: Steps = field(default_factory=Steps)  # the batch, the end and the checkpoints, typed
@@ -308,21 +446,44 @@ class RankSpec:
     generating: GenerationSpec | None = None
 
     @property
-    def fsdp_config(self) -> dict[str, Any]:
-        return self.trainer_args["fsdp_config"]
+    def output_dir(self) -> str:
+        return self.trainer_args.output_dir
 
     @property
-    def unit_fsdp_config(self) -> dict[str, Any]:
+    def fsdp_config(self) -> FsdpConfig:
+        """The Trainer's fsdp_config on the run's loading path."""
+        return self.trainer_args.fsdp_config
+
+    @property
+    def unit_fsdp_config(self) -> FsdpConfig:
         """The fsdp_config the FSDP units follow: under sharded loading the builder makes them (the Trainer is
         told NO_WRAP), as the transformers path's config says."""
         return self.loading.transformers_fsdp_config or self.fsdp_config
 
-    def trainer_args_on(self, path: str) -> dict[str, Any]:
-        """The SFTConfig arguments for the model loaded on `path`: a rank that fell back from sharded loading
-        trains with the transformers path's fsdp_config (decided here, on the launcher)."""
-        if path == "transformers" and self.loading.transformers_fsdp_config is not None:
-            return {**self.trainer_args, "fsdp_config": self.loading.transformers_fsdp_config}
-        return self.trainer_args
+    @property
+    def fsdp_version(self) -> int:
+        return self.fsdp_config.version
+
+    @property
+    def precision(self) -> str:
+        """Mixed precision: "no" | "bf16" | "fp16" | "fp8"."""
+        return self.trainer_args.precision
+
+    @property
+    def checkpointing(self) -> str:
+        """What recomputes activations, for the plan: "fsdp" (FSDP's activation checkpointing, as the units'
+        fsdp_config says; the sharded builder applies it, loading.sharded) | "gradient" (the Trainer's) | "off"."""
+        if self.unit_fsdp_config.activation_checkpointing:
+            return "fsdp"
+        return "gradient" if self.trainer_args.activation_checkpointing else "off"
+
+    def trainer_args_on(self, path: str | None = None) -> dict[str, Any]:
+        """The method's config's arguments (SFTConfig's for SFT) for the model loaded on `path` (None: the run's
+        loading path): a rank that fell back from sharded loading trains with the transformers path's fsdp_config
+        (decided here, on the launcher)."""
+        if path == "transformers":
+            return self.trainer_args.on(self.loading.transformers_fsdp_config).kwargs()
+        return self.trainer_args.kwargs()
 
     @property
     def resolved_path(self) -> str:
@@ -347,8 +508,18 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
 
 def read_from(run_dir: str | Path) -> RankSpec | None:
     """The rank spec a run executed (machine 0's), for the commands after a run; None for a folder fsdp-tune
-    did not train into (a downloaded adapter)."""
+    did not train into (a downloaded adapter). A run of another fsdp-tune version is refused with what to do (its
+    spec's fields are others: `lora` before 8, `trainer_args` before 9)."""
     for path in (Path(run_dir) / RESOLVED_NAME, *sorted(Path(run_dir).glob(f"node0-{RESOLVED_NAME}"))):
         if path.exists():
-            return from_dict(json.loads(path.read_text())["spec"])
+            data = json.loads(path.read_text())["spec"]
+            if data.get("spec_version") != SPEC_VERSION:  # a run of an older fsdp-tune: its spec reads otherwise
+                raise UsageError(
+                    f"{path} was written by another fsdp-tune version (rank spec {data.get('spec_version')}; this "
+                    f"one reads {SPEC_VERSION}): the run's decisions (its base model, dtype, quantization) cannot be "
+                    "read back",
+                    f"run this command with the fsdp-tune version that trained {run_dir}, or on a copy of the folder "
+                    f"without {path.name} (read as a downloaded adapter: --base names its model)",
+                )
+            return from_dict(data)
     return None

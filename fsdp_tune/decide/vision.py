@@ -100,12 +100,10 @@ def _excluded(paths: list[str], given: Any) -> str:
     return "|".join(f"(?:{p})" for p in parts)
 
 
-def trainer_args(model: ModelFacts, args: dict[str, Any]) -> dict[str, Any]:
-    """The trainer's arguments for a vision-language model: each row's images reach the collator (the Trainer would
-    otherwise drop every column the model's forward does not name)."""
-    if not kind_row(model.config).images:
-        return args
-    return {**args, "remove_unused_columns": False}
+def keeps_columns(model: ModelFacts) -> bool:
+    """A vision-language model's trainer keeps every column (remove_unused_columns false): each row's images reach
+    the collator (the Trainer would otherwise drop every column the model's forward does not name)."""
+    return bool(kind_row(model.config).images)
 
 
-__all__ = ["layer_classes", "model_kind", "scoped_lora", "trainer_args", "vision_spec"]
+__all__ = ["keeps_columns", "layer_classes", "model_kind", "scoped_lora", "vision_spec"]

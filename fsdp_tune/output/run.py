@@ -7,7 +7,7 @@ from fsdp_tune.config.model_kinds import FAMILIES, KINDS
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide import loading
 from fsdp_tune.decide.datafiles import Counted
-from fsdp_tune.decide.spec import RankSpec
+from fsdp_tune.decide.spec import DistributedSizes, RankSpec
 from fsdp_tune.output.data import plan_lines, summary_lines
 from fsdp_tune.output.findings import show
 from fsdp_tune.summary import RunSummary
@@ -80,9 +80,9 @@ def method_summary(s: RunSummary) -> list[str]:
     return [f"  {s.method}: " + ", ".join(shown)]
 
 
-def _expert_mesh(sizes: dict[str, int]) -> str:
+def _expert_mesh(sizes: DistributedSizes) -> str:
     """The fsdp line of an expert-parallel run: transformers' meshes, not accelerate's plugin."""
-    fsdp, ep = sizes["fsdp_size"], sizes["ep_size"]
+    fsdp, ep = sizes.fsdp_size, sizes.ep_size
     return (
         f"  fsdp: FSDP2 by transformers at load (DistributedConfig), device mesh fsdp {fsdp}; experts: ep {ep} x "
         f"efsdp {fsdp // ep} (each rank 1/{ep} of every layer's experts, tokens exchanged by all-to-all)"
@@ -100,11 +100,11 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
     """The plan `train` prints before launching (and `--dry_run` alone): what every rank will execute, and what the
     data pre-flight counted beside it (`counted`: rows tokenized, images)."""
     w, f = spec.world, spec.unit_fsdp_config  # under sharded loading fsdp-tune makes the units accelerate would
-    wrap = f["auto_wrap_policy"] + (
-        f" ({','.join(f['transformer_layer_cls_to_wrap'])})"
-        if f.get("transformer_layer_cls_to_wrap")
+    wrap = f.auto_wrap_policy + (
+        f" ({','.join(f.transformer_layer_cls_to_wrap)})"
+        if f.transformer_layer_cls_to_wrap
         else " (the model's decoder layers)"
-        if f["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+        if f.auto_wrap_policy == "TRANSFORMER_BASED_WRAP"
         else ""
     )
     lines = [
@@ -113,13 +113,13 @@ def describe_launch(cfg: RunConfig, spec: RankSpec, command: list[str], counted:
         f"{spec.device.upper() if spec.device == 'cpu' else 'GPU'}, {spec.backend}",
         *method_lines(spec),
         "  torchrun: " + " ".join(command),
-        f"  fsdp: FSDP{spec.fsdp_version}, reshard_after_forward={show(f['reshard_after_forward'])}, "
-        f"cpu_offload={show(f['cpu_offload'])}, wrap {wrap}",
+        f"  fsdp: FSDP{spec.fsdp_version}, reshard_after_forward={show(f.reshard_after_forward)}, "
+        f"cpu_offload={show(f.cpu_offload)}, wrap {wrap}",
     ]
     if spec.parallelism:
         sizes = {k.removesuffix("_size"): v for k, v in spec.parallelism.sizes().items() if v > 1}
         lines.append("  device mesh: " + " x ".join(f"{k} {v}" for k, v in sizes.items()))
-    saved = f"  checkpoints: {f['state_dict_type']}; final adapter: full state dict, loadable without FSDP"
+    saved = f"  checkpoints: {f.state_dict_type}; final adapter: full state dict, loadable without FSDP"
     if spec.loading.distributed_config:
         lines[-1] = _expert_mesh(spec.loading.distributed_config)
         saved = SAVED_AT_LOAD
@@ -205,7 +205,7 @@ _REFERENCE = {
 
 def grpo_lines(spec: RankSpec) -> list[str]:
     """GRPO's rewards, how it generates, what its KL term compares with."""
-    g, t = spec.generating, spec.trainer_args
+    g, t = spec.generating, spec.trainer_args.kwargs()
     rewards = ", ".join(f"{r.written} ({r.kind.replace('_', ' ')})" for r in g.rewards)
     weights = t.get("reward_weights")
     lines = [f"  rewards: {rewards}" + (f", weights {' '.join(f'{w:g}' for w in weights)}" if weights else "")]

@@ -18,7 +18,7 @@ from typing import Any
 from fsdp_tune.config.lora_fields import lora_fields, recorded_kwargs
 from fsdp_tune.config.methods import fields_of
 from fsdp_tune.config.schema import RunConfig
-from fsdp_tune.decide.spec import RankSpec
+from fsdp_tune.decide.spec import RankSpec, recorded_fsdp_version, recorded_trainer_kwargs
 from fsdp_tune.errors import Finding, Severity
 from fsdp_tune.rundir.checkpoints import folder_run_id, marker_run_id
 from fsdp_tune.runfiles import ADAPTER_CONFIG, RESOLVED_NAME
@@ -90,7 +90,7 @@ def schedule_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
     then = _trained_args(Path(checkpoint), spec.output_dir) if checkpoint else None
     if then is None:
         return []
-    now, defaults = spec.trainer_args, fields_of(spec.method.name)
+    now, defaults = spec.trainer_args.kwargs(), fields_of(spec.method.name)
 
     def value(args: dict, name: str) -> Any:
         return _norm(args.get(name, (defaults.get(name) or {}).get("default")))
@@ -121,13 +121,14 @@ def schedule_findings(checkpoint: str | None, spec: RankSpec) -> list[Finding]:
 
 def _trained_args(checkpoint: Path, output_dir: str) -> dict[str, Any] | None:
     """The trainer arguments of the run that wrote `checkpoint`: its folder's rank spec when its run id is the
-    checkpoint's (a checkpoint from elsewhere: unknown, not compared)."""
+    checkpoint's (a checkpoint from elsewhere: unknown, not compared), as the method's config received them (a spec
+    older than TrainerArgs, 9, recorded them so)."""
     run_id = marker_run_id(checkpoint)
     record = _json(Path(output_dir) / RESOLVED_NAME)
     if not isinstance(record, dict) or run_id is None or record.get("run_id") != run_id:
         return None
     args = (record.get("spec") or {}).get("trainer_args")
-    return args if isinstance(args, dict) else None
+    return recorded_trainer_kwargs(args) if isinstance(args, dict) else None
 
 
 def _total(args: dict, value) -> tuple[str, Any]:
@@ -167,7 +168,7 @@ def written_by_fsdp(checkpoint: Path) -> int | None:
     for name in (RESOLVED_NAME, f"node0-{RESOLVED_NAME}"):
         record = _json(checkpoint.parent / name)
         try:
-            return int(record["spec"]["fsdp_version"])
+            return recorded_fsdp_version(record["spec"])
         except (KeyError, TypeError, ValueError):
             continue
     return None
@@ -175,7 +176,8 @@ def written_by_fsdp(checkpoint: Path) -> int | None:
 
 def written_sharded_at_load(checkpoint: Path) -> int | None:
     """The ep_size of the run that wrote a checkpoint when transformers sharded its model at load (its rank spec's
-    loading.distributed_config), 1 when accelerate's FSDP did; None when its folder holds no rank spec that says."""
+    loading.distributed_config: the same JSON since spec 7, a DistributedSizes since 9), 1 when accelerate's FSDP
+    did; None when its folder holds no rank spec that says."""
     for name in (RESOLVED_NAME, f"node0-{RESOLVED_NAME}"):
         record = _json(checkpoint.parent / name)
         try:

@@ -41,7 +41,7 @@ def vision_data_findings(spec: RankSpec, counted: tuple[Counted, ...]) -> list[F
 def _value(spec: RankSpec, key: str):
     """A refused setting's value as the ranks get it: the data spec's typed fields, else the trainer's argument."""
     typed = {"packing": spec.data.packing, "truncation_mode": spec.data.truncation_mode}
-    return typed[key] if key in typed else spec.trainer_args.get(key)
+    return typed[key] if key in typed else spec.trainer_args.kwargs().get(key)
 
 
 def _no_vision(spec: RankSpec, where: str, rows: int) -> Finding:

@@ -189,7 +189,7 @@ def _fsdp_kwargs(spec: RankSpec, mesh: Mesh) -> tuple[dict, object]:
 def _trainer_checkpointing(model, spec: RankSpec) -> None:
     """The Trainer's activation checkpointing (transformers 5: `activation_checkpointing`), as Trainer.__init__
     enables it on the model it was given."""
-    kwargs = dict(spec.trainer_args.get("activation_checkpointing_kwargs") or {})
+    kwargs = dict(spec.trainer_args.activation_checkpointing_kwargs or {})
     every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
     model.activation_checkpointing_enable(
         activation_checkpointing_kwargs=kwargs or None, every_n_layers=every, offload=offload

@@ -163,6 +163,6 @@ def setup_from_spec(resolved_path: str) -> None:
     is left to the recipe, which reports it."""
     try:
         spec = json.loads(Path(resolved_path).read_text())["spec"]
-        setup_rank_log(spec["output_dir"], ranks.rank(), spec.get("console", "lines"))
+        setup_rank_log(spec["trainer_args"]["output_dir"], ranks.rank(), spec.get("console", "lines"))
     except (OSError, ValueError, KeyError, TypeError):
         return

@@ -113,8 +113,7 @@ class Recipe:
     def trainer_config(self, path: str | None = None):
         """The method's config from the spec's trainer_args, or from those for a model loaded on `path` (a rank
         that fell back from sharded loading: RankSpec.trainer_args_on)."""
-        args = self.spec.trainer_args if path is None else self.spec.trainer_args_on(path)
-        return trainer_config(self.spec, self.method.config_class, args)
+        return trainer_config(self.spec, self.method.config_class, self.spec.trainer_args_on(path))
 
     def prepare_data(self, tokenizer, processor=None) -> Prepared:
         with self.phases.timed("build_data"):
@@ -140,7 +139,7 @@ class Recipe:
             metrics = MetricsCallback(spec.output_dir, self.run_id)
             nan_guard = NanGuardCallback(check_grad_norm=spec.check_grad_norm)
             stopper = StopOnSignalCallback(spec.output_dir, save=spec.checkpoint_on_stop, device=spec.device)
-            sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config["auto_wrap_policy"])
+            sharding = ShardingCheckCallback(spec.world.world_size, spec.unit_fsdp_config.auto_wrap_policy)
             first_step = FirstStepMemory(loaded.report, lambda: getattr(trainer, "model_wrapped", None))
             self_check = DistributedSelfCheck(spec.world.world_size, spec.fsdp_version, spec.device)
             progress = ProgressCallback(

@@ -119,7 +119,7 @@ def test_ep2_trains_the_run_ep1_trains(runs, family) -> None:
     from safetensors.torch import load_file
 
     ep2, ep1 = runs[f"{family} ep2"], runs[f"{family} ep1"]
-    assert ep2.spec.loading.distributed_config == {"fsdp_size": 2, "ep_size": 2}
+    assert ep2.spec.loading.distributed_config.kwargs() == {"fsdp_size": 2, "ep_size": 2}
     assert ep1.spec.loading.distributed_config is None
     assert "DistributedConfig(fsdp_size=2, ep_size=2)" in ep2.plan
     s2, s1 = ep2.summary, ep1.summary

@@ -91,8 +91,8 @@ def _resumed(tmp_path: Path, straight: Member) -> str:
 
     planned, spec = straight.planned, straight.spec
     out = str(tmp_path / "resumed")
-    args = {**spec.trainer_args, "output_dir": out}
-    spec = replace(spec, output_dir=out, trainer_args=args, resume_from_checkpoint=str(tmp_path / "lora/checkpoint-8"))
+    args = replace(spec.trainer_args, output_dir=out)  # RankSpec.output_dir reads it
+    spec = replace(spec, trainer_args=args, resume_from_checkpoint=str(tmp_path / "lora/checkpoint-8"))
     return torchrun.prepare(planned.config, spec, planned.run_id).resolved_path
 
 

@@ -51,7 +51,7 @@ def test_context_parallelism_trains_and_evaluates_as_one_process(variants, one_r
     of a step: every element within 1e-3 (measured 1.5e-4, 6 of 65,536 above 1e-5), the mean difference below 1e-6
     (measured 1e-8)."""
     cp, one = variants["cp"], one_rank["one process eval"]
-    assert cp.spec.parallelism.cp_size == 2 and cp.spec.trainer_args["pad_to_multiple_of"] == 4
+    assert cp.spec.parallelism.cp_size == 2 and cp.spec.trainer_args.pad_to_multiple_of == 4
     assert cp.spec.loading.path == "sharded"  # over accelerate's dp_shard_cp mesh (worker/loading/sharded.py)
     for key in ("loss", "grad_norm", "eval_loss"):
         a, b = _logged(cp, key), _logged(one, key)

@@ -90,7 +90,7 @@ def test_dry_run_json_is_the_rank_spec(tmp_path) -> None:
     data = json.loads(r.stdout)
     spec = from_dict(data["spec"])
     assert (spec.device, spec.backend, spec.world.world_size) == ("cpu", "gloo", 2)
-    assert spec.fsdp_config["version"] == 2 and spec.trainer_args["fsdp_config"] is not None
+    assert spec.fsdp_version == 2 and spec.trainer_args_on()["fsdp_config"] == spec.fsdp_config.kwargs()
     assert spec.lora.r == 8 and spec.output_dir == str(out)
     assert data["torchrun"][-1] == spec.resolved_path and not out.exists()
 

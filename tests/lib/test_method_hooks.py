@@ -33,7 +33,7 @@ def test_the_hook_runs_the_rows_classes_on_the_decided_spec(name: str, tmp_path)
     # SFT's rows are counted from their own lengths; a generating method's prompts are cut by rank 0 (none by TRL)
     assert (hook.sequences is None) == (row.data in ("sft", "prompts"))
     taken = {f.name for f in dataclasses.fields(hook.config_class)}
-    handed = installed_names(dict(spec.trainer_args), hook.config_class)  # as worker/training/config.py hands them
+    handed = installed_names(spec.trainer_args.kwargs(), hook.config_class)  # as worker/training/config.py hands them
     assert set(handed) <= taken, set(handed) - taken
 
 

@@ -59,10 +59,10 @@ def test_single_dataset_flags_reach_the_source() -> None:
 
 def test_trl_loss_switches_are_read_as_train_on_prompt() -> None:
     spec, checked = _spec("--completion_only_loss", "false")
-    assert spec.data.sources[0].train_on_prompt and "completion_only_loss" not in spec.trainer_args
+    assert spec.data.sources[0].train_on_prompt and "completion_only_loss" not in spec.trainer_args.kwargs()
     assert [f.rule for f in checked.warnings] == ["FT103"]
     spec, checked = _spec("--assistant_only_loss", "true")
-    assert not spec.data.sources[0].train_on_prompt and "assistant_only_loss" not in spec.trainer_args
+    assert not spec.data.sources[0].train_on_prompt and "assistant_only_loss" not in spec.trainer_args.kwargs()
     spec, _ = _spec("--assistant_only_loss", "true", "--train_on_prompt")
     assert spec.data.sources[0].train_on_prompt  # ours wins, and FT103 says so
 
@@ -90,7 +90,7 @@ def test_context_parallelism_pads_every_batch_to_its_chunks(flags, padded) -> No
     """Under cp_size 2 torch's load balancer cuts every sequence into 2 x 2 chunks: batches are padded to a multiple
     of 4 (with the user's multiple: their least common multiple), in the collator's SFTConfig and the spec's data."""
     spec, _ = _spec(*CP2, *flags)
-    assert spec.data.pad_to_multiple_of == spec.trainer_args["pad_to_multiple_of"] == padded
+    assert spec.data.pad_to_multiple_of == spec.trainer_args.pad_to_multiple_of == padded
     assert spec.parallelism.cp_size == 2
 
 

@@ -161,7 +161,8 @@ def test_training_argument_reaches_sftconfig(name: str) -> None:
     if name in DECIDED:  # fsdp-tune turns it into its own decision: that decision must change
         assert after.as_dict() != decide(check(None, BASE).config, GPUS).as_dict(), f"--{name} {value} is lost"
         return
-    assert after.trainer_args.get(name) == changed.config.training.get(name), f"--{name} does not reach SFTConfig"
+    handed = after.trainer_args.kwargs().get(name)
+    assert handed == changed.config.training.get(name), f"--{name} does not reach SFTConfig"
 
 
 # A value other than the default for every LoraConfig field (PEFT's names, in a recipe's `lora:` section).
@@ -252,4 +253,5 @@ def test_method_argument_reaches_its_config(method: str, name: str) -> None:
         return
     after = decide(changed.config, GPUS)
     assert after.method.name == method
-    assert after.trainer_args.get(name) == changed.config.training.get(name), f"--{name} does not reach {method}"
+    handed = after.trainer_args.kwargs().get(name)
+    assert handed == changed.config.training.get(name), f"--{name} does not reach {method}"

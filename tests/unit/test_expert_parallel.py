@@ -10,6 +10,7 @@ import pytest
 
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.rank import decide
+from fsdp_tune.decide.spec import DistributedSizes
 from fsdp_tune.output.run import describe_launch
 from fsdp_tune.validate import check
 
@@ -42,9 +43,12 @@ def test_ep_size_reaches_the_ranks_as_distributed_config(tmp_path, spelling) -> 
     checked = check(None, [*BASE, *ATTENTION, *_moe(tmp_path), *spelling])
     assert not checked.errors, [str(f) for f in checked.findings]
     spec = decide(checked.config, CPU)
-    assert spec.loading.path == "transformers" and spec.loading.distributed_config == {"fsdp_size": 2, "ep_size": 2}
+    assert spec.loading.path == "transformers" and spec.loading.distributed_config.kwargs() == {
+        "fsdp_size": 2,
+        "ep_size": 2,
+    }
     # transformers shards at load: accelerate's FSDP is off, by name, and gets no mesh
-    assert spec.trainer_args["fsdp"] is False and spec.env["ACCELERATE_USE_FSDP"] == "false"
+    assert spec.trainer_args.fsdp is False and spec.env["ACCELERATE_USE_FSDP"] == "false"
     assert spec.parallelism is None
     shown = describe_launch(checked.config, spec, [])  # what --dry_run prints
     assert "from_pretrained(distributed_config=DistributedConfig(fsdp_size=2, ep_size=2))" in shown
@@ -55,9 +59,9 @@ def test_a_recipe_section_and_a_plain_run(tmp_path) -> None:
     recipe = tmp_path / "ep.yaml"
     recipe.write_text("parallelism:\n  enabled: true\n  ep_size: 2\n")
     spec = decide(check(str(recipe), [*BASE, *ATTENTION, *_moe(tmp_path)]).config, CPU)
-    assert spec.loading.distributed_config == {"fsdp_size": 2, "ep_size": 2}
+    assert spec.loading.distributed_config == DistributedSizes(fsdp_size=2, ep_size=2)
     plain = decide(check(None, [*BASE, *ATTENTION, *_moe(tmp_path)]).config, CPU)
-    assert plain.loading.distributed_config is None and plain.trainer_args["fsdp"] is True
+    assert plain.loading.distributed_config is None and plain.trainer_args.fsdp is True
     assert plain.env["ACCELERATE_USE_FSDP"] == "true"
 
 
@@ -110,7 +114,8 @@ def test_checkpoints_and_resume_are_taken(tmp_path) -> None:
     checked = check(None, [*BASE, *ATTENTION, *_moe(tmp_path), *EP2, *saves])
     assert not checked.errors, [str(f) for f in checked.findings]
     spec = decide(checked.config, CPU)
-    assert spec.trainer_args["save_strategy"] == "steps" and not spec.trainer_args.get("save_only_model")
+    handed = spec.trainer_args.kwargs()
+    assert handed["save_strategy"] == "steps" and not handed.get("save_only_model")
     assert spec.checkpoint_on_stop
     assert "FT141" not in _rules(checked, "warning"), [str(f) for f in checked.findings]
     sharded = check(

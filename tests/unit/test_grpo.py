@@ -246,7 +246,7 @@ def test_the_rank_spec_says_how_grpo_generates_and_what_it_compares_with(flags, 
         512 - 128,
     )
     assert [r.name for r in g.rewards] == ["length_reward"]
-    assert "max_length" not in spec.trainer_args and spec.trainer_args["num_generations"] == 4
+    assert spec.trainer_args.max_length is None and spec.trainer_args.trl_args["num_generations"] == 4
     assert from_dict(spec.as_dict()) == spec  # the ranks read back what was decided, typed
 
 
@@ -280,7 +280,9 @@ def test_rloo_is_a_generating_method_with_its_own_defaults_and_reference(flags, 
 
     spec = spec_for("--method", "rloo", *flags, "--output_dir", "/tmp/g", "--use_cpu", "true", config=RECIPE)
     assert spec.method.name == "rloo" and spec.method.reference_adapter and spec.generating.reference == reference
-    assert [r.name for r in spec.generating.rewards] == ["length_reward"] and "loss_type" not in spec.trainer_args
+    assert [r.name for r in spec.generating.rewards] == [
+        "length_reward"
+    ] and "loss_type" not in spec.trainer_args.kwargs()
     one = check(RECIPE, ["--method", "rloo", "--num_generations", "1"])
     assert [f.message for f in one.errors if f.rule == "FT133"] == [
         "num_generations 1: RLOO compares at least 2 completions of each prompt"

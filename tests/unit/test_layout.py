@@ -187,8 +187,11 @@ def _attribute_reads(attr: str, skip_owner: tuple[str, ...] = ()) -> list[str]:
 def test_whether_a_run_is_on_cpu_has_one_definition() -> None:
     """`use_cpu` (the config's) and a Machine's `cuda` are read where the run's machine is decided
     (decide/derived.py runs_on_cpu) and nowhere else: the rules, the planner, plan, the dry run and the trace ask it
-    (config/ writes the setting, decide/env.py hides a machine's GPUs from a CPU run it decided)."""
-    cpu = [r for r in _attribute_reads("use_cpu") if not r.startswith(("config/", "decide/derived.py"))]
+    (config/ writes the setting, decide/env.py hides a machine's GPUs from a CPU run it decided, decide/spec.py hands
+    the decision to the Trainer as TrainingArguments' use_cpu: TrainerArgs.kwargs)."""
+    cpu = [
+        r for r in _attribute_reads("use_cpu") if not r.startswith(("config/", "decide/derived.py", "decide/spec.py"))
+    ]
     cuda = _attribute_reads("cuda", skip_owner=("torch", "version"))
     cuda = [r for r in cuda if not r.startswith(("decide/derived.py", "decide/env.py"))]
     assert not cpu and not cuda, f"decide it with decide/derived.py runs_on_cpu or Derived.on_cpu: {cpu + cuda}"

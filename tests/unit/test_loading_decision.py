@@ -46,7 +46,7 @@ def test_runs_sharded_loading_cannot_take_load_through_transformers_and_say_why(
     spec = spec_for(*LORA, *flags, machine=GPUS)
     assert spec.loading.path == "transformers" and reason in spec.loading.why
     assert spec.loading.sharded is None and spec.loading.transformers_fsdp_config is None
-    assert spec.fsdp_config["auto_wrap_policy"] != "NO_WRAP" or name == "NO_WRAP"  # accelerate wraps, as today
+    assert spec.fsdp_config.auto_wrap_policy != "NO_WRAP" or name == "NO_WRAP"  # accelerate wraps, as today
 
 
 @pytest.mark.parametrize("machine", [GPUS, CPU], ids=["gpus", "cpu"])
@@ -78,15 +78,15 @@ def test_lora_on_gpus_loads_sharded_and_the_builder_does_what_accelerate_would()
     assert spec.loading.path == "sharded" and spec.loading.why is None
     # the Trainer gets a model that is sharded already: accelerate must neither wrap it nor checkpoint it
     f = spec.fsdp_config
-    assert f["auto_wrap_policy"] == "NO_WRAP" and f["activation_checkpointing"] is False
-    assert "transformer_layer_cls_to_wrap" not in f
+    assert f.auto_wrap_policy == "NO_WRAP" and f.activation_checkpointing is False
+    assert "transformer_layer_cls_to_wrap" not in f.kwargs()
     units = spec.loading.transformers_fsdp_config
-    assert units["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
-    assert units["activation_checkpointing"] is True  # for a rank that falls back
+    assert units.auto_wrap_policy == "TRANSFORMER_BASED_WRAP"
+    assert units.activation_checkpointing is True  # for a rank that falls back
     fallen_back = spec.trainer_args_on("transformers")  # that rank's SFTConfig, decided here
-    assert fallen_back["fsdp_config"] == units and spec.trainer_args_on("sharded") == spec.trainer_args
+    assert fallen_back["fsdp_config"] == units.kwargs() and spec.trainer_args_on("sharded") == spec.trainer_args_on()
     assert {k: v for k, v in fallen_back.items() if k != "fsdp_config"} == {
-        k: v for k, v in spec.trainer_args.items() if k != "fsdp_config"
+        k: v for k, v in spec.trainer_args.kwargs().items() if k != "fsdp_config"
     }
     # accelerate: the plugin's policy is the run's precision for every dtype; trainable weights upcast to fp32
     bf16 = MixedPrecision("bfloat16", "bfloat16", "bfloat16")
@@ -101,7 +101,7 @@ def test_lora_on_gpus_loads_sharded_and_the_builder_does_what_accelerate_would()
         may_fall_back=True,
     )
     assert spec.checkpointing == "fsdp"
-    assert spec.unit_fsdp_config["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert spec.unit_fsdp_config.auto_wrap_policy == "TRANSFORMER_BASED_WRAP"
 
 
 def test_qlora_takes_the_storage_policy_fsdp2_gets_today_and_no_upcast() -> None:

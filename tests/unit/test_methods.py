@@ -51,15 +51,15 @@ def test_the_method_reaches_the_spec_and_its_config_gets_only_its_fields(tmp_pat
     assert not checked.errors and checked.config.run.method == "dpo"
     assert checked.config.origin("run.method").source == f"{recipe}:36"
     spec = spec_for(*LORA, "--method", "dpo", "--loss_type", "sigmoid", "sft", "--loss_weights", "1", "0.5")
-    args = spec.trainer_args
+    args = spec.trainer_args.kwargs()
     assert spec.method.name == "dpo" and args["loss_type"] == ["sigmoid", "sft"] and args["loss_weights"] == [1.0, 0.5]
     assert "packing" not in args and "dataset_text_field" not in args and args["max_length"] == 2048
     assert set(args) <= set(fields_of("dpo"))
     assert spec.lora.task_type == "CAUSAL_LM" and spec.loading.path == "sharded"
     reward = spec_for(*LORA, "--method", "reward")
     assert reward.lora.task_type == "SEQ_CLS" and reward.loading.path == "transformers"
-    assert "score head" in reward.loading.why and "loss_type" not in reward.trainer_args
-    assert spec_for(*LORA).method.name == "sft" and "packing" in spec_for(*LORA).trainer_args
+    assert "score head" in reward.loading.why and "loss_type" not in reward.trainer_args.kwargs()
+    assert spec_for(*LORA).method.name == "sft" and "packing" in spec_for(*LORA).trainer_args.kwargs()
 
 
 def test_dpo_and_kto_recompute_with_fsdp_activation_checkpointing_by_default() -> None:

@@ -11,6 +11,7 @@ import pytest
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.spec import MixedPrecision
 from fsdp_tune.launch.torchrun import torchrun_args
+from fsdp_tune.typed import to_plain
 from tests.conftest import REPO, seed_flags, spec_for
 
 H100x8 = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8, driver_version="560.35.03")
@@ -23,10 +24,12 @@ QLORA = [*LORA, "--use_4bit_quantization", "True", "--bnb_4bit_compute_dtype", "
 
 
 def get(spec, path: str):
+    """The value at a dotted path: a field, a property, or a method's answer (`trainer_args.kwargs.fp16`), as JSON."""
     value = spec
     for part in path.split("."):
         value = value[part] if isinstance(value, dict) else getattr(value, part)
-    return value
+        value = value() if callable(value) else value
+    return to_plain(value)
 
 
 SCENARIOS = [
@@ -71,7 +74,7 @@ SCENARIOS = [
         [*LORA, "--fsdp_version", "1", "--bf16", "True"],
         {
             "fsdp_version": 1,
-            "trainer_args.fsdp_config.use_orig_params": False,
+            "trainer_args.kwargs.fsdp_config.use_orig_params": False,
             "fsdp_mixed_precision": None,
             "save.final": "fsdp1_units",
             "save.resume": "fsdp1_units",
@@ -159,7 +162,7 @@ SCENARIOS = [
         "fp16 AMP: the model stays fp32 under the scaler; the NaN guard does not watch the scaled grad norm",
         H100x8,
         [*LORA, "--num_processes", "2", "--fp16", "True"],
-        {"precision": "fp16", "model.dtype": "float32", "check_grad_norm": False, "trainer_args.fp16": True},
+        {"precision": "fp16", "model.dtype": "float32", "check_grad_norm": False, "trainer_args.kwargs.fp16": True},
     ),
 ]
 
@@ -167,7 +170,7 @@ SCENARIOS = [
 @pytest.mark.parametrize("name,machine,flags,expected", SCENARIOS, ids=[s[0] for s in SCENARIOS])
 def test_gpu_scenario(name: str, machine: Machine, flags: list[str], expected: dict) -> None:
     spec = spec_for(*flags, machine=machine)
-    got = {path: get(spec.as_dict(), path) for path in expected}
+    got = {path: get(spec, path) for path in expected}
     assert got == expected
 
 
@@ -190,13 +193,13 @@ def test_seed_launches_on_their_gpus(script: str) -> None:
     config, flags = seed_flags(script)
     spec = spec_for(*flags, machine=H100x8, config=str(REPO / config))
     f = spec.fsdp_config
-    assert (spec.device, spec.fsdp_version, f["reshard_after_forward"], f["state_dict_type"]) == (
+    assert (spec.device, spec.fsdp_version, f.reshard_after_forward, f.state_dict_type) == (
         "cuda",
         2,
         True,
         "SHARDED_STATE_DICT",
     )
-    assert "use_orig_params" not in f and spec.loading.path == "sharded"
+    assert "use_orig_params" not in f.kwargs() and spec.loading.path == "sharded"
     assert "--nproc_per_node=" + str(spec.world.nproc_per_node) in torchrun_args(spec)
     if script == "run_peft_qlora_fsdp.sh":  # offload on: gloo beside NCCL; FSDP2 gathers in the storage dtype
         assert spec.backend == "cuda:nccl,cpu:gloo" and spec.loading.sharded.cpu_offload is True
@@ -213,7 +216,7 @@ def test_seed_launches_keep_fsdp1_when_asked(script: str) -> None:
     config, flags = seed_flags(script)
     spec = spec_for(*flags, "--fsdp_version", "1", machine=H100x8, config=str(REPO / config))
     f = spec.fsdp_config
-    assert (spec.fsdp_version, f["reshard_after_forward"], f["use_orig_params"]) == (1, "FULL_SHARD", False)
+    assert (spec.fsdp_version, f.reshard_after_forward, f.use_orig_params) == (1, "FULL_SHARD", False)
     assert spec.loading.path == "transformers" and spec.fsdp_mixed_precision is None
 
 

@@ -157,7 +157,7 @@ def test_more_steps_on_a_schedule_that_does_not_depend_on_them_resume(tmp_path, 
     fake_ranks.next(checkpoints=[8, 10])
     r = train(out, *SAVE, *constant, *LATEST, "--max_steps", "10")
     assert r.exit_code == 0 and "PF065" not in r.output, r.output
-    assert fake_ranks.specs[-1].trainer_args["max_steps"] == 10
+    assert fake_ranks.specs[-1].trainer_args.trl_args["max_steps"] == 10
     record = json.loads((out / MANIFEST_NAME).read_text())["attempts"][-1]
     assert record["resolved_config"]["training"]["max_steps"] == 10 and record["exit_status"] == 0
 

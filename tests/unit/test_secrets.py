@@ -34,7 +34,7 @@ def test_a_hub_token_reaches_the_ranks_environment_and_no_file(tmp_path, fake_ra
         r = runner.invoke(app, argv)
         assert r.exit_code == 0, r.output
         assert fake_ranks.secret_envs[-1] == {"HF_TOKEN": TOKEN}  # the push still has its token
-        assert "hub_token" not in fake_ranks.specs[-1].trainer_args
+        assert "hub_token" not in fake_ranks.specs[-1].trainer_args.kwargs()
         assert TOKEN not in _everything_written(out) and TOKEN not in r.output
         manifest = json.loads((out / MANIFEST_NAME).read_text())
         assert "hub_token" not in manifest["resolved_config"].get("training", {})  # a replay takes HF_TOKEN

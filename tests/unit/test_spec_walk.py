@@ -18,6 +18,8 @@ import pytest
 from fsdp_tune.decide.machine import Machine
 from fsdp_tune.decide.spec import (
     DataSpec,
+    DistributedSizes,
+    FsdpConfig,
     GenerationSpec,
     Loading,
     LoraSpec,
@@ -31,6 +33,7 @@ from fsdp_tune.decide.spec import (
     SaveSpec,
     ShardedPlan,
     Steps,
+    TrainerArgs,
     VisionSpec,
     World,
     from_dict,
@@ -53,16 +56,12 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "timeout_s": (RANK, "worker/process.py"),
         "env": (RANK, "worker/process.py"),
         "cpu_fsdp_shim": (RANK, "worker/process.py"),
-        "fsdp_version": (PLAN, PLAN_TEXT),  # the ranks get it in trainer_args' fsdp_config
-        "precision": (PLAN, PLAN_TEXT),  # the ranks get it as trainer_args' bf16/fp16
-        "checkpointing": (PLAN, PLAN_TEXT),  # the ranks: fsdp_config, trainer_args, loading.sharded
-        "trainer_args": (RANK, "worker/recipe.py"),
+        "trainer_args": (RANK, "decide/spec.py"),  # RankSpec.trainer_args_on, the worker's config (worker/recipe.py)
         "parallelism": (RANK, "worker/training/config.py"),
         "fsdp_mixed_precision": (RANK, "worker/training/config.py"),
         "model": (RANK, "worker/recipe.py"),
         "lora": (RANK, "worker/loading/adapter.py"),
         "data": (RANK, "worker/recipe.py"),
-        "output_dir": (RANK, "worker/process.py"),
         "resume_from_checkpoint": (RANK, "worker/recipe.py"),
         "checkpoint_on_stop": (RANK, "worker/recipe.py"),
         "check_grad_norm": (RANK, "worker/recipe.py"),
@@ -221,6 +220,13 @@ READERS: dict[type, dict[str, tuple[str, str]]] = {
         "loader": (RANK, "worker/data/splits.py"),
         "files": (RANK, "worker/data/splits.py"),
         "detected": (RANK, "worker/data/splits.py"),
+    },
+    # TrainerArgs.kwargs and FsdpConfig.kwargs: the method's config every rank builds (worker/training/config.py)
+    TrainerArgs: {name: (RANK, "decide/spec.py") for name in (f.name for f in fields(TrainerArgs))},
+    FsdpConfig: {name: (RANK, "decide/spec.py") for name in (f.name for f in fields(FsdpConfig))},
+    DistributedSizes: {  # DistributedConfig(**kwargs()) given to from_pretrained (worker/loading/pretrained.py)
+        "fsdp_size": (RANK, "decide/spec.py"),
+        "ep_size": (RANK, "decide/spec.py"),
     },
     Loading: {
         "path": (RANK, "worker/loading/build.py"),
@@ -438,6 +444,10 @@ def test_the_spec_reaches_the_ranks_typed(flags) -> None:
     if again.loading.sharded is not None:
         assert isinstance(again.loading.sharded, ShardedPlan) and isinstance(again.loading.sharded.layer_cls, tuple)
     assert isinstance(again.lora, LoraSpec) and again.lora.kwargs() == spec.lora.kwargs()
+    assert isinstance(again.trainer_args, TrainerArgs) and isinstance(again.fsdp_config, FsdpConfig)
+    assert again.trainer_args_on("transformers") == spec.trainer_args_on("transformers")
+    if "--eval_strategy" in flags:  # the user's other settings pass by TRL's names, as given
+        assert again.trainer_args.trl_args["eval_strategy"] == "steps" and again.trainer_args.trl_args["seed"] == 7
     if "--use_4bit_quantization" in flags:  # the QLoRA storage policy, typed, and the builder's the same
         assert (
             isinstance(again.fsdp_mixed_precision, MixedPrecision)

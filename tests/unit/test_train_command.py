@@ -174,11 +174,11 @@ def test_cpu_offload_is_off_on_a_cpu_run() -> None:
     The rule (FT031) and the rank spec decide it through the same function."""
     checked = check(None, ["--use_cpu", "true", "--fsdp_version", "2", "--fsdp_offload_params", "true"])
     assert [f.rule for f in checked.findings if f.rule == "FT031"] == ["FT031"]
-    assert decide(checked.config, GPUS8).fsdp_config["cpu_offload"] is False  # use_cpu: a CPU run on any machine
+    assert decide(checked.config, GPUS8).fsdp_config.cpu_offload is False  # use_cpu: a CPU run on any machine
     on_gpus = check(None, ["--fsdp_version", "2", "--fsdp_offload_params", "true"])
     assert not [f for f in on_gpus.findings if f.rule == "FT031"]
-    assert decide(on_gpus.config, GPUS8).fsdp_config["cpu_offload"] is True
-    assert decide(on_gpus.config, Machine.cpu_only()).fsdp_config["cpu_offload"] is False
+    assert decide(on_gpus.config, GPUS8).fsdp_config.cpu_offload is True
+    assert decide(on_gpus.config, Machine.cpu_only()).fsdp_config.cpu_offload is False
 
 
 def test_accelerate_launch_keys_reach_the_ranks_environment() -> None:

@@ -51,10 +51,11 @@ def test_a_flat_trl_yaml_is_valid_and_every_key_reaches_the_rank_spec(tmp_path) 
         ["q_proj", "v_proj"],
     )
     assert spec["lora"]["lora_dropout"] == 0.05  # TRL's default for what the file leaves unset (FT015)
-    assert spec["trainer_args"]["learning_rate"] == 1e-4 and spec["trainer_args"]["max_steps"] == 3
+    given = spec["trainer_args"]["trl_args"]  # the settings fsdp-tune does not decide, by TRL's names
+    assert given["learning_rate"] == 1e-4 and given["max_steps"] == 3
     assert spec["data"]["max_seq_len"] == 64 and spec["data"]["dataset_name"].endswith("data.jsonl")
     assert spec["model"]["requested"] == "builtin:tiny-llama"
-    assert spec["output_dir"] == str(tmp_path / "out")
+    assert spec["trainer_args"]["output_dir"] == str(tmp_path / "out")
 
 
 def test_flags_win_over_the_trl_file(tmp_path) -> None:

@@ -51,8 +51,8 @@ def test_the_kind_is_read_from_config_json() -> None:
 def test_both_towers_and_the_projector_are_fsdp_units(folder: str, units: list[str]) -> None:
     spec, _ = _spec("--model_name_or_path", folder, *VLM)
     assert spec.model.kind == VISION_LANGUAGE and spec.model.vision.guard == "dummy_image"
-    assert spec.fsdp_config["transformer_layer_cls_to_wrap"] == units
-    assert spec.trainer_args["remove_unused_columns"] is False  # each row's images reach the collator
+    assert spec.fsdp_config.transformer_layer_cls_to_wrap == units
+    assert spec.trainer_args.remove_unused_columns is False  # each row's images reach the collator
 
 
 def _excluded(spec, name: str) -> bool:
@@ -205,7 +205,7 @@ def test_a_gpu_runs_decisions_for_a_vision_model(tmp_path) -> None:
     spec, _ = checked_spec(*flags, config=BASE, machine=gpus)
     assert spec.device == "cuda" and spec.backend == "nccl" and spec.model.dtype == "bfloat16"
     units = ["Qwen2VLDecoderLayer", "Qwen2VLVisionBlock", "PatchMerger"]
-    assert spec.unit_fsdp_config["transformer_layer_cls_to_wrap"] == units
+    assert spec.unit_fsdp_config.transformer_layer_cls_to_wrap == units
     assert spec.model.vision.guard == "dummy_image"  # the same guard: NCCL would wait 30 minutes without it
     plan = spec.loading.sharded
     assert spec.loading.path == "sharded" and list(plan.layer_cls) == units

@@ -59,7 +59,7 @@ def load_model(spec: RankSpec, vocab: int) -> tuple[torch.nn.Module, int | None]
     if spec.loading.distributed_config:
         from transformers.distributed import DistributedConfig
 
-        kwargs["distributed_config"] = DistributedConfig(**spec.loading.distributed_config)
+        kwargs["distributed_config"] = DistributedConfig(**spec.loading.distributed_config.kwargs())
     if spec.method.head == "score":  # RewardTrainer's own choice for a model it loads by name: one score
         classifier = AutoModelForSequenceClassification
         model = open_model(classifier, m.name_or_path, m.trust_remote_code, num_labels=1, **kwargs)
