@@ -506,13 +506,33 @@ def from_dict(data: dict[str, Any]) -> RankSpec:
     return from_plain(RankSpec, data)
 
 
+def upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded rank spec (as JSON) of the spec before this one, 8, read as this one, 9: its trainer
+    arguments recorded as the kwargs themselves become TrainerArgs (the values fsdp-tune decides by field, bf16/fp16
+    as the precision recorded beside them, the user's others in trl_args), and what 9 no longer stores beside them
+    (fsdp_version, precision, checkpointing, output_dir: read from trainer_args now) goes. Both fsdp_config dicts
+    already held FsdpConfig's fields by name, distributed_config DistributedSizes'. Any other version: as it was."""
+    if data.get("spec_version") != 8:
+        return data
+    out = {k: v for k, v in data.items() if k not in ("fsdp_version", "precision", "checkpointing", "output_dir")}
+    args = dict(data["trainer_args"])
+    typed = {f.name for f in fields(TrainerArgs)} - {"precision", "trl_args"}
+    own = {k: args.pop(k) for k in sorted(typed & set(args))}
+    for name in _DERIVED_NAMES:  # bf16/fp16: the recorded precision says them
+        args.pop(name, None)
+    out["trainer_args"] = {**own, "precision": data["precision"], "trl_args": args}
+    out["spec_version"] = 9
+    return out
+
+
 def read_from(run_dir: str | Path) -> RankSpec | None:
     """The rank spec a run executed (machine 0's), for the commands after a run; None for a folder fsdp-tune
-    did not train into (a downloaded adapter). A run of another fsdp-tune version is refused with what to do (its
-    spec's fields are others: `lora` before 8, `trainer_args` before 9)."""
+    did not train into (a downloaded adapter). A run of the fsdp-tune before this one (spec 8) is read as this one
+    (`upgraded`); an older one is refused with what to do (its spec's fields are others: `lora` before 8, the
+    generating methods' before 6)."""
     for path in (Path(run_dir) / RESOLVED_NAME, *sorted(Path(run_dir).glob(f"node0-{RESOLVED_NAME}"))):
         if path.exists():
-            data = json.loads(path.read_text())["spec"]
+            data = upgraded(json.loads(path.read_text())["spec"])  # the spec before this one is read too
             if data.get("spec_version") != SPEC_VERSION:  # a run of an older fsdp-tune: its spec reads otherwise
                 raise UsageError(
                     f"{path} was written by another fsdp-tune version (rank spec {data.get('spec_version')}; this "

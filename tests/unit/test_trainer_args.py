@@ -13,12 +13,12 @@ from dataclasses import replace
 import pytest
 
 from fsdp_tune.decide.machine import Machine
-from fsdp_tune.decide.spec import from_dict, read_from, recorded_fsdp_version, recorded_trainer_kwargs
+from fsdp_tune.decide.spec import from_dict, read_from, recorded_fsdp_version, recorded_trainer_kwargs, upgraded
 from fsdp_tune.decide.trainer import method_args
 from fsdp_tune.errors import UsageError
 from fsdp_tune.preflight.resume import written_by_fsdp
 from fsdp_tune.runfiles import RESOLVED_NAME
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, REPO
 
 H100x8 = Machine(cuda=True, gpus=8, gpu_names=("NVIDIA H100 80GB HBM3",) * 8, driver_version="560.35.03")
 H100x1 = Machine(cuda=True, gpus=1, gpu_names=("NVIDIA H100 80GB HBM3",), driver_version="560.35.03")
@@ -175,8 +175,25 @@ def test_a_run_record_of_either_spec_version_is_read_back(tmp_path) -> None:
 
 
 def test_an_older_runs_record_is_refused_by_the_after_run_commands_with_what_to_do(tmp_path) -> None:
-    old = {**spec_of("sft_cpu_tiny", tmp_path).as_dict(), "spec_version": 8}
+    old = {**spec_of("sft_cpu_tiny", tmp_path).as_dict(), "spec_version": 7}
     (tmp_path / RESOLVED_NAME).write_text(json.dumps({"spec": old}))
-    with pytest.raises(UsageError, match="another fsdp-tune version \\(rank spec 8; this one reads 9\\)") as e:
+    with pytest.raises(UsageError, match="another fsdp-tune version \\(rank spec 7; this one reads 9\\)") as e:
         read_from(tmp_path)
     assert "the fsdp-tune version that trained" in e.value.hint
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_run_of_the_fsdp_tune_before_is_read_as_this_ones(name, tmp_path) -> None:
+    """A run trained yesterday (rank spec 8: tests/fixtures/spec8_records.json, written by that code for these
+    launches) is read by chat, merge and export today: upgraded, it is exactly the spec this code decides."""
+    from fsdp_tune.sources.builtin import target
+
+    spec = spec_of(name, tmp_path)
+    text = json.dumps(json.loads((FIXTURES / "spec8_records.json").read_text())[name])
+    for mark, value in (("{repo}", str(REPO)), ("{moe}", str(tmp_path)), ("{builtin}", str(target("tiny-llama")))):
+        text = text.replace(mark, value)
+    old = json.loads(text)
+    assert old["spec_version"] == 8 and isinstance(old["trainer_args"].get("bf16"), bool)
+    assert from_dict(upgraded(old)) == spec
+    (tmp_path / RESOLVED_NAME).write_text(json.dumps({"spec": old}))
+    assert read_from(tmp_path) == spec
