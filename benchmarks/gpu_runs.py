@@ -16,6 +16,7 @@ from benchmarks import gpu_criteria as crit
 from benchmarks import gpu_measures as meas
 from benchmarks.gpu_proc import GpuWatch, cli, failure_text, metrics, plan, read_json, stand_in_nvidia_smi
 from benchmarks.gpu_scenarios import THROUGHPUT_SHAPE, Mode, Scenario, args_for, with_flags
+from fsdp_tune.decide.spec import from_dict, upgraded
 from fsdp_tune.runfiles import RESOLVED_NAME, SUMMARY_NAME
 
 MFU_GOAL = 0.40  # BENCHMARKS.md's target for bf16 LoRA on the 8B-class model, at 4N
@@ -70,6 +71,13 @@ def steps_seconds(rows: list[dict]) -> float:
     return (timed[-1] - timed[0]) * len(timed) / (len(timed) - 1) if len(timed) > 1 else 0.0
 
 
+def recomputes(resolved: dict) -> bool:
+    """Whether the run recomputed activations (FSDP's or the Trainer's checkpointing), as its rank spec says; a
+    run without a readable spec is counted as recomputing (MFU's higher FLOP count)."""
+    plain = resolved.get("spec")
+    return from_dict(upgraded(plain)).checkpointing != "off" if isinstance(plain, dict) else True
+
+
 def measures(s: Scenario, mode: Mode, got: dict) -> dict:
     """tokens/s and MFU, and the checks every training command gets: trained with its adapter whole, the plan,
     memory against it (GPU), the loading path and where the parameters are as the rank reports them."""
@@ -78,7 +86,7 @@ def measures(s: Scenario, mode: Mode, got: dict) -> dict:
     _, warmup = mode.steps_of(s)
     tps = meas.tokens_per_s(got["metrics"], warmup)
     peak = meas.peak_tflops(mode.gpu_name) if not on_cpu else None
-    recompute = (resolved.get("spec") or {}).get("checkpointing") != "off"
+    recompute = recomputes(resolved)
     mfu = meas.mfu(tps, planned.get("total_params") or 0, recompute, peak, mode.world(s))
     loading = (summary.get("extra") or {}).get("loading") or {}
     rank0 = (summary.get("per_rank") or [{}])[0]

@@ -197,3 +197,17 @@ def test_a_run_of_the_fsdp_tune_before_is_read_as_this_ones(name, tmp_path) -> N
     assert from_dict(upgraded(old)) == spec
     (tmp_path / RESOLVED_NAME).write_text(json.dumps({"spec": old}))
     assert read_from(tmp_path) == spec
+
+
+def test_the_gpu_checks_mfu_reads_checkpointing_from_the_recorded_spec(tmp_path) -> None:
+    """benchmarks/gpu_runs.py counts recomputation's FLOPs as the run's spec says (spec 9 no longer stores
+    `checkpointing`: reading the key said "recomputed" for every run); spec 8's record too."""
+    from benchmarks.gpu_runs import recomputes
+
+    seen = set()
+    for name in ("sft_cpu_tiny", "sft_gradient_checkpointing_kwargs", "full_finetune_8"):
+        spec = spec_of(name, tmp_path)
+        assert recomputes({"spec": spec.as_dict()}) is (spec.checkpointing != "off"), name
+        seen.add(spec.checkpointing)
+    assert "off" in seen and len(seen) > 1, seen
+    assert recomputes({}) is True
