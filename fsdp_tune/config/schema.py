@@ -193,7 +193,7 @@ class RunSettings:
     # GRPO's rewards (rewards/resolve.py: built-ins, file.py:fn, pkg.mod.fn, a reward model); top-level in a recipe
     reward_funcs: tuple[str, ...] = _f((), kind="list")
     # GRPO's generation on the FSDP2 policy: "gathered" (the whole model all-gathered once per generation), "sharded"
-    # (every unit all-gathered again for each token), "auto" (gathered where the plan finds room: planner/grpo.py)
+    # (every unit all-gathered again for each token), "auto" (gathered where the plan finds room: planner/generating.py)
     grpo_generation: str = _f("auto", choices=("auto", "sharded", "gathered"))
 
 

@@ -41,7 +41,7 @@ def _reference(cfg: RunConfig) -> str:
 @dataclass(frozen=True)
 class GenerationWeights:
     """How transformers' generate() meets FSDP2's shards, as the memory plan decided it on the GPUs the ranks use
-    (preflight/memory.py plan_generation, planner/grpo.py generation_weights): an input of decide(), made before
+    (preflight/memory.py plan_generation, planner/generating.py generation_weights): an input of decide(), made before
     the rank spec is, so that no field of it is written after decide()."""
 
     weights: Literal["sharded", "gathered"]

@@ -391,7 +391,8 @@ class GenerationSpec:
     synced: bool = True
     # transformers' generation on the FSDP2 policy: "gathered" (the whole model all-gathered once per generation,
     # FSDPModule.unshard/reshard: worker/training/generation.py) | "sharded" (every unit all-gathered again per token);
-    # --grpo_generation, its "auto" settled on the launcher by the memory plan (planner/grpo.py generation_weights)
+    # --grpo_generation, its "auto" settled on the launcher by the memory plan (planner/generating.py
+    # generation_weights)
     weights: Literal["sharded", "gathered", "auto"] = "sharded"
     weights_why: str = ""  # the decision in words, with the memory that decided it (plan, --dry_run)
     # how the policy reaches vLLM: "adapter" (the trained adapter alone, gathered as the final save gathers it; never

@@ -167,7 +167,7 @@ def plan_run(
     machine = machine(cfg) if callable(machine) else machine or probe()
     resume = resolve_resume(cfg, echo)
     files = read_files(cfg)  # the data files, read once: the spec is decided from them, the pre-flight checks them
-    generation = plan_generation(cfg, machine)  # gathered once per generation, or sharded (planner/grpo.py)
+    generation = plan_generation(cfg, machine)  # gathered once per generation, or sharded (planner/generating.py)
     spec = decide(cfg, machine, resume, console, files=files, generation=generation)
     counted, findings = check_data(spec, files)
     secret_env = decided_secrets(cfg)  # --hub_token: the ranks' environment, never the spec's file

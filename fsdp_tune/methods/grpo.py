@@ -11,7 +11,7 @@ from fsdp_tune.methods.row import (
 )
 
 # GRPO's reference (beta > 0) and its no-grad log-prob passes depend on its config, not on the method: they
-# are GenerationSpec's (decide/method.py) and planner/grpo.py's; the trainer toggles the Trainer's gradient
+# are GenerationSpec's (decide/method.py) and planner/generating.py's; the trainer toggles the Trainer's gradient
 # checkpointing around every generation (recompute_with_fsdp)
 ROW = MethodRow(
     "grpo",

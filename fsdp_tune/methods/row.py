@@ -131,8 +131,8 @@ GENERATING_PROGRESS = (
     Metric("kl", "kl", ".4f"),
 )
 GENERATING_EVAL = (Metric("eval_reward", "reward"), Metric("eval_completions/mean_length", "length", ".1f"))
-# its no-grad log-prob passes and the generation depend on its config, not on the method (planner/grpo.py)
+# its no-grad log-prob passes and the generation depend on its config, not on the method (planner/generating.py)
 GENERATING_STEP = Step(
-    describe="completions generated on the ranks, then trained on as SFT rows (planner/grpo.py: the generation and "
-    "the log-prob passes before it)",
+    describe="completions generated on the ranks, then trained on as SFT rows (planner/generating.py: the generation "
+    "and the log-prob passes before it)",
 )

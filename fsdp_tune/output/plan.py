@@ -6,7 +6,7 @@ from typing import Any
 
 from fsdp_tune.config.methods import SFT, row_of
 from fsdp_tune.planner import experts
-from fsdp_tune.planner.grpo import GENERATION, LOG_PROBS
+from fsdp_tune.planner.generating import GENERATION, LOG_PROBS
 
 METHOD_PHASES = (GENERATION, LOG_PROBS)  # phases before the training step (GRPO's), said even off the peak
 
@@ -53,7 +53,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         if name in phases and name != plan.get("peak_phase"):
             lines.append(f"  {name}: {phases[name]:.2f} GiB")
     gen = plan.get("grpo_generation")
-    if gen:  # planner/grpo.py generation_weights
+    if gen:  # planner/generating.py generation_weights
         how = "gathered once per generation" if gen["weights"] == "gathered" else "sharded (units gathered per token)"
         lines.append(f"generation weights: {how}: {gen['why']}")
     host = f"host memory per node: {plan['host_memory_gib_per_node']:.1f} GiB at peak"

@@ -17,7 +17,7 @@ from fsdp_tune.config.methods import row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import cp_degree, mesh_active, mesh_sizes, model_dtype, shard_group
 from fsdp_tune.decide.method import steps
-from fsdp_tune.planner import gathered, grpo, host
+from fsdp_tune.planner import gathered, generating, host
 from fsdp_tune.planner.adapters import expert_copy_bytes
 from fsdp_tune.planner.method import REFERENCE_PHASE, loss_terms, reference_phase, step_of
 from fsdp_tune.planner.method import note as method_note
@@ -176,8 +176,8 @@ def transient_phases(cfg: RunConfig, shape: ModelShape, st: Stack, world: int, s
     if ref is not None:  # DPO/KTO: the no-grad forwards, while the policy's activations are kept
         phases[REFERENCE_PHASE] = ref
     add_tower(phases, PHASES[:3], cfg, shape, st.compute_bytes, size)  # a vision tower that trains (planner/vision.py)
-    if row_of(cfg.run.method).generates:  # GRPO: generation and log-prob passes before the step (planner/grpo.py)
-        phases.update(grpo.phases(cfg, shape, st, u, saved, head, loss_fwd))
+    if row_of(cfg.run.method).generates:  # GRPO: generation and log-prob passes before the step (planner/generating.py)
+        phases.update(generating.phases(cfg, shape, st, u, saved, head, loss_fwd))
     if st.foreach_adam:  # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)
         trainable = n_lora if cfg.lora.use_peft_lora else shape.total_params
         phases[PHASES[3]]["AdamW foreach temporaries"] = trainable * st.trainable_bytes / 4 / world

@@ -8,7 +8,7 @@
             after it, each B rows under no_grad (kto_trainer.py forward / compute_ref_log_probs): three more passes
     reward  chosen and rejected: 2B rows with gradients through a one-number score head (no vocabulary logits;
             the model has no LM head)
-    grpo    B rows with gradients as SFT's; the generation and the log-prob passes before it (planner/grpo.py)
+    grpo    B rows with gradients as SFT's; the generation and the log-prob passes before it (planner/generating.py)
 
 The no-grad forwards free each layer's tensors as the next one consumes them: at most one layer's worth is alive
 at once (bounded here by what the layer saves for backward, an upper bound) beside the kept activations.
@@ -30,9 +30,9 @@ def step_of(cfg: RunConfig) -> Step:
 def note(cfg: RunConfig) -> str | None:
     """One line for the plan naming the method's step (None for SFT)."""
     if row_of(cfg.run.method).generates:
-        from fsdp_tune.planner import grpo
+        from fsdp_tune.planner import generating
 
-        return grpo.note(cfg)
+        return generating.note(cfg)
     step = step_of(cfg)
     return f"{cfg.run.method}: {step.describe}" if step.describe else None
 

@@ -13,7 +13,7 @@ from fsdp_tune.errors import UsageError
 from fsdp_tune.planner.advice import Target, search
 from fsdp_tune.planner.allocator import CUDA_CONTEXT_GIB, assumptions, device_memory
 from fsdp_tune.planner.experts import expert_parallel
-from fsdp_tune.planner.grpo import generation_weights
+from fsdp_tune.planner.generating import generation_weights
 from fsdp_tune.planner.memory import LOADINGS, GiB, estimate
 from fsdp_tune.planner.shape import measure
 from fsdp_tune.planner.stack import Stack, stack_of
@@ -26,7 +26,7 @@ EP_NOTE = (
     "loading phase has every rank read the whole checkpoint; transformers' DistributedConfig gathers no expert "
     "held whole on its rank and reads each rank's shard only: over-estimates (not measured under ep_size)"
 )
-_CTX = CUDA_CONTEXT_GIB[1]  # the CUDA context's upper bound, beside the gathered model (planner/grpo.py)
+_CTX = CUDA_CONTEXT_GIB[1]  # the CUDA context's upper bound, beside the gathered model (planner/generating.py)
 
 
 def _check(cfg: RunConfig, facts: ModelFacts, gpu_key: str, loading: str) -> str:
@@ -119,7 +119,7 @@ def _model_entry(name: str, shape) -> dict:
 
 
 def generation_plan(cfg: RunConfig, gpu_key: str, gpu_memory: str | None, on_cpu: bool, loading: str) -> dict:
-    """GRPO's generation weights alone (planner/grpo.py generation_weights), as memory_plan decides them, without
+    """GRPO's generation weights alone (planner/generating.py generation_weights), as memory_plan decides them, without
     its step time and advice: an input of decide() (preflight/memory.py plan_generation)."""
     facts = model_of(cfg)
     name = _check(cfg, facts, gpu_key, loading)
@@ -131,7 +131,7 @@ def generation_plan(cfg: RunConfig, gpu_key: str, gpu_memory: str | None, on_cpu
 
 
 def _generation(cfg: RunConfig, shape, st: Stack, phases: dict, budget: float | None, result: dict, gpu) -> None:
-    """GRPO: gathered once per generation, or sharded, with the memory that decided it (planner/grpo.py); the step
+    """GRPO: gathered once per generation, or sharded, with the memory that decided it (planner/generating.py); the step
     time then counts one all-gather of the model per generation instead of one per generated token."""
     if not row_of(cfg.run.method).generates:
         return

@@ -70,11 +70,12 @@ def step_time(cfg: RunConfig, shape: ModelShape, gpu: Gpu, generation_once: bool
     gathered = weight_bytes * gathers
     if cfg.fsdp.version == 2:
         gathered = fsdp2_gathered(cfg, shape, world, step.no_grad_forwards) * accum
-    if row_of(cfg.run.method).generates:  # every unit per generated token, or once (generation_once: planner/grpo.py)
-        from fsdp_tune.planner import grpo
+    # every unit per generated token, or once (generation_once: planner/generating.py)
+    if row_of(cfg.run.method).generates:
+        from fsdp_tune.planner import generating
 
         one_forward = fsdp2_gathered(cfg, shape, world, 1) - fsdp2_gathered(cfg, shape, world, 0)
-        more_flops, more_gathered = grpo.generation_cost(cfg, shape, one_forward, generation_once)
+        more_flops, more_gathered = generating.generation_cost(cfg, shape, one_forward, generation_once)
         flops, gathered = flops + more_flops, gathered + more_gathered
     comm = gathered * (world - 1) / world if world > 1 else 0.0
     if cfg.fsdp.version == 2 and lora and world > 1:  # the adapters' gradients, reduce-scattered as gathered

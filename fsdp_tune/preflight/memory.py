@@ -97,7 +97,7 @@ def check_memory(
 def plan_generation(cfg: RunConfig, machine: Machine) -> GenerationWeights | None:
     """A generating method's generation weights (--grpo_generation auto: gathered once per generation where the
     plan finds room, else sharded), decided on the GPUs the ranks use by the plan `fsdp-tune plan` prints
-    (planner/grpo.py generation_weights): an input of decide() (decide/method.py GenerationWeights), so the rank
+    (planner/generating.py generation_weights): an input of decide() (decide/method.py GenerationWeights), so the rank
     spec is made once with it. The plan is made on where a first decision puts the ranks (their device, the GPUs
     they see, their loading path): decide() is pure, and that draft is dropped. None: nothing to plan (not a
     generating method, or vLLM generates)."""

@@ -45,7 +45,7 @@ def _load_families() -> None:
         adapters,
         data,
         fsdp,
-        grpo,
+        generating,
         launch,
         lora,
         method,

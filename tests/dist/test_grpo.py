@@ -136,7 +136,7 @@ def test_grpo_lora_qlora_resume_and_the_self_check_in_one_launch(tmp_path, model
     ))  # fmt: skip
     assert rloo.spec.method.reference_adapter and rloo.spec.generating.reference == "ref_adapter"
     assert lora.spec.generating.reference == "adapter_disabled" and qlora.spec.generating.reference == "off"
-    # today's path as asked; the others gathered once per generation (auto on CPU ranks: planner/grpo.py)
+    # today's path as asked; the others gathered once per generation (auto on CPU ranks: planner/generating.py)
     weights = [m.spec.generating.weights for m in (lora, qlora, unmanaged)]
     assert weights == ["sharded", "gathered", "gathered"], weights
     assert [r.kind for r in qlora.spec.generating.rewards] == ["python", "builtin", "reward_model"]

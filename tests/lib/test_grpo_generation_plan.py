@@ -1,4 +1,4 @@
-"""GRPO's generation weights as the plan decides them (planner/grpo.py generation_weights): gathered once per
+"""GRPO's generation weights as the plan decides them (planner/generating.py generation_weights): gathered once per
 generation where the generation phase with the whole model gathered fits the card, else sharded; the rank spec
 carries the launcher's decision (GenerationSpec.weights) and `--grpo_generation` overrides it."""
 

@@ -284,10 +284,10 @@ def test_vllm_gets_the_adapter_alone_and_the_newest_request(tmp_path, tok, monke
 
 
 def test_the_plan_has_the_generation_and_the_log_prob_passes() -> None:
-    """GRPO's phases before the training step (planner/grpo.py): the KV cache of every completion generated at once,
-    the reference's pass when beta > 0; the step time counts the generation's all-gathers: one per token on the
+    """GRPO's phases before the training step (planner/generating.py): the KV cache of every completion generated at
+    once, the reference's pass when beta > 0; the step time counts the generation's all-gathers: one per token on the
     sharded path, one per generation where the weights are gathered."""
-    from fsdp_tune.planner import grpo as planned_grpo
+    from fsdp_tune.planner import generating as planned_grpo
     from fsdp_tune.planner.plan import memory_plan
     from fsdp_tune.validate import check
 
@@ -303,7 +303,7 @@ def test_the_plan_has_the_generation_and_the_log_prob_passes() -> None:
     without = check(RECIPE, flags).config
     assert planned_grpo.log_prob_passes(without) == 0
     assert planned_grpo.LOG_PROBS not in memory_plan(without, "h100")["phases_gib"]
-    # 8B fits gathered on an H100 (planner/grpo.py generation_weights): one all-gather per generation
+    # 8B fits gathered on an H100 (planner/generating.py generation_weights): one all-gather per generation
     assert plan["step_time"]["comm_gb_per_step_per_gpu"] < 100
     sharded = check(RECIPE, [*flags, "--beta", "0.04", "--grpo_generation", "sharded"]).config
     comm = memory_plan(sharded, "h100")["step_time"]["comm_gb_per_step_per_gpu"]

@@ -1,5 +1,5 @@
 """A generating method's generation on the FSDP2 policy, as the rank spec's GenerationSpec.weights says (the launcher:
-planner/grpo.py generation_weights):
+planner/generating.py generation_weights):
 
 "sharded" (today's path): transformers' generate() on the sharded model; each forward's pre-forward hook all-gathers
 every unit again and its post-forward frees it, so a completion of N tokens gathers the whole model N + 1 times.

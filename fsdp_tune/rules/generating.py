@@ -30,7 +30,7 @@ def _says(cfg: RunConfig) -> str:
     return row_of(cfg.run.method).says
 
 
-@rule("FT130", "grpo", "GRPO needs its rewards; rewards need GRPO")
+@rule("FT130", "generating", "a generating method (GRPO, RLOO) needs its rewards; rewards need one")
 def rewards_given(cfg: RunConfig) -> Iterator[Finding]:
     if generates(cfg) and not cfg.run.reward_funcs:
         message = f"--method {cfg.run.method} scores each completion with reward functions, and none is given"
@@ -40,7 +40,7 @@ def rewards_given(cfg: RunConfig) -> Iterator[Finding]:
         yield warning(cfg, "FT130", KEY, f"has no effect under --method {cfg.run.method}", "drop it, or --method grpo")
 
 
-@rule("FT131", "grpo", "each reward names a built-in, a function (file.py:fn, pkg.mod.fn) or a reward model")
+@rule("FT131", "generating", "each reward names a built-in, a function (file.py:fn, pkg.mod.fn) or a reward model")
 def rewards_resolve(cfg: RunConfig) -> Iterator[Finding]:
     """Found without running anything (rewards/resolve.py); the pre-flight imports and calls them (PF088)."""
     if not generates(cfg):
@@ -59,7 +59,7 @@ def rewards_resolve(cfg: RunConfig) -> Iterator[Finding]:
         yield warning(cfg, "FT131", KEY, message, "rename one of the functions")
 
 
-@rule("FT132", "grpo", "reward_weights: one weight per reward")
+@rule("FT132", "generating", "reward_weights: one weight per reward")
 def reward_weights(cfg: RunConfig) -> Iterator[Finding]:
     weights = cfg.training.get("reward_weights") if generates(cfg) else None
     n = len(cfg.run.reward_funcs)
@@ -68,7 +68,7 @@ def reward_weights(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT132", "training.reward_weights", message, "--reward_weights " + " ".join(["1.0"] * n))
 
 
-@rule("FT133", "grpo", "the generation batch holds whole groups of num_generations completions")
+@rule("FT133", "generating", "the generation batch holds whole groups of num_generations completions")
 def generation_groups(cfg: RunConfig) -> Iterator[Finding]:
     """GRPO normalizes each reward within the group of completions of one prompt, so every batch it generates holds
     whole groups (GRPOConfig raises otherwise, on every rank)."""
@@ -115,7 +115,7 @@ def _divisor(total: int, start: int) -> int:
     return next((g for g in range(min(start, total), 1, -1) if total % g == 0), 2)
 
 
-@rule("FT134", "grpo", "prompt and completion fit max_seq_len")
+@rule("FT134", "generating", "prompt and completion fit max_seq_len")
 def completion_length(cfg: RunConfig) -> Iterator[Finding]:
     if not generates(cfg):
         return
@@ -129,7 +129,7 @@ def completion_length(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT134", "training.max_completion_length", message, hint)
 
 
-@rule("FT135", "grpo", "beta: the KL term's weight, 0 or more")
+@rule("FT135", "generating", "beta: the KL term's weight, 0 or more")
 def beta_range(cfg: RunConfig) -> Iterator[Finding]:
     if not generates(cfg):
         return
@@ -153,7 +153,7 @@ SEQUENCE_SUMS = ("bnpo", "dr_grpo", "dapo", "cispo")  # sum token terms: sequenc
 VLLM_ONLY = ("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 
 
-@rule("FT136", "grpo", "GRPO's loss types and the parameters each reads")
+@rule("FT136", "generating", "a generating method's loss types and the parameters each reads")
 def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
     if not generates(cfg):
         return
@@ -185,7 +185,7 @@ def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
         yield error(cfg, "FT136", "training.num_iterations", "num_iterations must be 1 or more", "--num_iterations 1")
 
 
-@rule("FT137", "grpo", "how GRPO generates: transformers on the ranks, or vLLM (GPUs, colocated)", decided=True)
+@rule("FT137", "generating", "how completions are generated: transformers on the ranks, or vLLM (GPUs)", decided=True)
 def generation_backend(cfg: RunConfig, d: Derived) -> Iterator[Finding]:
     """vLLM is decided as data in the rank spec (GenerationSpec.generation, weight_sync "adapter") and was never run
     here: by reading. TRL's own sync merges the adapter into the sharded base (model.merge_adapter() on every rank,
@@ -259,7 +259,7 @@ def _vllm(cfg: RunConfig, on_cpu: bool) -> Iterator[Finding]:
         )
 
 
-@rule("FT138", "grpo", "GRPO settings that refuse each other, or that have no effect here")
+@rule("FT138", "generating", "generating settings that refuse each other, or that have no effect here")
 def grpo_leftovers(cfg: RunConfig) -> Iterator[Finding]:
     yield from _generation_weights(cfg)
     if not generates(cfg):
@@ -285,7 +285,7 @@ def grpo_leftovers(cfg: RunConfig) -> Iterator[Finding]:
 
 
 def _generation_weights(cfg: RunConfig) -> Iterator[Finding]:
-    """--grpo_generation is how transformers' generate() meets FSDP2's shards (planner/grpo.py): nothing to choose
+    """--grpo_generation is how transformers' generate() meets FSDP2's shards (planner/generating.py): nothing to choose
     for another method, under vLLM, or under FSDP1 (its units have no unshard(): always sharded)."""
     if not cfg.is_set("run.grpo_generation") or cfg.run.grpo_generation == "auto":
         return
