@@ -1,6 +1,7 @@
-"""GRPO's rewards, checked by `train` before any rank starts (after the data's pre-flight, which found the
-prompts): a built-in's columns and package, and the user's functions imported and called on one row of the data in a
-process of their own (rewards/probe.py). No torch here; the user's code runs in the probe because the user named it.
+"""A generating method's rewards (GRPO, RLOO), checked by `train` before any rank starts (after the data's pre-flight,
+which found the prompts): a built-in's columns and package, and the user's functions imported and called on one row
+of the data in a process of their own (rewards/probe.py). No torch here; the user's code runs in the probe because
+the user named it.
 
     PF087  a built-in reads a column the data lacks, only takes conversational prompts, or needs a package that
            is not installed
