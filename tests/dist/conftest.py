@@ -305,18 +305,74 @@ def variants(tmp_path_factory, model_cache) -> GroupLaunch:
 
 
 # Runs that start from the reference run's and the variants' files, one group launch for the session: the reference
-# run replayed from its manifest (tests/dist/test_after_training.py), and a copy of each straight run's checkpoints
-# resumed with `latest` past an interrupted save (tests/dist/test_train_variants.py). Each is planned by plan_run, as
-# `train` plans it (the manifest read as a config, `latest` resolved, what planning says kept in Member.said); how
-# `train` itself says a resume on the console: tests/dist/test_architectures.py, test_preemption.py.
+# run replayed from its manifest (tests/dist/test_after_training.py), a copy of each straight run's checkpoints
+# resumed with `latest` past an interrupted save (tests/dist/test_train_variants.py), and, last, the preference
+# methods on their probe, DPO from the reference run's SFT adapter among them (tests/dist/test_preference.py: a
+# launch of their own cost ~20 CPU-s of start-up more). Each is planned by plan_run, as `train` plans it (the
+# manifest read as a config, `latest` resolved, what planning says kept in Member.said); how `train` itself says a
+# resume on the console: tests/dist/test_preemption.py.
 RESUMED = {"SHARDED_STATE_DICT": "reference", "FULL_STATE_DICT": "full checkpoints"}
+
+# the preference probe (tests/dist/test_preference.py): random prompts, one constant preferred and one constant
+# rejected answer
+GOOD, BAD = "I am glad to help with that.", "Go away, I will not answer."
+WORDS = "the cat dog sun moon tree river house car blue red green small big fast slow happy old new".split()
+PREFERENCE_STEPS = ("--max_steps", "10", "--learning_rate", "0.01", "--per_device_train_batch_size", "4")
+
+
+def prompts(n: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) for _ in range(n)]
+
+
+def preference_probe(root: Path) -> dict[str, Path]:
+    """The probe's files: plain pairs, conversations, unpaired rows."""
+    from tests.datafiles import jsonl
+
+    asked = prompts(48, 0)
+    pairs = [{"prompt": f"Question: {p}\nAnswer:", "chosen": f" {GOOD}", "rejected": f" {BAD}"} for p in asked]
+    chats = [
+        {
+            "chosen": [{"role": "user", "content": p}, {"role": "assistant", "content": GOOD}],
+            "rejected": [{"role": "user", "content": p}, {"role": "assistant", "content": BAD}],
+        }
+        for p in asked
+    ]
+    unpaired = [
+        {"prompt": f"Question: {p}\nAnswer:", "completion": f" {a}", "label": a == GOOD}
+        for p in asked
+        for a in (GOOD, BAD)
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    return {
+        "pairs": jsonl(root / "pairs.jsonl", pairs),
+        "chats": jsonl(root / "chats.jsonl", chats),
+        "unpaired": jsonl(root / "kto.jsonl", unpaired),
+    }
+
+
+def preference_runs(root: Path, sft: Path) -> dict[str, tuple[str, ...]]:
+    """Every preference method on the probe, and DPO continuing `sft` (an SFT run's adapter: the policy's start and
+    the reference)."""
+    data = preference_probe(root)
+    return {
+        "dpo": ("--method", "dpo", "--dataset_name", str(data["pairs"]), *PREFERENCE_STEPS),
+        "dpo-chats": ("--method", "dpo", "--dataset_name", str(data["chats"]), *PREFERENCE_STEPS),
+        "kto": ("--method", "kto", "--dataset_name", str(data["unpaired"]), *PREFERENCE_STEPS),
+        "reward": ("--method", "reward", "--dataset_name", str(data["pairs"]), *PREFERENCE_STEPS),
+        "from-sft": ("--method", "dpo", "--adapter", str(sft), "--dataset_name", str(data["chats"]))
+        + ("--max_steps", "6", "--learning_rate", "0.001"),
+    }
 
 
 @pytest.fixture(scope="session")
 def continued(tmp_path_factory, model_cache, reference_run, variants) -> GroupLaunch:
     """Read only. "replay": the reference run's fsdp_tune_run.json as the config; "resumed STATE_DICT_TYPE": its
     straight run's checkpoint-2 and checkpoint-4 copied, checkpoint-4's completion marker removed (a save cut
-    short: skipped, never deleted), then `--resume_from_checkpoint latest` to step 6."""
+    short: skipped, never deleted), then `--resume_from_checkpoint latest` to step 6; then preference_runs, last
+    (a run that fails stops those after it)."""
     import shutil
 
     root = tmp_path_factory.mktemp("continued")
@@ -329,6 +385,7 @@ def continued(tmp_path_factory, model_cache, reference_run, variants) -> GroupLa
             shutil.copytree(source / f"checkpoint-{step}", root / name / f"checkpoint-{step}")
         (root / name / "checkpoint-4" / "fsdp_tune_complete").unlink()
         runs[name] = ("--fsdp_state_dict_type", state_dict_type, *REFERENCE, "--resume_from_checkpoint", "latest")
+    runs |= preference_runs(root / "preference-data", reference_run.output_dir)
     return launch_group(root, model_cache, runs, configs=configs)
 
 
