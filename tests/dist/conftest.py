@@ -293,13 +293,60 @@ def mixture(root: Path) -> Path:
     return recipe
 
 
+# Sharded loading against from_pretrained (tests/dist/test_sharded_loading.py): each case trained on both paths, in
+# the variants' launch (a launch of their own cost ~20 CPU-s of start-up more)
+SHARDED_CASES = {
+    "lora": (),
+    "qlora": (*QLORA, "--use_nested_quant", "True"),
+    "grown vocabulary, FSDP AC, bf16": ("--chat_template_format", "zephyr", "--fsdp_activation_checkpointing", "true")
+    + ("--bf16", "True"),
+    "small-llama": ("--model_name_or_path", "builtin:small-llama", "--max_seq_len", "64")
+    + ("--per_device_train_batch_size", "2", "--max_steps", "2"),
+}
+LOADING_PATHS = ("transformers", "sharded")
+FALLBACK = "fallback on the ranks"
+
+
+def loading_name(case: str, path: str) -> str:
+    return f"{case.replace(' ', '_').replace(',', '')}-{path}"  # the run's folder
+
+
+def without_lm_head(folder: Path, copy: Path) -> str:
+    """The tiny model with lm_head.weight missing from its checkpoint: from_pretrained initialises it (randomly,
+    with a warning); sharded loading cannot, and only a rank reading the checkpoint finds out."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, copy)
+    tensors = load_file(str(copy / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    return str(copy)
+
+
+def loading_runs(root: Path, model_cache: Path) -> dict[str, tuple[str, ...]]:
+    """SHARDED_CASES and FALLBACK (the tiny model without its lm_head) on each loading path: --loading transformers,
+    or auto, which the launcher resolves to sharded."""
+    from fsdp_tune.sources.builtin import materialize
+
+    with environment(offline_env(model_cache)):  # where the ranks read the builtin models
+        broken = without_lm_head(materialize("tiny-llama"), root / "m")
+    cases = {**SHARDED_CASES, FALLBACK: ("--model_name_or_path", broken)}
+    return {
+        loading_name(case, path): ("--max_steps", "3", *flags, "--loading", "auto" if path == "sharded" else path)
+        for case, flags in cases.items()
+        for path in LOADING_PATHS
+    }
+
+
 @pytest.fixture(scope="session")
 def variants(tmp_path_factory, model_cache) -> GroupLaunch:
-    """Read only, as the reference run. The mixture and context parallelism run last (a run that fails stops those
-    after it); the mixture brings its Hub dataset's cache (HF_DATASETS_CACHE: the others' local files cache there as
-    well)."""
+    """Read only, as the reference run. The mixture and context parallelism run after the VARIANTS, then the loading
+    pairs (a run that fails stops those after it); the mixture brings its Hub dataset's cache (HF_DATASETS_CACHE: the
+    others' local files cache there as well)."""
     root = tmp_path_factory.mktemp("variants")
-    runs = {**VARIANTS, "mixture": (), "cp": (*CP2, *EVAL_ONCE)}
+    runs = {**VARIANTS, "mixture": (), "cp": (*CP2, *EVAL_ONCE), **loading_runs(root, model_cache)}
     configs = {"mixture": mixture(root)}
     return launch_group(root, model_cache, runs, configs=configs, env={"HF_DATASETS_CACHE": str(root / "data" / "hub")})
 
