@@ -351,14 +351,18 @@ def variants(tmp_path_factory, model_cache) -> GroupLaunch:
     return launch_group(root, model_cache, runs, configs=configs, env={"HF_DATASETS_CACHE": str(root / "data" / "hub")})
 
 
-# Runs that start from the reference run's and the variants' files, one group launch for the session: the reference
-# run replayed from its manifest (tests/dist/test_after_training.py), a copy of each straight run's checkpoints
-# resumed with `latest` past an interrupted save (tests/dist/test_train_variants.py), and, last, the preference
-# methods on their probe, DPO from the reference run's SFT adapter among them (tests/dist/test_preference.py: a
-# launch of their own cost ~20 CPU-s of start-up more). Each is planned by plan_run, as `train` plans it (the
-# manifest read as a config, `latest` resolved, what planning says kept in Member.said); how `train` itself says a
-# resume on the console: tests/dist/test_preemption.py.
+# Runs that start from the reference run's and the variants' files, one group launch for the session: first the
+# 125M model whose peak RSS tests/dist/test_plan_measured.py measures (MEASURED below), then the reference run
+# replayed from its manifest (tests/dist/test_after_training.py), a copy of each straight run's checkpoints resumed
+# with `latest` past an interrupted save (tests/dist/test_train_variants.py), and, last, the preference methods on
+# their probe, DPO from the reference run's SFT adapter among them (tests/dist/test_preference.py). A launch of their
+# own cost those runs ~20 CPU-s of start-up more each. Each is planned by plan_run, as `train` plans it (the manifest
+# read as a config, `latest` resolved, what planning says kept in Member.said); how `train` itself says a resume on
+# the console: tests/dist/test_preemption.py.
 RESUMED = {"SHARDED_STATE_DICT": "reference", "FULL_STATE_DICT": "full checkpoints"}
+# The 125M-parameter model whose peak RSS tests/dist/test_plan_measured.py compares with the planner's prediction:
+# the launch's first run, so its ranks' peak (ru_maxrss, a process's) is its own, as in a launch of its own
+MEASURED = ("--model_name_or_path", "builtin:small-llama", "--max_seq_len", "128")
 
 # the preference probe (tests/dist/test_preference.py): random prompts, one constant preferred and one constant
 # rejected answer
@@ -416,14 +420,15 @@ def preference_runs(root: Path, sft: Path) -> dict[str, tuple[str, ...]]:
 
 @pytest.fixture(scope="session")
 def continued(tmp_path_factory, model_cache, reference_run, variants) -> GroupLaunch:
-    """Read only. "replay": the reference run's fsdp_tune_run.json as the config; "resumed STATE_DICT_TYPE": its
-    straight run's checkpoint-2 and checkpoint-4 copied, checkpoint-4's completion marker removed (a save cut
-    short: skipped, never deleted), then `--resume_from_checkpoint latest` to step 6; then preference_runs, last
-    (a run that fails stops those after it)."""
+    """Read only. "measured": MEASURED, first (tests/dist/test_plan_measured.py); "replay": the reference run's
+    fsdp_tune_run.json as the config; "resumed STATE_DICT_TYPE": its straight run's checkpoint-2 and checkpoint-4
+    copied, checkpoint-4's completion marker removed (a save cut short: skipped, never deleted), then
+    `--resume_from_checkpoint latest` to step 6; then preference_runs, last (a run that fails stops those after
+    it)."""
     import shutil
 
     root = tmp_path_factory.mktemp("continued")
-    runs = {"replay": ()}
+    runs = {"measured": (*MEASURED, "--max_steps", "2"), "replay": ()}  # "measured" first: a fresh process's RSS
     configs = {"replay": reference_run.output_dir / "fsdp_tune_run.json"}
     for state_dict_type, straight in RESUMED.items():
         name = f"resumed {state_dict_type}"
