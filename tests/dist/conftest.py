@@ -293,34 +293,142 @@ def mixture(root: Path) -> Path:
     return recipe
 
 
+# Sharded loading against from_pretrained (tests/dist/test_sharded_loading.py): each case trained on both paths, in
+# the variants' launch (a launch of their own cost ~20 CPU-s of start-up more)
+SHARDED_CASES = {
+    "lora": (),
+    "qlora": (*QLORA, "--use_nested_quant", "True"),
+    "grown vocabulary, FSDP AC, bf16": ("--chat_template_format", "zephyr", "--fsdp_activation_checkpointing", "true")
+    + ("--bf16", "True"),
+    "small-llama": ("--model_name_or_path", "builtin:small-llama", "--max_seq_len", "64")
+    + ("--per_device_train_batch_size", "2", "--max_steps", "2"),
+}
+LOADING_PATHS = ("transformers", "sharded")
+FALLBACK = "fallback on the ranks"
+
+
+def loading_name(case: str, path: str) -> str:
+    return f"{case.replace(' ', '_').replace(',', '')}-{path}"  # the run's folder
+
+
+def without_lm_head(folder: Path, copy: Path) -> str:
+    """The tiny model with lm_head.weight missing from its checkpoint: from_pretrained initialises it (randomly,
+    with a warning); sharded loading cannot, and only a rank reading the checkpoint finds out."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, copy)
+    tensors = load_file(str(copy / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    return str(copy)
+
+
+def loading_runs(root: Path, model_cache: Path) -> dict[str, tuple[str, ...]]:
+    """SHARDED_CASES and FALLBACK (the tiny model without its lm_head) on each loading path: --loading transformers,
+    or auto, which the launcher resolves to sharded."""
+    from fsdp_tune.sources.builtin import materialize
+
+    with environment(offline_env(model_cache)):  # where the ranks read the builtin models
+        broken = without_lm_head(materialize("tiny-llama"), root / "m")
+    cases = {**SHARDED_CASES, FALLBACK: ("--model_name_or_path", broken)}
+    return {
+        loading_name(case, path): ("--max_steps", "3", *flags, "--loading", "auto" if path == "sharded" else path)
+        for case, flags in cases.items()
+        for path in LOADING_PATHS
+    }
+
+
 @pytest.fixture(scope="session")
 def variants(tmp_path_factory, model_cache) -> GroupLaunch:
-    """Read only, as the reference run. The mixture and context parallelism run last (a run that fails stops those
-    after it); the mixture brings its Hub dataset's cache (HF_DATASETS_CACHE: the others' local files cache there as
-    well)."""
+    """Read only, as the reference run. The mixture and context parallelism run after the VARIANTS, then the loading
+    pairs (a run that fails stops those after it); the mixture brings its Hub dataset's cache (HF_DATASETS_CACHE: the
+    others' local files cache there as well)."""
     root = tmp_path_factory.mktemp("variants")
-    runs = {**VARIANTS, "mixture": (), "cp": (*CP2, *EVAL_ONCE)}
+    runs = {**VARIANTS, "mixture": (), "cp": (*CP2, *EVAL_ONCE), **loading_runs(root, model_cache)}
     configs = {"mixture": mixture(root)}
     return launch_group(root, model_cache, runs, configs=configs, env={"HF_DATASETS_CACHE": str(root / "data" / "hub")})
 
 
-# Runs that start from the reference run's and the variants' files, one group launch for the session: the reference
-# run replayed from its manifest (tests/dist/test_after_training.py), and a copy of each straight run's checkpoints
-# resumed with `latest` past an interrupted save (tests/dist/test_train_variants.py). Each is planned by plan_run, as
-# `train` plans it (the manifest read as a config, `latest` resolved, what planning says kept in Member.said); how
-# `train` itself says a resume on the console: tests/dist/test_architectures.py, test_preemption.py.
+# Runs that start from the reference run's and the variants' files, one group launch for the session: first the
+# 125M model whose peak RSS tests/dist/test_plan_measured.py measures (MEASURED below), then the reference run
+# replayed from its manifest (tests/dist/test_after_training.py), a copy of each straight run's checkpoints resumed
+# with `latest` past an interrupted save (tests/dist/test_train_variants.py), and, last, the preference methods on
+# their probe, DPO from the reference run's SFT adapter among them (tests/dist/test_preference.py). A launch of their
+# own cost those runs ~20 CPU-s of start-up more each. Each is planned by plan_run, as `train` plans it (the manifest
+# read as a config, `latest` resolved, what planning says kept in Member.said); how `train` itself says a resume on
+# the console: tests/dist/test_preemption.py.
 RESUMED = {"SHARDED_STATE_DICT": "reference", "FULL_STATE_DICT": "full checkpoints"}
+# The 125M-parameter model whose peak RSS tests/dist/test_plan_measured.py compares with the planner's prediction:
+# the launch's first run, so its ranks' peak (ru_maxrss, a process's) is its own, as in a launch of its own
+MEASURED = ("--model_name_or_path", "builtin:small-llama", "--max_seq_len", "128")
+
+# the preference probe (tests/dist/test_preference.py): random prompts, one constant preferred and one constant
+# rejected answer
+GOOD, BAD = "I am glad to help with that.", "Go away, I will not answer."
+WORDS = "the cat dog sun moon tree river house car blue red green small big fast slow happy old new".split()
+PREFERENCE_STEPS = ("--max_steps", "10", "--learning_rate", "0.01", "--per_device_train_batch_size", "4")
+
+
+def prompts(n: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) for _ in range(n)]
+
+
+def preference_probe(root: Path) -> dict[str, Path]:
+    """The probe's files: plain pairs, conversations, unpaired rows."""
+    from tests.datafiles import jsonl
+
+    asked = prompts(48, 0)
+    pairs = [{"prompt": f"Question: {p}\nAnswer:", "chosen": f" {GOOD}", "rejected": f" {BAD}"} for p in asked]
+    chats = [
+        {
+            "chosen": [{"role": "user", "content": p}, {"role": "assistant", "content": GOOD}],
+            "rejected": [{"role": "user", "content": p}, {"role": "assistant", "content": BAD}],
+        }
+        for p in asked
+    ]
+    unpaired = [
+        {"prompt": f"Question: {p}\nAnswer:", "completion": f" {a}", "label": a == GOOD}
+        for p in asked
+        for a in (GOOD, BAD)
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    return {
+        "pairs": jsonl(root / "pairs.jsonl", pairs),
+        "chats": jsonl(root / "chats.jsonl", chats),
+        "unpaired": jsonl(root / "kto.jsonl", unpaired),
+    }
+
+
+def preference_runs(root: Path, sft: Path) -> dict[str, tuple[str, ...]]:
+    """Every preference method on the probe, and DPO continuing `sft` (an SFT run's adapter: the policy's start and
+    the reference)."""
+    data = preference_probe(root)
+    return {
+        "dpo": ("--method", "dpo", "--dataset_name", str(data["pairs"]), *PREFERENCE_STEPS),
+        "dpo-chats": ("--method", "dpo", "--dataset_name", str(data["chats"]), *PREFERENCE_STEPS),
+        "kto": ("--method", "kto", "--dataset_name", str(data["unpaired"]), *PREFERENCE_STEPS),
+        "reward": ("--method", "reward", "--dataset_name", str(data["pairs"]), *PREFERENCE_STEPS),
+        "from-sft": ("--method", "dpo", "--adapter", str(sft), "--dataset_name", str(data["chats"]))
+        + ("--max_steps", "6", "--learning_rate", "0.001"),
+    }
 
 
 @pytest.fixture(scope="session")
 def continued(tmp_path_factory, model_cache, reference_run, variants) -> GroupLaunch:
-    """Read only. "replay": the reference run's fsdp_tune_run.json as the config; "resumed STATE_DICT_TYPE": its
-    straight run's checkpoint-2 and checkpoint-4 copied, checkpoint-4's completion marker removed (a save cut
-    short: skipped, never deleted), then `--resume_from_checkpoint latest` to step 6."""
+    """Read only. "measured": MEASURED, first (tests/dist/test_plan_measured.py); "replay": the reference run's
+    fsdp_tune_run.json as the config; "resumed STATE_DICT_TYPE": its straight run's checkpoint-2 and checkpoint-4
+    copied, checkpoint-4's completion marker removed (a save cut short: skipped, never deleted), then
+    `--resume_from_checkpoint latest` to step 6; then preference_runs, last (a run that fails stops those after
+    it)."""
     import shutil
 
     root = tmp_path_factory.mktemp("continued")
-    runs = {"replay": ()}
+    runs = {"measured": (*MEASURED, "--max_steps", "2"), "replay": ()}  # "measured" first: a fresh process's RSS
     configs = {"replay": reference_run.output_dir / "fsdp_tune_run.json"}
     for state_dict_type, straight in RESUMED.items():
         name = f"resumed {state_dict_type}"
@@ -329,6 +437,7 @@ def continued(tmp_path_factory, model_cache, reference_run, variants) -> GroupLa
             shutil.copytree(source / f"checkpoint-{step}", root / name / f"checkpoint-{step}")
         (root / name / "checkpoint-4" / "fsdp_tune_complete").unlink()
         runs[name] = ("--fsdp_state_dict_type", state_dict_type, *REFERENCE, "--resume_from_checkpoint", "latest")
+    runs |= preference_runs(root / "preference-data", reference_run.output_dir)
     return launch_group(root, model_cache, runs, configs=configs)
 
 

@@ -6,7 +6,10 @@
   top-2) at ep_size 2 against the same run at ep_size 1 (FSDP2 alone) from the same seed, step by step, and a run
   whose experts were copied from rank 0 (transformers#45662's wrong mesh), which the self-check stops in one line;
   in the same launch, a Qwen3-MoE ep_size 2 run checkpointed every 2 of 4 steps, the same run stopped after step 1
-  by the stop file (the preemption path: a checkpoint on stop) and a third resumed from that checkpoint."""
+  by the stop file (the preemption path: a checkpoint on stop) and a third resumed from that checkpoint; and Mixtral's
+  expert LoRA (no expert parallelism) checkpointed every 2 of 4 steps and resumed from checkpoint-2 (a launch of two
+  runs of its own cost ~20 CPU-s of start-up more; how `train` resolves `latest` and says the resume on its console:
+  tests/dist/conftest.py `continued`, test_preemption.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ RUN = ("--lora_target_modules", "q_proj,k_proj,v_proj,o_proj", "--max_steps", "3
 COPIED = "qwen3_moe ep2 copied experts"
 SAVED = (*RUN[:2], "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", *EP2)
 STRAIGHT, STOPPED, RESUMED = "qwen3_moe ep2 saved", "qwen3_moe ep2 stopped", "qwen3_moe ep2 resumed"
+MOE_STRAIGHT, MOE_RESUMED = "mixtral experts saved", "mixtral experts resumed"
+MOE_SAVED = ("--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--eval_strategy", "no")
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +100,8 @@ def runs(tmp_path_factory, model_cache):
         named[f"{family} ep1"] = (*model, *RUN)
     for name in (STRAIGHT, STOPPED, RESUMED):
         named[name] = ("--model_name_or_path", str(models["qwen3_moe"]), *SAVED)
+    for name in (MOE_STRAIGHT, MOE_RESUMED):  # the base config's all-linear: attention, experts and router
+        named[name] = ("--model_name_or_path", str(models["mixtral"]), *MOE_SAVED)
     named[COPIED] = ("--model_name_or_path", str(models["qwen3_moe"]), *RUN, *EP2)  # last: it fails
     root = tmp_path_factory.mktemp("ep-runs")
     env = {"FSDP_TUNE_TEST_COPIED_EXPERTS": COPIED}
@@ -103,15 +110,19 @@ def runs(tmp_path_factory, model_cache):
 
 def _stop_then_resume(members) -> None:
     """STOPPED finds the launcher's stop file at its first step's end (a preemption); RESUMED resumes its
-    checkpoint, as `--resume_from_checkpoint` would (the launcher checks a folder that exists; this one is written
-    later in the same launch)."""
+    checkpoint, and MOE_RESUMED MOE_STRAIGHT's checkpoint-2, as `--resume_from_checkpoint` would (the launcher
+    checks a folder that exists; these are written later in the same launch)."""
     from fsdp_tune.runfiles import STOP_FILE
 
     (members[STOPPED].output_dir / STOP_FILE).write_text("15")
-    resolved = members[RESUMED].resolved
-    handoff = json.loads(resolved.read_text())
-    handoff["spec"]["resume_from_checkpoint"] = str(members[STOPPED].output_dir / "checkpoint-1")
-    resolved.write_text(json.dumps(handoff))
+    for resumed, checkpoint in (
+        (RESUMED, members[STOPPED].output_dir / "checkpoint-1"),
+        (MOE_RESUMED, members[MOE_STRAIGHT].output_dir / "checkpoint-2"),
+    ):
+        resolved = members[resumed].resolved
+        handoff = json.loads(resolved.read_text())
+        handoff["spec"]["resume_from_checkpoint"] = str(checkpoint)
+        resolved.write_text(json.dumps(handoff))
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
@@ -217,3 +228,19 @@ def _logged(output_dir) -> list[dict]:
 
     rows = [json.loads(line) for line in (output_dir / METRICS_NAME).read_text().splitlines()]
     return [r for r in rows if "loss" in r]
+
+
+def test_moe_resumes_as_if_never_stopped(runs) -> None:
+    """Mixtral's expert LoRA (PEFT's ParamWrapper on the fused 3-D experts) through a sharded checkpoint and a
+    resume from it: the resumed launch trains steps 3-4 itself and its final adapter equals the uninterrupted
+    run's, bit for bit."""
+    from safetensors.torch import load_file
+
+    straight, resumed = runs[MOE_STRAIGHT], runs[MOE_RESUMED]
+    assert (straight.output_dir / "checkpoint-2" / "fsdp_tune_complete").exists()
+    assert [r["step"] for r in _logged(resumed.output_dir)] == [3, 4], resumed.logs()[-4000:]
+    want = load_file(straight.output_dir / "adapter_model.safetensors")
+    got = load_file(resumed.output_dir / "adapter_model.safetensors")
+    assert any(".mlp.experts." in k for k in want), list(want)
+    assert want.keys() == got.keys()
+    assert all(want[k].equal(got[k]) for k in want), [k for k in want if not want[k].equal(got[k])]

@@ -1,69 +1,23 @@
-"""Preference tuning on 2 CPU ranks, every method in one torchrun launch (tests/dist/conftest.py launch_group; the
-rank specs come from the launcher's own plan_run): DPO on a preference probe (random prompts, one constant preferred
-and one constant rejected answer), from plain pairs and from conversations whose prompt is their common turns; KTO
-on unpaired rows; a reward model, scored on held-out prompts, merged into a sequence classifier; and DPO continuing
-the reference run's SFT adapter, which is both the policy's start and the reference."""
+"""Preference tuning on 2 CPU ranks, every method in the session's `continued` launch (tests/dist/conftest.py
+preference_runs; the rank specs come from the launcher's own plan_run): DPO on a preference probe (random prompts,
+one constant preferred and one constant rejected answer), from plain pairs and from conversations whose prompt is
+their common turns; KTO on unpaired rows; a reward model, scored on held-out prompts, merged into a sequence
+classifier; and DPO continuing the reference run's SFT adapter, which is both the policy's start and the
+reference."""
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
-from tests.datafiles import jsonl
-from tests.dist.conftest import Member, launch_group
+from tests.dist.conftest import BAD, GOOD, Member, prompts
 
-GOOD, BAD = "I am glad to help with that.", "Go away, I will not answer."
-WORDS = "the cat dog sun moon tree river house car blue red green small big fast slow happy old new".split()
-STEPS = ("--max_steps", "10", "--learning_rate", "0.01", "--per_device_train_batch_size", "4")
+PREFERENCE = ("dpo", "dpo-chats", "kto", "reward", "from-sft")
 
 
-def prompts(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) for _ in range(n)]
-
-
-def probe(tmp_path: Path) -> dict[str, Path]:
-    """The probe's files: plain pairs, conversations, unpaired rows."""
-    asked = prompts(48, 0)
-    return {
-        "pairs": jsonl(
-            tmp_path / "pairs.jsonl",
-            [{"prompt": f"Question: {p}\nAnswer:", "chosen": f" {GOOD}", "rejected": f" {BAD}"} for p in asked],
-        ),
-        "chats": jsonl(
-            tmp_path / "chats.jsonl",
-            [
-                {
-                    "chosen": [{"role": "user", "content": p}, {"role": "assistant", "content": GOOD}],
-                    "rejected": [{"role": "user", "content": p}, {"role": "assistant", "content": BAD}],
-                }
-                for p in asked
-            ],
-        ),
-        "unpaired": jsonl(
-            tmp_path / "kto.jsonl",
-            [
-                {"prompt": f"Question: {p}\nAnswer:", "completion": f" {a}", "label": a == GOOD}
-                for p in asked
-                for a in (GOOD, BAD)
-            ],
-        ),
-    }
-
-
-def test_dpo_kto_reward_and_dpo_from_an_sft_run(tmp_path, model_cache, reference_run) -> None:
-    data = probe(tmp_path)
+def test_dpo_kto_reward_and_dpo_from_an_sft_run(tmp_path, reference_run, continued) -> None:
+    group, runs = continued, PREFERENCE
     sft = reference_run.output_dir  # LoRA r 8 on all linears, 6 SFT steps on the demo chats
-    runs = {
-        "dpo": ("--method", "dpo", "--dataset_name", str(data["pairs"]), *STEPS),
-        "dpo-chats": ("--method", "dpo", "--dataset_name", str(data["chats"]), *STEPS),
-        "kto": ("--method", "kto", "--dataset_name", str(data["unpaired"]), *STEPS),
-        "reward": ("--method", "reward", "--dataset_name", str(data["pairs"]), *STEPS),
-        "from-sft": ("--method", "dpo", "--adapter", str(sft), "--dataset_name", str(data["chats"]))
-        + ("--max_steps", "6", "--learning_rate", "0.001"),
-    }
-    group = launch_group(tmp_path / "runs", model_cache, runs)
     assert [group[n].spec.loading.path for n in runs] == ["sharded", "sharded", "sharded", "transformers", "sharded"]
     assert group["from-sft"].spec.model.adapter == str(sft) and group["from-sft"].spec.lora.r == 8
     assert group.proc.returncode == 0, group.logs() + "".join(group[n].logs() for n in runs)
