@@ -89,7 +89,7 @@ def steps_per_generation(cfg: RunConfig) -> int:
     gradient_accumulation_steps."""
     t = cfg.training
     unset = t.get("steps_per_generation") is None
-    return int(t.get("gradient_accumulation_steps") if unset else t.get("steps_per_generation"))
+    return steps(cfg).gradient_accumulation_steps if unset else int(t.get("steps_per_generation"))
 
 
 def generation_batch(cfg: RunConfig) -> tuple[int, int, str]:
@@ -97,12 +97,12 @@ def generation_batch(cfg: RunConfig) -> tuple[int, int, str]:
     GRPOConfig.__post_init__ computes them from the settings TrainingSettings.get gives (its defaults unset)."""
     t = cfg.training
     world = max(cfg.launch.num_processes, 1)
-    per_device = int(t.get("per_device_train_batch_size"))
+    per_device = steps(cfg).per_device_train_batch_size
     if t.get("generation_batch_size") is not None:
         return int(t.get("generation_batch_size")), per_device * world, "generation_batch_size"
-    steps = steps_per_generation(cfg)
-    words = f"per_device_train_batch_size {per_device} x {world} ranks x {steps} steps a generation"
-    return per_device * world * steps, per_device * world, words
+    per_generation = steps_per_generation(cfg)
+    words = f"per_device_train_batch_size {per_device} x {world} ranks x {per_generation} steps a generation"
+    return per_device * world * per_generation, per_device * world, words
 
 
 def steps(cfg: RunConfig) -> Steps:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import expert_parallel_size
+from fsdp_tune.decide.method import steps
 from fsdp_tune.planner.shape import ModelShape
 
 
@@ -20,9 +21,8 @@ def expert_parallel(cfg: RunConfig, shape: ModelShape, compute_bytes: int) -> di
     ep = expert_parallel_size(cfg)
     if ep == 1 or not shape.n_experts:
         return None
-    micro = int(cfg.training.get("per_device_train_batch_size") or 8)
-    accum = int(cfg.training.get("gradient_accumulation_steps") or 1)
-    tokens = micro * cfg.data.max_seq_len * accum  # one rank's tokens in one optimizer step
+    batch = steps(cfg)  # the typed batch, the method config's defaults filled in (decide/method.py)
+    tokens = batch.per_device_train_batch_size * cfg.data.max_seq_len * batch.gradient_accumulation_steps  # a step
     pairs_sent = tokens * shape.top_k * (ep - 1) / ep
     per_layer = 4 * pairs_sent * shape.hidden_size * compute_bytes  # dispatch + combine, forward and backward
     world = max(cfg.launch.num_processes, 1)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.decide.derived import shard_group
-from fsdp_tune.decide.method import generation_batch, steps_per_generation
+from fsdp_tune.decide.method import generation_batch, steps, steps_per_generation
 from fsdp_tune.planner import gathered
 from fsdp_tune.planner.shape import ModelShape
 from fsdp_tune.planner.stack import Stack
@@ -68,7 +68,7 @@ def _micro_steps_per_generation(cfg: RunConfig) -> int:
 
 def log_prob_passes(cfg: RunConfig) -> int:
     """Forwards without gradients before training: the reference's (beta > 0) and the old policy's."""
-    old = _int(cfg, "gradient_accumulation_steps", 1) % _micro_steps_per_generation(cfg) != 0
+    old = steps(cfg).gradient_accumulation_steps % _micro_steps_per_generation(cfg) != 0
     return int(float(cfg.training.get("beta") or 0) > 0) + int(old)
 
 
@@ -97,7 +97,7 @@ def phases(cfg: RunConfig, shape: ModelShape, st: Stack, u: dict, saved: float, 
         }
     }
     if log_prob_passes(cfg):
-        tokens = _int(cfg, "per_device_train_batch_size", 1) * sequence(cfg)
+        tokens = steps(cfg).per_device_train_batch_size * sequence(cfg)
         out[LOG_PROBS] = {
             "one layer's tensors (no grad)": tokens * saved,
             "gathered FSDP units": 3 * u["layer"],
