@@ -96,13 +96,20 @@ def _default(path: str) -> Any:
 
 
 def select(word: str | None) -> list[dict[str, Any]]:
-    """Every flag of a group (`lora`), or every flag whose name contains `word`, by group then name."""
+    """Every flag of a group (`lora`), or every flag whose name contains `word`, by group then name; `word` another
+    tool's name for a setting (config/suggest.py OTHER_NAMES) lists our flag too, saying whose name it was."""
     from fsdp_tune.config.names import flag_table
+    from fsdp_tune.config.suggest import OTHER_NAMES
 
     flags = [describe(n, p) for n, p in flag_table().items()]
     if word:
         key = word.lower().lstrip("-").replace("-", "_")
-        flags = [f for f in flags if f["group"] == key] or [f for f in flags if key in f["flag"]]
+        other = OTHER_NAMES.get(key)  # another tool's name (axolotl's micro_batch_size): our flag, said whose it was
+        if other is not None:
+            flags = [
+                {**f, "other_name": f"{key} is {other[1]} name"} if f["flag"] == f"--{other[0]}" else f for f in flags
+            ]
+        flags = [f for f in flags if f["group"] == key] or [f for f in flags if key in f["flag"] or "other_name" in f]
     return sorted(flags, key=lambda f: (GROUPS.index(f["group"]) if f["group"] in GROUPS else 99, f["flag"]))
 
 
@@ -115,7 +122,8 @@ def format_flags(flags: list[dict[str, Any]], full_choices: bool) -> str:
             group = f["group"]
             lines.append(f"{group}:")
         sets = "" if f["sets"].endswith("." + f["flag"][2:]) else f"  (sets {f['sets']})"
-        row = f"  {f['flag']:<{width}}  {f['kind']:<11} default {_shown(f['default'])}{sets}"
+        known = f"  ({f['other_name']})" if "other_name" in f else ""
+        row = f"  {f['flag']:<{width}}  {f['kind']:<11} default {_shown(f['default'])}{sets}{known}"
         lines.append(row)
         if f["choices"]:
             shown = f["choices"] if full_choices or len(f["choices"]) <= 8 else [*f["choices"][:8], "..."]

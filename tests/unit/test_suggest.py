@@ -44,3 +44,11 @@ def test_the_cli_names_the_flag_and_whose_name_it_was() -> None:
     assert result.exit_code == 2
     assert "hint: did you mean `--learning_rate`? (`lr` is torchtune's name)" in result.output
     assert "hint: did you mean `--num_train_epochs`? (`epochs` is torchtune's name)" in result.output
+
+
+def test_flags_lists_our_flag_for_another_tools_name() -> None:
+    result = CliRunner().invoke(app, ["flags", "micro_batch_size"])
+    assert result.exit_code == 0, result.output  # was: no flag matches
+    assert "--per_device_train_batch_size" in result.output and "(micro_batch_size is axolotl's name)" in result.output
+    lr = CliRunner().invoke(app, ["flags", "lr"]).output
+    assert "--learning_rate" in lr and "--lr_scheduler_type" in lr  # the name's own matches stay
