@@ -48,7 +48,7 @@ class Look:
             eval_split=self.splits[1] if len(self.splits) > 1 else None,
             loader=self.located.loader,
             files=self.files,
-            detected=self.fmt.as_dict(),
+            detected=self.fmt,
             train_on_prompt=source.train_on_prompt or self.as_text,
         )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from fsdp_tune.decide.datafiles import Counted
 from fsdp_tune.decide.spec import DataSpec
-from fsdp_tune.sources.formats import PROMPT_KINDS, TEXT, Format
+from fsdp_tune.sources.formats import PROMPT_KINDS, TEXT
 
 # TRL's packing strategies (SFTConfig.packing_strategy), as the plan says them
 PACKING = {
@@ -24,7 +24,7 @@ def plan_lines(data: DataSpec, packing_strategy: str | None = None, counted: tup
     weighted = any(s.weight is not None for s in data.sources)
     tokenized = [c.tokenized for c in counted] or [None] * len(data.sources)  # the pre-flight's, beside the spec
     for s, found in zip(data.sources, tokenized, strict=True):
-        fmt = Format.from_dict(s.detected) if s.detected else None
+        fmt = s.detected
         what = fmt.describe() if fmt else "format detected on rank 0 (a Hub dataset)"
         loss = "every token" if s.train_on_prompt or (fmt and fmt.kind == TEXT) else "the answers"
         if fmt and fmt.kind in PROMPT_KINDS:

@@ -26,7 +26,7 @@ def first_row(source: Source, look: Look) -> tuple[dict, str] | None:
     the rows decide/datafiles.py read once for the spec, never the file again. None: a Hub dataset, or no usable row."""
     if source.detected is None or not look.splits:
         return None
-    fmt = Format.from_dict(source.detected)
+    fmt = source.detected
     for sample in look.samples.get(look.splits[0], []):
         for where, row in sample.rows:
             if isinstance(row, dict):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_tune.sources.formats import AUTO, KINDS, PREFERENCE_KINDS, PROMPT_KINDS
+from fsdp_tune.sources.formats import AUTO, KINDS, PREFERENCE_KINDS, PROMPT_KINDS, Format
 
 TRL_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 OUR_KEYS = ("weight", "samples", "format", "roles")
@@ -38,19 +38,11 @@ class Source:
     # decided from the files read once on the launcher (decide/datafiles.py); a Hub dataset keeps the defaults
     loader: str | None = None  # json | csv | parquet | arrow | disk; None: load_dataset(path, name=...)
     files: dict[str, list[str]] = field(default_factory=dict)  # split name -> local files
-    detected: dict[str, Any] | None = None  # formats.Format.as_dict(); None: rank 0 detects it
+    detected: Format | None = None  # the format detected on the launcher; None: rank 0 detects it
 
     @property
     def label(self) -> str:
         return self.path + (f" ({self.name})" if self.name else "") + f" [{self.split}]"
-
-
-def source_from_dict(data: Mapping[str, Any]) -> Source:
-    """A Source from its `asdict()` form (the rank spec is JSON)."""
-    values = dict(data)
-    if values.get("columns") is not None:
-        values["columns"] = tuple(values["columns"])
-    return Source(**values)
 
 
 def entry_problems(entry: Any) -> list[str]:

@@ -68,9 +68,9 @@ def rows_per_usable(fmt: Format, method: str) -> int:
     return 2 if row_of(method).data == "unpaired" and fmt.kind in PAIRED else 1
 
 
-def mixed_kinds(detected: list[dict]) -> str | None:
+def mixed_kinds(detected: list[Format]) -> str | None:
     """Why these sources cannot be one dataset (None when they can): text and conversations together."""
-    kinds = {bool(d.get("conversational")) for d in detected if d}
+    kinds = {d.conversational for d in detected}
     if len(kinds) > 1:
         return "some sources are text and others conversations: TRL tokenizes a dataset one way"
     return None

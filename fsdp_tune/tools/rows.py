@@ -66,9 +66,8 @@ def first_rows(config: str | None, args: list[str], count: int) -> tuple[str, li
 
 
 def _described(source) -> str:
-    from fsdp_tune.sources.formats import Format
 
-    return f"{source.path} ({Format.from_dict(source.detected).describe()})"
+    return f"{source.path} ({source.detected.describe()})"
 
 
 def _rows(source, look, count: int) -> list:
@@ -81,14 +80,13 @@ def _rows(source, look, count: int) -> list:
 
 def _shown(where: str, row, source, tokens) -> Shown:
     from fsdp_tune.config.templates import rendering
-    from fsdp_tune.sources.formats import Format
     from fsdp_tune.sources.rows import REASONS, explained_row
 
     if not isinstance(row, dict):
         return Shown(where, "not a JSON object")
     with rendering():  # bounded in time and size, as the pre-flight renders (config/templates.py)
         code, detail, sequences = explained_row(
-            row, Format.from_dict(source.detected), source.roles, tokens.encoder, source.train_on_prompt
+            row, source.detected, source.roles, tokens.encoder, source.train_on_prompt
         )
     if code:
         return Shown(where, f"{REASONS.get(code, code)}{f' ({detail})' if detail else ''}")

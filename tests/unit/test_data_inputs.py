@@ -51,7 +51,7 @@ def test_parsing_past_the_rows_kept_is_bounded_in_time_and_said(tmp_path, monkey
     data.write_text("\n".join([PC] * 9000) + "\n")
     settled, findings = one(data)
     assert rules(findings) == [("PF072", "note", f"{data}:4096")]
-    assert "parsed up to line 4,096" in findings[0].message and settled.detected["kind"] == "prompt_completion"
+    assert "parsed up to line 4,096" in findings[0].message and settled.detected.kind == "prompt_completion"
 
 
 def test_a_key_given_twice_is_refused_with_its_line(tmp_path) -> None:
@@ -74,7 +74,7 @@ def test_a_utf8_bom_is_read_past(tmp_path, name, text) -> None:
     text = text or "prompt,completion\nWhat is 1 plus 1?,2\nWhat is 2 plus 2?,4\n"
     data.write_bytes(b"\xef\xbb\xbf" + text.encode())
     (settled,), (counted,), findings = settle((Source(str(data)),), "text", None, False)
-    assert findings == [] and settled.detected["kind"] == "prompt_completion" and counted.rows_checked == 2
+    assert findings == [] and settled.detected.kind == "prompt_completion" and counted.rows_checked == 2
 
 
 def test_a_csv_row_with_more_cells_than_the_header_is_refused(tmp_path) -> None:

@@ -113,7 +113,7 @@ def test_every_local_source_is_located_and_detected(tmp_path, name) -> None:
     source, loader, kind = _sources(tmp_path)[name]
     settled, findings = one(source, eval_wanted=True)
     assert [f for f in findings if f.severity.value == "error"] == [], findings
-    assert settled.loader == loader and settled.detected["kind"] == kind
+    assert settled.loader == loader and settled.detected.kind == kind
     assert settled.files["train"] and all(Path(f).exists() for f in settled.files["train"])
     if name == "folder of splits":
         assert settled.eval_split == "test" and len(settled.files) == 2
@@ -286,6 +286,6 @@ def test_the_preflight_never_writes_the_spec(tmp_path, monkeypatch) -> None:
     [(spec, as_decided)] = decided  # decided once
     assert planned.spec is spec and planned.spec.as_dict() == as_decided
     (source,) = spec.data.sources
-    assert source.detected["kind"] == "alpaca" and source.files == {"train": [str(path)]}
+    assert source.detected.kind == "alpaca" and source.files == {"train": [str(path)]}
     (counted,) = planned.counted
     assert counted.rows_checked == len(ALPACA) and counted.tokenized is not None

@@ -169,7 +169,7 @@ def test_pairs_for_kto_are_unpaired_and_said_and_bad_rows_are_named(tmp_path) ->
     assert {(f.rule, f.severity) for f in found} == {("PF076", Severity.NOTE), ("PF017", Severity.WARNING)}
     skipped = next(f for f in found if f.rule == "PF017")
     assert f"{pairs}:4" in skipped.source and "nothing to prefer" in skipped.message
-    assert settled.detected["kind"] == "preference" and counted.rows_checked == 8  # 4 pairs, two KTO rows each
+    assert settled.detected.kind == "preference" and counted.rows_checked == 8  # 4 pairs, two KTO rows each
     (settled,), (counted,), found = preflight("dpo", pairs)
     assert [f.rule for f in found] == ["PF017"] and counted.rows_checked == 4
 

@@ -88,7 +88,7 @@ def _sliced(dataset, spec: str, name: str):
 def format_of(source: Source, dataset, text_field: str, peft_text_field: str | None) -> tuple[Format, bool]:
     """(the format, every token trained): the launcher's detection, or rank 0's for a Hub dataset."""
     if source.detected is not None:
-        return Format.from_dict(source.detected), source.train_on_prompt
+        return source.detected, source.train_on_prompt
     rows = dataset.select(range(min(DETECT_ROWS, len(dataset)))).to_list()
     fmt = detect_format(
         dataset.column_names, rows, forced=source.format, column_map=source.column_map, text_field=text_field
@@ -101,6 +101,6 @@ def detected(source: Source, dataset, detect: Callable[..., Format]) -> Format:
     """The launcher's detection, or rank 0's for a Hub dataset: `detect(columns, rows, forced=, column_map=)` on its
     first DETECT_ROWS rows (sources/preference.py detect_preference, sources/prompts.py detect_prompts)."""
     if source.detected is not None:
-        return Format.from_dict(source.detected)
+        return source.detected
     rows = dataset.select(range(min(DETECT_ROWS, len(dataset)))).to_list()
     return detect(dataset.column_names, rows, forced=source.format, column_map=source.column_map)
