@@ -13,9 +13,9 @@ from importlib import resources
 from typing import Any
 
 from fsdp_tune.methods.registry import rows
-from fsdp_tune.methods.row import DataKind, Head, MethodRow, Metric, Step, Truncation
+from fsdp_tune.methods.row import DataKind, Head, MethodRow, Metric, Refused, Settings, Step, Truncation
 
-__all__ = ["DataKind", "Head", "MethodRow", "Metric", "Step", "Truncation"]
+__all__ = ["DataKind", "Head", "MethodRow", "Metric", "Refused", "Settings", "Step", "Truncation"]
 
 ROWS: dict[str, MethodRow] = rows()
 METHODS = tuple(ROWS)

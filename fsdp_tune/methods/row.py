@@ -1,12 +1,14 @@
 """What a training method is, as torch-free data (the MethodRow every layer reads through its traits), and the
 types its traits take. Each method is an entry of this package (fsdp_tune/methods/<name>.py: its `ROW`) with its
 rank hook beside the ranks (fsdp_tune/worker/methods/<name>.py: its `HOOK`); fsdp_tune/methods/__init__.py lists the
-entries, one line."""
+entries, one line. A method's own checks of its settings (DPO's loss parameters, KTO's batches) are its row's too
+(`checks`): pure functions over plain values, which rules/method.py registers under their rule ids."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # the rows a method trains on (sources/ detects them): SFT's rows, preference pairs, KTO's unpaired rows (pairs
 # become two unpaired rows: worker/data/preference.py), or prompts it generates the completions of (sources/prompts.py)
@@ -50,6 +52,42 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Settings:
+    """The training settings a method's checks read, as plain values: `values` holds every field of the method's
+    TRL config (the value set, else TRL's default for the method) and any other name set (as
+    RunConfig.training.get reads them), and what the installed TRL says of them (config/methods.py reads it from
+    training_fields.json, above this package, and the rules layer hands it in)."""
+
+    values: Mapping[str, Any]
+    f_divergence_losses: tuple[str, ...] = ()  # DPO's loss types that take a non-default f_divergence_type
+
+    def get(self, name: str) -> Any:
+        return self.values.get(name)
+
+    @property
+    def loss_types(self) -> tuple[str, ...]:
+        """loss_type as a tuple: DPO's is a list (`--loss_type sigmoid sft`), the others' one name."""
+        value = self.values.get("loss_type")
+        return tuple(value) if isinstance(value, (list, tuple)) else (str(value),)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """What a method's settings check finds, as plain data: rules/method.py turns it into an error or a warning
+    under its rule id, citing the key as the user wrote it and where it came from."""
+
+    rule: str  # the rule id the rules layer registers it under (FT111), listed by `fsdp-tune rules`
+    severity: Literal["error", "warning"]
+    key: str  # the setting's path: "training.loss_type"
+    message: str
+    hint: str = ""
+
+
+# a method's own check of its settings: pure, no import above this package (tests/unit/test_layout.py)
+SettingsCheck = Callable[[Settings], Iterable[Refused]]
+
+
+@dataclass(frozen=True)
 class MethodRow:
     name: str
     title: str
@@ -82,8 +120,9 @@ class MethodRow:
     # trained under expert parallelism (transformers' DistributedConfig; the Trainer's own loss, nothing generated or
     # compared with a reference): run on CPU ranks by tests/dist/test_expert_parallel.py (FT141 refuses the others)
     expert_parallel: bool = False
-    # it estimates a KL term from the other rows of its micro-batch, taken in order (KTO: FT113)
-    kl_from_batch: bool = False
+    # its own checks of its settings (DPO's loss types and their parameters, FT111; KTO's KL estimate, FT113): each
+    # Refused becomes a finding under its rule id (rules/method.py ROW_RULES)
+    checks: tuple[SettingsCheck, ...] = ()
     short: str = ""  # the name findings and lines say it by ("GRPO"); the name in capitals when empty
 
     @property

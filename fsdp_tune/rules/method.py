@@ -1,13 +1,14 @@
-"""The training method's settings (config/methods.py): fields its TRL config lacks, DPO's and KTO's loss types and
-their parameters, the reference model, and what the preference trainers do not do (packing, padding-free,
-gradient checkpointing toggled around the reference forward, an adapter on lm_head). TRL checks several of these
-only when the trainer is built on every rank, or at the first step (an unknown loss type), or not at all (beta)."""
+"""The training method's settings (config/methods.py): fields its TRL config lacks, the method's own checks (DPO's
+loss types and their parameters, KTO's batches: their bodies are its row's `checks`, registered here), the
+reference model, and what the preference trainers do not do (packing, padding-free, gradient checkpointing toggled
+around the reference forward, an adapter on lm_head). TRL checks several of these only when the trainer is built on
+every rank, or at the first step (an unknown loss type), or not at all (beta)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fsdp_tune.config.methods import f_divergence_losses, fields_of, methods_taking, row_of
+from fsdp_tune.config.methods import Settings, f_divergence_losses, fields_of, methods_taking, row_of
 from fsdp_tune.config.schema import RunConfig
 from fsdp_tune.errors import Finding
 from fsdp_tune.rules.registry import error, rule, warning
@@ -63,45 +64,38 @@ def dpo_losses(cfg: RunConfig) -> bool:
     return "f_divergence_type" in fields_of(cfg.run.method)
 
 
+def settings_of(cfg: RunConfig) -> Settings:
+    """The training settings as plain values, for a method's own checks (methods/row.py Settings): every field of
+    its TRL config and every name set, as cfg.training.get reads them."""
+    t = cfg.training
+    values = {name: t.get(name) for name in (*fields_of(t.method), *t.args)}
+    return Settings(values, f_divergence_losses())
+
+
 def loss_types(cfg: RunConfig) -> tuple[str, ...]:
-    value = cfg.training.get("loss_type")
-    return tuple(value) if isinstance(value, (list, tuple)) else (str(value),)
+    return Settings({"loss_type": cfg.training.get("loss_type")}).loss_types
+
+
+# the rule ids a method's own checks find under (the row's `checks`: methods/<name>.py), each registered here so the
+# catalog lists it with its family and title; the checks' bodies are the method entries'
+ROW_RULES = ("FT111", "FT113")
+
+
+def row_findings(cfg: RunConfig, rule_id: str) -> Iterator[Finding]:
+    """The findings of the method's own checks (its row's `checks`) under `rule_id`."""
+    for check in row_of(cfg.run.method).checks:
+        for refused in check(settings_of(cfg)):
+            if refused.rule not in ROW_RULES:
+                raise RuntimeError(f"{check.__qualname__} finds under {refused.rule}, not one of {ROW_RULES}")
+            if refused.rule == rule_id:
+                make = error if refused.severity == "error" else warning
+                yield make(cfg, refused.rule, refused.key, refused.message, refused.hint)
 
 
 @rule("FT111", "method", "DPO/KTO loss types and the parameters they need")
 def loss_parameters(cfg: RunConfig) -> Iterator[Finding]:
-    """What DPOTrainer refuses in its constructor on every rank (exo_pair without label smoothing, an
-    f-divergence or WPO weighting with loss types that cannot take them) or only warns about (robust's smoothing
-    outside [0, 0.5), where its loss divides by 1 - 2 * smoothing), and loss_weights' length: for a method whose
-    config has DPOConfig's loss settings (dpo_losses)."""
-    if not dpo_losses(cfg):
-        return
-    losses, t = loss_types(cfg), cfg.training
-    smoothing = float(t.get("label_smoothing") or 0)
-    if "exo_pair" in losses and smoothing <= 0:
-        yield error(
-            cfg, "FT111", "training.loss_type", "exo_pair needs label_smoothing > 0", "--label_smoothing 1e-3 (EXO's)"
-        )
-    if "robust" in losses and not 0 <= smoothing < 0.5:
-        message = f"robust reads label_smoothing as the chance a label flipped: it must be in [0, 0.5), got {smoothing}"
-        yield error(cfg, "FT111", "training.label_smoothing", message, "--label_smoothing 0.1 (the paper's)")
-    weights = t.get("loss_weights")
-    if weights is not None and len(weights) != len(losses):
-        message = f"{len(weights)} loss_weights for {len(losses)} loss types ({', '.join(losses)}): one weight each"
-        yield error(cfg, "FT111", "training.loss_weights", message, "--loss_weights " + " ".join(["1.0"] * len(losses)))
-    divergence = t.get("f_divergence_type")
-    refused = [x for x in losses if x not in f_divergence_losses()]
-    if divergence not in (None, "reverse_kl") and refused:
-        takes = ", ".join(f_divergence_losses())
-        message = f"f_divergence_type {divergence} applies to {takes}, not {', '.join(refused)}"
-        yield error(cfg, "FT111", "training.f_divergence_type", message, "--f_divergence_type reverse_kl")
-    sorting = [x for x in losses if x in ("aot", "aot_unpaired")]
-    if t.get("use_weighting") and sorting:
-        message = f"WPO weighting with {', '.join(sorting)}: those losses sort samples, misaligning per-pair weights"
-        yield error(cfg, "FT111", "training.use_weighting", message, "drop --use_weighting, or use another loss_type")
-    alpha = t.get("ld_alpha")
-    if alpha is not None and not 0 <= alpha <= 1:
-        yield warning(cfg, "FT111", "training.ld_alpha", f"LD-DPO's ld_alpha is a weight in [0, 1], got {alpha}")
+    """DPO's loss types and their parameters: the check is the method's row's (methods/dpo.py loss_parameters)."""
+    yield from row_findings(cfg, "FT111")
 
 
 @rule("FT112", "method", "beta must be positive")
@@ -122,21 +116,8 @@ def beta_positive(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT113", "method", "KTO's KL estimate needs batches of 2 or more, in order")
 def kto_batches(cfg: RunConfig) -> Iterator[Finding]:
-    """KTOTrainer pairs each completion with the next one's prompt within a micro-batch to estimate the KL term
-    (kto_trainer.py: rotated within chunks of per_device_train_batch_size), so it refuses a batch of 1 and any
-    order but sequential (the row's kl_from_batch); apo_zero_unpaired has no KL term."""
-    if not row_of(cfg.run.method).kl_from_batch or "apo_zero_unpaired" in loss_types(cfg):
-        return
-    t = cfg.training
-    if int(t.get("per_device_train_batch_size") or 8) < 2:
-        message = "kto estimates its KL term from the other examples of a micro-batch: a batch of 1 has none"
-        yield error(cfg, "FT113", "training.per_device_train_batch_size", message, "--per_device_train_batch_size 2")
-    if t.get("train_sampling_strategy") != "sequential":
-        message = (
-            f"train_sampling_strategy {t.get('train_sampling_strategy')}: kto pairs neighbouring rows for its KL "
-            "term, so KTOTrainer takes sequential order only (fsdp-tune shuffles the rows once, with the seed)"
-        )
-        yield error(cfg, "FT113", "training.train_sampling_strategy", message, "drop --train_sampling_strategy")
+    """KTO's KL estimate from its micro-batch: the check is the method's row's (methods/kto.py kl_batches)."""
+    yield from row_findings(cfg, "FT113")
 
 
 def compares(cfg: RunConfig) -> bool:
