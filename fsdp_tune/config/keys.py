@@ -126,6 +126,11 @@ RETIRED_ARGS: dict[str, tuple[str | None, dict | None, str]] = {
     "fp16_backend": (None, None, "removed in transformers 5: fp16 uses torch AMP"),
 }
 
+TRAINER_CHECKPOINTING: dict[str, str] = {
+    "activation_checkpointing": "training.gradient_checkpointing",
+    "activation_checkpointing_kwargs": "training.gradient_checkpointing_kwargs",
+}
+
 FLAG_ALIASES: dict[str, str] = {
     "max_seq_length": "data.max_seq_len",
     "max_length": "data.max_seq_len",  # SFTConfig's name: one place for one setting
@@ -148,6 +153,9 @@ FLAG_ALIASES: dict[str, str] = {
     "expert_model_parallel_size": "parallelism.ep_size",
     "attn_implementation": "model.attn_implementation",
     "streaming": "data.dataset_streaming",  # TRL's DatasetMixtureConfig: stream every dataset (rules/data.py)
+    # transformers 5's names of the Trainer's gradient checkpointing (TrainingArguments.activation_checkpointing):
+    # one setting under either name (two values in one place: FT014), never confused with FSDP's (fsdp_ prefix)
+    **TRAINER_CHECKPOINTING,
 }
 
 # Names only TRL's scripts read (trl/scripts/utils.py ScriptArguments, TrlParser): name -> why it has no effect on an

@@ -50,6 +50,8 @@ def section_keys(section: str) -> dict[str, str]:
     """Keys a recipe section takes -> canonical path: its fields; `lora:` also every LoraConfig field by PEFT's
     name and TRL's ModelConfig LoRA names (`lora: {use_rslora: true, init_lora_weights: gaussian}`)."""
     keys_ = {name: f"{section}.{name}" for name in section_fields(section)}
+    if section == "training":  # the Trainer's checkpointing under transformers 5's name: the same setting
+        keys_ = {**keys_, **keys.TRAINER_CHECKPOINTING}
     if section == "lora":
         trl_lora = {k: v for k, v in TRL_MODEL_CONFIG.items() if v.startswith(("lora.", "peft."))}
         keys_ = {**peft_names(), **trl_lora, **keys_}

@@ -92,7 +92,7 @@ def trainer_args(cfg: RunConfig, d: Derived, output_dir: str, fsdp: FsdpConfig, 
     ours = {
         "activation_checkpointing_kwargs": {"use_reentrant": cfg.run.use_reentrant, **kwargs}
         if checkpointing
-        else said.get("activation_checkpointing_kwargs"),
+        else None,
         "ddp_backend": "gloo" if d.on_cpu else said.get("ddp_backend"),
         "max_length": cfg.data.max_seq_len,
         "packing": cfg.data.packing,

@@ -198,10 +198,10 @@ def xla(cfg: RunConfig) -> Iterator[Finding]:
 
 @rule("FT030", "fsdp", "FSDP activation checkpointing and gradient checkpointing together")
 def double_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
+    # transformers 5's --activation_checkpointing is the same setting (config/keys.py TRAINER_CHECKPOINTING)
     gc_set = cfg.training.is_set("gradient_checkpointing") and cfg.training.get("gradient_checkpointing")
-    ac_set = cfg.training.is_set("activation_checkpointing") and cfg.training.get("activation_checkpointing")
-    if cfg.fsdp.activation_checkpointing and (gc_set or ac_set):
-        path = "training.gradient_checkpointing" if gc_set else "training.activation_checkpointing"
+    if cfg.fsdp.activation_checkpointing and gc_set:
+        path = "training.gradient_checkpointing"
         ac = cfg.where("fsdp.activation_checkpointing")
         yield error(
             cfg,
@@ -212,13 +212,15 @@ def double_checkpointing(cfg: RunConfig) -> Iterator[Finding]:
             "is the cheaper one)",
         )
     elif gc_set and cfg.fsdp.version == 2:
+        said = cfg.origin("training.gradient_checkpointing")
+        key = said.key if said else "--gradient_checkpointing"
         yield finding(
             cfg,
             "FT030",
             Severity.NOTE,
             "training.gradient_checkpointing",
             "under FSDP, FSDP's own activation checkpointing avoids a redundant all-gather in backward",
-            "consider `fsdp_activation_checkpointing: true` instead of --gradient_checkpointing",
+            f"consider `fsdp_activation_checkpointing: true` instead of {key}",
         )
 
 
