@@ -14,7 +14,7 @@ def kl_batches(s: Settings) -> Iterator[Refused]:
     order but sequential (FT113); apo_zero_unpaired has no KL term."""
     if "apo_zero_unpaired" in s.loss_types:
         return
-    if int(s.get("per_device_train_batch_size") or 8) < 2:
+    if int(s.get("per_device_train_batch_size")) < 2:  # KTOConfig's default when unset (Settings)
         message = "kto estimates its KL term from the other examples of a micro-batch: a batch of 1 has none"
         hint = "--per_device_train_batch_size 2"
         yield Refused("FT113", "error", "training.per_device_train_batch_size", message, hint)

@@ -61,15 +61,11 @@ def qwen2_vl(tok):
 
     from fsdp_tune.models.processor import image_only
 
-    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}  # head_dim 16: 8 = 2+3+3
     config = Qwen2VLConfig(
         text_config=dict(**TEXT, vocab_size=len(tok), rope_parameters=rope, **_special(tok)),
         vision_config=dict(depth=2, embed_dim=32, hidden_size=TEXT["hidden_size"], num_heads=2, mlp_ratio=2),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **_qwen_token_ids(tok),
         tie_word_embeddings=False,
         dtype="float32",
     )
@@ -85,16 +81,12 @@ def qwen2_5_vl(tok):
 
     from fsdp_tune.models.processor import image_only
 
-    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=TEXT["hidden_size"])
     config = Qwen2_5_VLConfig(
         text_config=dict(**TEXT, vocab_size=len(tok), rope_parameters=rope, **_special(tok)),
         vision_config={**vision, "window_size": 56, "fullatt_block_indexes": [1]},
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **_qwen_token_ids(tok),
         tie_word_embeddings=False,
         dtype="float32",
     )
@@ -109,16 +101,12 @@ def qwen3_vl(tok):
 
     from fsdp_tune.models.processor import image_only
 
-    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=TEXT["hidden_size"])
     config = Qwen3VLConfig(
         text_config=dict(**TEXT, head_dim=16, vocab_size=len(tok), rope_parameters=rope, **_special(tok)),
         vision_config={**vision, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **_qwen_token_ids(tok),
         tie_word_embeddings=False,
         dtype="float32",
     )
@@ -160,6 +148,12 @@ def llava(tok):
         chat_template=tok.chat_template,
     )
     return LlavaForConditionalGeneration, config, processor
+
+
+def _qwen_token_ids(tok) -> dict:
+    """A Qwen-VL config's ids of its image, video and vision-span tokens, as the tokenizer numbers them."""
+    named = zip(("vision_start", "vision_end", "image", "video"), QWEN_TOKENS, strict=True)
+    return {f"{name}_token_id": tok.convert_tokens_to_ids(token) for name, token in named}
 
 
 def _special(tok) -> dict:
